@@ -1,0 +1,1 @@
+"""Job commands: launch, status, cancel, logs."""

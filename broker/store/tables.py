@@ -1,0 +1,183 @@
+"""Tables of the state store. Changing one means adding an Alembic migration beside it."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import JSON, DateTime, Float, ForeignKey, Index, Integer, String, Text, UniqueConstraint
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.types import TypeDecorator
+
+
+class UtcDateTime(TypeDecorator[datetime]):
+    """Timezone-aware UTC datetimes on both SQLite (which drops the zone) and PostgreSQL."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Any) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError("naive datetime given to the store; use UTC-aware datetimes")
+        from datetime import UTC
+
+        return value.astimezone(UTC)
+
+    def process_result_value(self, value: datetime | None, dialect: Any) -> datetime | None:
+        if value is None:
+            return None
+        from datetime import UTC
+
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class JobRow(Base):
+    __tablename__ = "jobs"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    name: Mapped[str] = mapped_column(String(200))
+    team: Mapped[str] = mapped_column(String(100), default="default", index=True)
+    state: Mapped[str] = mapped_column(String(20), index=True)
+    priority: Mapped[int] = mapped_column(Integer, default=500)
+    spec: Mapped[dict[str, Any]] = mapped_column(JSON)  # the validated job file, as data
+    spec_path: Mapped[str | None] = mapped_column(Text, nullable=True)
+    backend: Mapped[str] = mapped_column(String(20), default="local")
+    num_nodes: Mapped[int] = mapped_column(Integer, default=1)
+    gpus_per_node: Mapped[int] = mapped_column(Integer, default=0)
+    accelerator: Mapped[str | None] = mapped_column(String(50), nullable=True)
+    deadline: Mapped[datetime | None] = mapped_column(UtcDateTime, nullable=True)
+    work_s: Mapped[float | None] = mapped_column(Float, nullable=True)
+    checkpoint_dir: Mapped[str] = mapped_column(Text)
+    checkpoint: Mapped[str | None] = mapped_column(Text, nullable=True)  # latest completed
+    checkpoint_at: Mapped[datetime | None] = mapped_column(UtcDateTime, nullable=True)
+    attempt: Mapped[int] = mapped_column(Integer, default=0)
+    preemptions: Mapped[int] = mapped_column(Integer, default=0)
+    migrations: Mapped[int] = mapped_column(Integer, default=0)
+    work_lost_s: Mapped[float] = mapped_column(Float, default=0.0)
+    zones: Mapped[list[str]] = mapped_column(JSON, default=list)
+    exit_code: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    reason: Mapped[str | None] = mapped_column(Text, nullable=True)
+    created_at: Mapped[datetime] = mapped_column(UtcDateTime)
+    updated_at: Mapped[datetime] = mapped_column(UtcDateTime)
+    started_at: Mapped[datetime | None] = mapped_column(UtcDateTime, nullable=True)
+    finished_at: Mapped[datetime | None] = mapped_column(UtcDateTime, nullable=True)
+    wall_started_at: Mapped[datetime | None] = mapped_column(UtcDateTime, nullable=True)
+    wall_finished_at: Mapped[datetime | None] = mapped_column(UtcDateTime, nullable=True)
+
+
+class JobEventRow(Base):
+    """Every state transition and notable event of a job, in order."""
+
+    __tablename__ = "job_events"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id"), index=True)
+    at: Mapped[datetime] = mapped_column(UtcDateTime)
+    kind: Mapped[str] = mapped_column(String(40))
+    from_state: Mapped[str | None] = mapped_column(String(20), nullable=True)
+    to_state: Mapped[str | None] = mapped_column(String(20), nullable=True)
+    detail: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+
+
+class ClusterRow(Base):
+    __tablename__ = "clusters"
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    # The same launch asked twice (engine re-run after a crash) maps to the same row.
+    launch_key: Mapped[str] = mapped_column(String(128), unique=True)
+    job_id: Mapped[str | None] = mapped_column(ForeignKey("jobs.id"), nullable=True, index=True)
+    backend: Mapped[str] = mapped_column(String(20))
+    cloud: Mapped[str] = mapped_column(String(20))
+    region: Mapped[str] = mapped_column(String(64))
+    zone: Mapped[str] = mapped_column(String(64))
+    instance_type: Mapped[str] = mapped_column(String(64))
+    accelerator: Mapped[str | None] = mapped_column(String(50), nullable=True)
+    gpus_per_node: Mapped[int] = mapped_column(Integer)
+    num_nodes: Mapped[int] = mapped_column(Integer)
+    spot: Mapped[bool] = mapped_column(default=True)
+    price_per_node_hour: Mapped[float] = mapped_column(Float)
+    on_demand_price_per_node_hour: Mapped[float] = mapped_column(Float)
+    state: Mapped[str] = mapped_column(String(20), index=True)
+    reason: Mapped[str | None] = mapped_column(Text, nullable=True)
+    token_hash: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    handle: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)  # backend-specific
+    created_at: Mapped[datetime] = mapped_column(UtcDateTime)
+    up_at: Mapped[datetime | None] = mapped_column(UtcDateTime, nullable=True)
+    terminate_at: Mapped[datetime | None] = mapped_column(UtcDateTime, nullable=True)
+    terminated_at: Mapped[datetime | None] = mapped_column(UtcDateTime, nullable=True)
+    metered_until: Mapped[datetime | None] = mapped_column(UtcDateTime, nullable=True)
+
+
+class AllocationRow(Base):
+    """A gang placement: which GPUs of which cluster a job held, and when."""
+
+    __tablename__ = "allocations"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id"), index=True)
+    cluster_id: Mapped[str] = mapped_column(ForeignKey("clusters.id"), index=True)
+    attempt: Mapped[int] = mapped_column(Integer)
+    gpus: Mapped[dict[str, list[int]]] = mapped_column(JSON)
+    started_at: Mapped[datetime] = mapped_column(UtcDateTime)
+    running_at: Mapped[datetime | None] = mapped_column(UtcDateTime, nullable=True)
+    ended_at: Mapped[datetime | None] = mapped_column(UtcDateTime, nullable=True)
+    outcome: Mapped[str | None] = mapped_column(String(20), nullable=True)
+
+    __table_args__ = (UniqueConstraint("job_id", "attempt", name="uq_allocation_attempt"),)
+
+
+class NoticeRow(Base):
+    __tablename__ = "notices"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    dedup_key: Mapped[str] = mapped_column(String(200), unique=True)
+    cluster_id: Mapped[str] = mapped_column(ForeignKey("clusters.id"), index=True)
+    node: Mapped[str] = mapped_column(String(100))
+    kind: Mapped[str] = mapped_column(String(20))
+    source: Mapped[str] = mapped_column(String(20))
+    action_time: Mapped[datetime | None] = mapped_column(UtcDateTime, nullable=True)
+    received_at: Mapped[datetime] = mapped_column(UtcDateTime)
+    checkpoint: Mapped[str | None] = mapped_column(Text, nullable=True)
+    detail: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    handled_at: Mapped[datetime | None] = mapped_column(UtcDateTime, nullable=True)
+
+
+class LedgerRow(Base):
+    """One minute of one cluster's GPUs held by one job or idle for one cause.
+
+    A minute of a cluster splits into rows by holder (``job:<id>`` or ``idle:<cause>``), each
+    priced by its share of the cluster's GPUs; the unique key makes re-metering a no-op.
+    """
+
+    __tablename__ = "ledger"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    cluster_id: Mapped[str] = mapped_column(ForeignKey("clusters.id"), index=True)
+    minute: Mapped[datetime] = mapped_column(UtcDateTime, index=True)
+    holder: Mapped[str] = mapped_column(String(64))
+    job_id: Mapped[str | None] = mapped_column(String(32), nullable=True, index=True)
+    team: Mapped[str | None] = mapped_column(String(100), nullable=True)
+    usage: Mapped[str] = mapped_column(String(20))
+    cloud: Mapped[str] = mapped_column(String(20))
+    region: Mapped[str] = mapped_column(String(64))
+    zone: Mapped[str] = mapped_column(String(64))
+    instance_type: Mapped[str] = mapped_column(String(64))
+    accelerator: Mapped[str | None] = mapped_column(String(50), nullable=True)
+    nodes: Mapped[int] = mapped_column(Integer)
+    gpus: Mapped[float] = mapped_column(Float)  # GPUs of the cluster this row covers
+    spot: Mapped[bool] = mapped_column()
+    price_per_node_hour: Mapped[float] = mapped_column(Float)
+    on_demand_price_per_node_hour: Mapped[float] = mapped_column(Float)
+    cost: Mapped[float] = mapped_column(Float)
+    on_demand_cost: Mapped[float] = mapped_column(Float)
+
+    __table_args__ = (
+        UniqueConstraint("cluster_id", "minute", "holder", name="uq_ledger_minute"),
+        Index("ix_ledger_job_minute", "job_id", "minute"),
+    )

@@ -1,0 +1,69 @@
+"""The contract every cloud module in ``providers/`` keeps, and the quote they all produce.
+
+A provider module holds facts from one cloud (catalog, prices, capacity signals, the node-side
+preemption-notice reader). It never decides anything and never imports ``broker`` internals.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from datetime import datetime
+from typing import Protocol
+
+CLOUDS: tuple[str, ...] = ("aws", "gcp", "azure", "local")
+
+
+@dataclass(frozen=True, slots=True)
+class OfferKey:
+    """Where a node type can be bought: one instance type in one zone of one cloud."""
+
+    cloud: str
+    region: str
+    zone: str
+    instance_type: str
+
+    def __str__(self) -> str:
+        return f"{self.cloud}/{self.zone}/{self.instance_type}"
+
+
+@dataclass(frozen=True, slots=True)
+class SpotQuote:
+    """What one cloud says, at one moment, about one instance type in one zone.
+
+    Prices are USD per node-hour. ``available_nodes`` is how many spot nodes could be had now
+    (known exactly only for traces); ``capacity_score`` is the cloud's own signal where it gives
+    one (AWS spot placement score 1-10), ``None`` elsewhere.
+    """
+
+    cloud: str
+    region: str
+    zone: str
+    instance_type: str
+    accelerator: str
+    gpus_per_node: int
+    spot_price: float | None
+    on_demand_price: float | None
+    observed_at: datetime
+    gpu_memory_gb: float | None = None
+    available_nodes: int | None = None
+    capacity_score: float | None = None
+    stale: bool = False
+
+    @property
+    def key(self) -> OfferKey:
+        return OfferKey(self.cloud, self.region, self.zone, self.instance_type)
+
+    def marked_stale(self) -> SpotQuote:
+        return replace(self, stale=True)
+
+
+class CloudUnavailable(RuntimeError):
+    """The cloud cannot be asked at all (no credentials, SDK missing); skip it with one line."""
+
+
+class PriceSource(Protocol):
+    """A cloud's price and catalog poller: one implementation per cloud module."""
+
+    cloud: str
+
+    def fetch_quotes(self, regions: list[str] | None = None) -> list[SpotQuote]: ...

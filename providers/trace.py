@@ -1,0 +1,258 @@
+"""The market trace format shared by the simulator, the local backend and the benchmarks.
+
+``time,cloud,region,zone,instance_type,accelerator,gpus_per_node,spot_price,on_demand_price,available_nodes``
+one row per (tick, zone), all zones on the same evenly spaced ticks, prices in USD per node-hour.
+"""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import io
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import numpy as np
+
+from providers.base import OfferKey, SpotQuote
+
+COLUMNS: tuple[str, ...] = (
+    "time",
+    "cloud",
+    "region",
+    "zone",
+    "instance_type",
+    "accelerator",
+    "gpus_per_node",
+    "spot_price",
+    "on_demand_price",
+    "available_nodes",
+)
+
+
+class TraceError(ValueError):
+    """A trace file that does not follow the format; the message names the row and the column."""
+
+
+def parse_time(text: str) -> datetime:
+    value = datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
+    return value if value.tzinfo else value.replace(tzinfo=UTC)
+
+
+def format_time(value: datetime) -> str:
+    return value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@dataclass(frozen=True, slots=True)
+class TraceZone:
+    """One column of the trace: an instance type in a zone, with its static facts."""
+
+    key: OfferKey
+    accelerator: str
+    gpus_per_node: int
+
+    @property
+    def cloud(self) -> str:
+        return self.key.cloud
+
+    @property
+    def region(self) -> str:
+        return self.key.region
+
+    @property
+    def zone(self) -> str:
+        return self.key.zone
+
+    @property
+    def instance_type(self) -> str:
+        return self.key.instance_type
+
+
+@dataclass(frozen=True)
+class MarketTrace:
+    """A whole trace as dense arrays: ``[tick, zone]`` for prices and availability.
+
+    Missing (tick, zone) rows are filled with the previous tick's values, as the format asks.
+    Arrays are read-only so that snapshots handed to policies cannot be changed under them.
+    """
+
+    start: datetime
+    tick_seconds: float
+    zones: tuple[TraceZone, ...]
+    spot_price: np.ndarray
+    on_demand_price: np.ndarray
+    available_nodes: np.ndarray
+
+    @property
+    def num_ticks(self) -> int:
+        return int(self.spot_price.shape[0])
+
+    @property
+    def end(self) -> datetime:
+        return self.time_of(self.num_ticks)
+
+    def time_of(self, tick: int) -> datetime:
+        return self.start + timedelta(seconds=self.tick_seconds * tick)
+
+    def tick_at(self, when: datetime) -> int:
+        """The tick in force at ``when`` (clamped to the trace)."""
+        offset = (when - self.start).total_seconds() / self.tick_seconds
+        return max(0, min(self.num_ticks - 1, int(offset)))
+
+    def select(self, accelerator: str | None = None, gpus_per_node: int | None = None) -> MarketTrace:
+        """The sub-trace of zones whose accelerator and GPUs per node match."""
+        keep = [
+            i
+            for i, z in enumerate(self.zones)
+            if (accelerator is None or z.accelerator.lower() == accelerator.lower())
+            and (gpus_per_node is None or z.gpus_per_node == gpus_per_node)
+        ]
+        return MarketTrace(
+            start=self.start,
+            tick_seconds=self.tick_seconds,
+            zones=tuple(self.zones[i] for i in keep),
+            spot_price=_frozen(self.spot_price[:, keep]),
+            on_demand_price=_frozen(self.on_demand_price[:, keep]),
+            available_nodes=_frozen(self.available_nodes[:, keep]),
+        )
+
+    def quotes_at(self, tick: int) -> list[SpotQuote]:
+        when = self.time_of(tick)
+        return [
+            SpotQuote(
+                cloud=z.cloud,
+                region=z.region,
+                zone=z.zone,
+                instance_type=z.instance_type,
+                accelerator=z.accelerator,
+                gpus_per_node=z.gpus_per_node,
+                spot_price=float(self.spot_price[tick, i]),
+                on_demand_price=float(self.on_demand_price[tick, i]),
+                observed_at=when,
+                available_nodes=int(self.available_nodes[tick, i]),
+            )
+            for i, z in enumerate(self.zones)
+        ]
+
+
+def _frozen(array: np.ndarray) -> np.ndarray:
+    array = np.ascontiguousarray(array)
+    array.flags.writeable = False
+    return array
+
+
+def _open_text(path: Path) -> io.TextIOBase:
+    if path.suffix == ".gz":
+        return io.TextIOWrapper(gzip.open(path, "rb"), encoding="utf-8", newline="")
+    return open(path, encoding="utf-8", newline="")
+
+
+def read_trace(path: str | Path) -> MarketTrace:
+    path = Path(path)
+    if not path.exists():
+        raise TraceError(f"{path}: no such market trace")
+    with _open_text(path) as handle:
+        return parse_trace(handle, source=str(path))
+
+
+def parse_trace(lines: Iterable[str], source: str = "<trace>") -> MarketTrace:
+    reader = csv.reader(lines)
+    try:
+        header = next(reader)
+    except StopIteration:
+        raise TraceError(f"{source}: empty file, expected a header {','.join(COLUMNS)}") from None
+    header = [h.strip() for h in header]
+    missing = [c for c in COLUMNS if c not in header]
+    if missing:
+        raise TraceError(f"{source}: header lacks column(s) {', '.join(missing)}; expected {','.join(COLUMNS)}")
+    col = {name: header.index(name) for name in COLUMNS}
+
+    zone_index: dict[OfferKey, int] = {}
+    zones: list[TraceZone] = []
+    times: dict[datetime, int] = {}
+    cells: list[tuple[int, int, float, float, int]] = []
+    for lineno, row in enumerate(reader, start=2):
+        if not row or all(not c.strip() for c in row):
+            continue
+        if len(row) < len(header):
+            raise TraceError(f"{source}:{lineno}: {len(row)} columns, expected {len(header)}")
+        try:
+            when = parse_time(row[col["time"]])
+        except ValueError:
+            raise TraceError(f"{source}:{lineno}: column time: expected an ISO 8601 timestamp, "
+                             f"got {row[col['time']]!r}") from None
+        key = OfferKey(row[col["cloud"]], row[col["region"]], row[col["zone"]], row[col["instance_type"]])
+        values = {}
+        for name, kind in (("gpus_per_node", int), ("spot_price", float), ("on_demand_price", float),
+                           ("available_nodes", int)):
+            text = row[col[name]].strip()
+            try:
+                values[name] = kind(float(text)) if kind is int else kind(text)
+            except ValueError:
+                raise TraceError(f"{source}:{lineno}: column {name}: expected a number, got {text!r}") from None
+        if key not in zone_index:
+            zone_index[key] = len(zones)
+            zones.append(TraceZone(key, row[col["accelerator"]], int(values["gpus_per_node"])))
+        tick = times.setdefault(when, len(times))
+        cells.append((tick, zone_index[key], values["spot_price"], values["on_demand_price"],
+                      int(values["available_nodes"])))
+    if not cells:
+        raise TraceError(f"{source}: no rows")
+
+    ordered = sorted(times)
+    if len(ordered) > 1:
+        steps = np.diff(np.array([t.timestamp() for t in ordered]))
+        tick_seconds = float(np.min(steps))  # larger steps are missing ticks
+    else:
+        tick_seconds = 60.0
+    if tick_seconds <= 0:
+        raise TraceError(f"{source}: ticks must be evenly spaced and increasing")
+    start = ordered[0]
+    num_ticks = round((ordered[-1] - start).total_seconds() / tick_seconds) + 1
+    slot_of = {t: round((t - start).total_seconds() / tick_seconds) for t in ordered}
+    order = {times[t]: slot_of[t] for t in ordered}
+
+    shape = (num_ticks, len(zones))
+    spot = np.full(shape, np.nan)
+    on_demand = np.full(shape, np.nan)
+    avail = np.full(shape, -1, dtype=np.int64)
+    for tick, zone, sp, od, av in cells:
+        slot = order[tick]
+        spot[slot, zone], on_demand[slot, zone], avail[slot, zone] = sp, od, av
+    for array, empty in ((spot, None), (on_demand, None), (avail, -1)):
+        _forward_fill(array, empty)
+    if np.isnan(spot[0]).any() or (avail[0] < 0).any():
+        raise TraceError(f"{source}: every zone needs a row at the first tick {format_time(start)}")
+    return MarketTrace(start, tick_seconds, tuple(zones), _frozen(spot), _frozen(on_demand), _frozen(avail))
+
+
+def _forward_fill(array: np.ndarray, empty: int | None) -> None:
+    for t in range(1, array.shape[0]):
+        missing = np.isnan(array[t]) if empty is None else array[t] == empty
+        array[t, missing] = array[t - 1, missing]
+
+
+def trace_rows(quotes: Iterable[SpotQuote]) -> Iterator[list[str]]:
+    for q in quotes:
+        yield [
+            format_time(q.observed_at), q.cloud, q.region, q.zone, q.instance_type, q.accelerator,
+            str(q.gpus_per_node), f"{q.spot_price:.4f}" if q.spot_price is not None else "",
+            f"{q.on_demand_price:.4f}" if q.on_demand_price is not None else "",
+            str(q.available_nodes if q.available_nodes is not None else 0),
+        ]
+
+
+def write_trace(path: str | Path, quotes: Iterable[SpotQuote]) -> int:
+    """Write quotes (already one per (tick, zone), in time order) as a trace; returns rows written."""
+    path = Path(path)
+    opener = gzip.open if path.suffix == ".gz" else open
+    rows = 0
+    with opener(path, "wt", encoding="utf-8", newline="") as handle:  # type: ignore[operator]
+        writer = csv.writer(handle)
+        writer.writerow(COLUMNS)
+        for row in trace_rows(quotes):
+            writer.writerow(row)
+            rows += 1
+    return rows

@@ -1,0 +1,73 @@
+"""Shared fixtures: a fresh broker home per test, and the store on SQLite and on real PostgreSQL."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+SHARED = Path(__file__).resolve().parents[2] / "shared"
+TRACES = SHARED / "traces"
+POSTGRES_ADMIN_URL = os.environ.get("BROKER_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/postgres")
+
+
+@pytest.fixture(autouse=True)
+def broker_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Every test gets its own empty broker home and no stray settings from the environment."""
+    home = tmp_path / "broker-home"
+    for name in list(os.environ):
+        if name.startswith("BROKER_") and name != "BROKER_TEST_POSTGRES":
+            monkeypatch.delenv(name)
+    monkeypatch.setenv("BROKER_HOME", str(home))
+    return home
+
+
+def _postgres_available() -> str | None:
+    import psycopg
+
+    try:
+        with psycopg.connect(POSTGRES_ADMIN_URL, connect_timeout=3):
+            return None
+    except Exception as exc:
+        return str(exc)
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> str:
+    problem = _postgres_available()
+    if problem:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"PostgreSQL unreachable under CI=true: {problem}")
+        pytest.skip(f"PostgreSQL unreachable: {problem}")
+    return POSTGRES_ADMIN_URL
+
+
+@pytest.fixture
+def postgres_url(postgres_server: str) -> Iterator[str]:
+    """A fresh, empty PostgreSQL database for one test, dropped afterwards."""
+    import psycopg
+
+    name = f"broker_test_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(postgres_server, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    base = postgres_server.rsplit("/", 1)[0]
+    yield f"{base}/{name}"
+    with psycopg.connect(postgres_server, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'store.db'}"
+    return str(request.getfixturevalue("postgres_url"))
+
+
+@pytest.fixture
+def shared_traces() -> Path:
+    if not TRACES.is_dir():
+        pytest.skip("the shared real traces are not beside the project")
+    return TRACES
