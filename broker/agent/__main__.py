@@ -1,0 +1,59 @@
+"""``python -m broker.agent [options] -- COMMAND ARGS...``: run a job under the node agent."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+
+from broker.agent.node import AgentOptions, run_agent
+
+
+def _signal(name: str) -> signal.Signals:
+    try:
+        return signal.Signals[name if name.startswith("SIG") else f"SIG{name}"]
+    except KeyError:
+        raise argparse.ArgumentTypeError(f"expected a signal name such as SIGUSR1, got {name!r}") from None
+
+
+def _seconds(text: str) -> float:
+    """``1s``, ``200ms`` or a bare number of seconds."""
+    value = text.strip().lower()
+    scale = 0.001 if value.endswith("ms") else 1.0
+    try:
+        seconds = float(value.removesuffix("ms").removesuffix("s")) * scale
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a duration such as 1s or 200ms, got {text!r}") from None
+    if seconds <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive duration, got {text!r}")
+    return seconds
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m broker.agent", description=__doc__)
+    parser.add_argument("--cloud", default="auto", choices=["aws", "gcp", "azure", "local", "auto"])
+    parser.add_argument("--metadata-url", help="base of the metadata service (default: the cloud's)")
+    parser.add_argument("--broker-url", help="where to report notices (POST /v1/notices)")
+    parser.add_argument("--token", help="this cluster's agent token")
+    parser.add_argument("--signal", type=_signal, default=signal.SIGUSR1, help="checkpoint signal")
+    parser.add_argument("--poll", type=_seconds, default=1.0, help="how often to poll, e.g. 1s or 200ms")
+    parser.add_argument("--cluster-id", default="")
+    parser.add_argument("--node", default="0")
+    parser.add_argument("--checkpoint-dir", help="default: $BROKER_CHECKPOINT_DIR")
+    parser.add_argument("--status-file", help="write the exit code and the agent's events here")
+    parser.add_argument("command", nargs=argparse.REMAINDER)
+    args = parser.parse_args(argv)
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not command:
+        parser.error("expected a command after --")
+    logging.basicConfig(level=logging.INFO, format="[agent] %(levelname)s %(message)s", stream=sys.stderr)
+    return run_agent(AgentOptions(
+        command=command, cloud=args.cloud, metadata_url=args.metadata_url, broker_url=args.broker_url,
+        token=args.token, checkpoint_signal=args.signal, poll_seconds=args.poll, cluster_id=args.cluster_id,
+        node=args.node, checkpoint_dir=args.checkpoint_dir, status_file=args.status_file,
+    ))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

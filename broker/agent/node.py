@@ -1,0 +1,245 @@
+"""The agent's work on a node: run the job, watch for notices, checkpoint, report, pass the exit code.
+
+The job runs in its own process group. On a notice the agent sends the checkpoint signal to that
+group at once (whether or not the broker answers), waits for the job to mark a checkpoint complete,
+and reports the notice to the broker twice: as soon as it is seen (so the replacement starts) and
+again with the checkpoint when it is complete. Reports retry until the notice's deadline.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import signal
+import subprocess
+import threading
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from broker.agent.checkpoint import CheckpointMark, latest_checkpoint
+from providers.notices import NodeNotice, NoticeReader, reader_for
+
+log = logging.getLogger("broker.agent")
+
+# Give up waiting for a checkpoint this long before the node is taken away.
+DEADLINE_MARGIN_SECONDS = 1.0
+DEFAULT_WAIT_SECONDS = 120.0
+LAST_CALL_MIN_SECONDS = 0.5
+
+
+@dataclass
+class AgentOptions:
+    command: list[str]
+    cloud: str = "auto"
+    metadata_url: str | None = None
+    broker_url: str | None = None
+    token: str | None = None
+    checkpoint_signal: signal.Signals = signal.SIGUSR1
+    poll_seconds: float = 1.0
+    cluster_id: str = ""
+    node: str = "0"
+    checkpoint_dir: str | None = None
+    status_file: str | None = None
+    env: dict[str, str] = field(default_factory=dict)
+
+
+class EventLog:
+    """JSON lines the agent writes beside the job: what it saw and when (wall clock)."""
+
+    def __init__(self, path: str | None) -> None:
+        self.path = Path(path) if path else None
+        self._lock = threading.Lock()
+
+    def write(self, event: str, **data: Any) -> None:
+        record = {"event": event, "wall": time.time(), **data}
+        log.info("%s %s", event, json.dumps(data, default=str))
+        if self.path is None:
+            return
+        with self._lock, self.path.open("a") as handle:
+            handle.write(json.dumps(record, default=str) + "\n")
+
+
+def detect_cloud(metadata_url: str | None) -> str:
+    """Ask each metadata service in turn, briefly; ``none`` when no cloud answers."""
+    probes = [
+        ("aws", "PUT", "/latest/api/token", {"X-aws-ec2-metadata-token-ttl-seconds": "60"},
+         metadata_url or "http://169.254.169.254"),
+        ("gcp", "GET", "/computeMetadata/v1/instance/id", {"Metadata-Flavor": "Google"},
+         metadata_url or "http://metadata.google.internal"),
+        ("azure", "GET", "/metadata/instance?api-version=2021-02-01", {"Metadata": "true"},
+         metadata_url or "http://169.254.169.254"),
+    ]
+    for cloud, method, path, headers, base in probes:
+        request = urllib.request.Request(base.rstrip("/") + path, method=method, headers=headers)
+        try:
+            with urllib.request.urlopen(request, timeout=0.5) as response:
+                if response.status == 200:
+                    return cloud
+        except (OSError, urllib.error.URLError):
+            continue
+    return "none"
+
+
+class NoticeReporter:
+    """Posts notices to the broker, retrying with backoff until the notice's deadline."""
+
+    def __init__(self, broker_url: str | None, token: str | None, events: EventLog) -> None:
+        self.url = broker_url.rstrip("/") + "/v1/notices" if broker_url else None
+        self.token = token
+        self.events = events
+
+    def report(self, payload: dict[str, Any], deadline: float) -> bool:
+        if self.url is None:
+            return False
+        delay = 0.2
+        body = json.dumps(payload).encode()
+        headers = {"Content-Type": "application/json"}
+        if self.token:
+            headers["Authorization"] = f"Bearer {self.token}"
+        while True:
+            request = urllib.request.Request(self.url, data=body, method="POST", headers=headers)
+            try:
+                with urllib.request.urlopen(request, timeout=5) as response:
+                    self.events.write("reported", status=response.status, checkpoint=payload.get("checkpoint"))
+                    return True
+            except urllib.error.HTTPError as exc:
+                if exc.code in (400, 401, 403, 404, 422):
+                    self.events.write("report_refused", status=exc.code)
+                    return False
+                problem = f"HTTP {exc.code}"
+            except (OSError, urllib.error.URLError) as exc:
+                problem = str(exc)
+            if time.time() + delay > deadline:
+                self.events.write("report_gave_up", problem=problem)
+                return False
+            time.sleep(delay)
+            delay = min(delay * 2, 5.0)
+
+
+class Agent:
+    def __init__(self, options: AgentOptions, reader: NoticeReader | None) -> None:
+        self.options = options
+        self.reader = reader
+        self.events = EventLog(options.status_file + ".events" if options.status_file else None)
+        self.reporter = NoticeReporter(options.broker_url, options.token, self.events)
+        self.checkpoint_dir = options.checkpoint_dir or os.environ.get("BROKER_CHECKPOINT_DIR")
+        self.handled: set[str] = set()
+        self.child: subprocess.Popen[bytes] | None = None
+
+    def run(self) -> int:
+        env = {**os.environ, **self.options.env}
+        if self.checkpoint_dir:
+            env["BROKER_CHECKPOINT_DIR"] = self.checkpoint_dir
+        self.child = subprocess.Popen(self.options.command, start_new_session=True, env=env)
+        self.events.write("started", pid=self.child.pid, command=self.options.command)
+        if self.options.status_file:
+            # The local cloud kills every process group recorded here when it takes the node away.
+            Path(self.options.status_file + ".pgid").write_text(str(self.child.pid))
+        for forwarded in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(forwarded, self._forward)
+        while self.child.poll() is None:
+            if self.reader is not None:
+                for notice in self.reader.poll():
+                    self._on_notice(notice)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.child.wait(timeout=self.options.poll_seconds)
+        code = self.child.returncode
+        exit_code = code if code >= 0 else 128 - code
+        self.events.write("exited", exit_code=exit_code)
+        if self.options.status_file:
+            tmp = Path(self.options.status_file + ".tmp")
+            tmp.write_text(json.dumps({"exit_code": exit_code, "finished_wall": time.time()}))
+            os.replace(tmp, self.options.status_file)
+        return exit_code
+
+    def _forward(self, signum: int, _frame: object) -> None:
+        if self.child is not None and self.child.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.child.pid, signum)
+
+    def _on_notice(self, notice: NodeNotice) -> None:
+        if notice.kind in self.handled:
+            return
+        self.handled.add(notice.kind)
+        seen = time.time()
+        self.events.write("notice_seen", kind=notice.kind, action_time=notice.action_time)
+        if notice.kind == "rebalance":
+            # A rebalance recommendation is advice, not a deadline: report it, keep the job running.
+            threading.Thread(target=self.reporter.report, args=(self._payload(notice, seen, None, None),
+                             seen + DEFAULT_WAIT_SECONDS), daemon=True).start()
+            return
+        before = latest_checkpoint(self.checkpoint_dir)
+        assert self.child is not None
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.child.pid, self.options.checkpoint_signal)
+        signaled = time.time()
+        self.events.write("signaled", signal=self.options.checkpoint_signal.name, delay_s=signaled - seen)
+        deadline = notice.action_time.timestamp() if notice.action_time else seen + DEFAULT_WAIT_SECONDS
+        threading.Thread(target=self.reporter.report, args=(self._payload(notice, seen, signaled, None), deadline),
+                         daemon=True).start()
+        threading.Thread(target=self._checkpoint_and_report, args=(notice, seen, signaled, before, deadline),
+                         daemon=True).start()
+
+    def _checkpoint_and_report(self, notice: NodeNotice, seen: float, signaled: float,
+                               before: CheckpointMark | None, deadline: float) -> None:
+        mark = self._wait_for_checkpoint(before, deadline - DEADLINE_MARGIN_SECONDS)
+        if mark is None:
+            self.events.write("checkpoint_missing")
+            return
+        took = max(mark.written_at - signaled, 0.0)
+        self.events.write("checkpoint_complete", path=mark.path, after_s=took)
+        self.reporter.report(self._payload(notice, seen, signaled, mark), deadline)
+        # Work done after that checkpoint would be lost: ask for one more just before the deadline,
+        # leaving the job three times what its first checkpoint took.
+        last_call = deadline - max(LAST_CALL_MIN_SECONDS, 3 * took)
+        while time.time() < last_call:
+            if self.child is None or self.child.poll() is not None:
+                return
+            time.sleep(min(0.05, max(last_call - time.time(), 0.0)))
+        if self.child is None or self.child.poll() is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.child.pid, self.options.checkpoint_signal)
+        again = time.time()
+        final = self._wait_for_checkpoint(mark, deadline - 0.05)
+        if final is not None:
+            self.events.write("checkpoint_complete", path=final.path, after_s=final.written_at - again, last=True)
+            self.reporter.report(self._payload(notice, seen, signaled, final), deadline)
+
+    def _wait_for_checkpoint(self, before: CheckpointMark | None, until: float) -> CheckpointMark | None:
+        while time.time() < until:
+            mark = latest_checkpoint(self.checkpoint_dir)
+            if mark is not None and (before is None or mark != before):
+                return mark
+            if self.child is not None and self.child.poll() is not None:
+                return latest_checkpoint(self.checkpoint_dir)
+            time.sleep(0.05)
+        return None
+
+    def _payload(self, notice: NodeNotice, seen: float, signaled: float | None,
+                 mark: CheckpointMark | None) -> dict[str, Any]:
+        return {
+            "cluster_id": self.options.cluster_id,
+            "node": self.options.node,
+            "kind": notice.kind,
+            "action_time": notice.action_time.isoformat() if notice.action_time else None,
+            "noticed_at": datetime.fromtimestamp(seen, UTC).isoformat(),
+            "signaled_at": datetime.fromtimestamp(signaled, UTC).isoformat() if signaled else None,
+            "checkpoint": mark.path if mark else None,
+            "checkpoint_at": datetime.fromtimestamp(mark.written_at, UTC).isoformat() if mark else None,
+        }
+
+
+def run_agent(options: AgentOptions) -> int:
+    cloud = detect_cloud(options.metadata_url) if options.cloud == "auto" else options.cloud
+    reader = None if cloud == "none" else reader_for(cloud, options.metadata_url)
+    if reader is None:
+        log.info("no cloud metadata service answered: running without notices")
+    return Agent(options, reader).run()

@@ -1,0 +1,104 @@
+"""The agent as a real process: it runs the job, hears the notice, signals, waits, reports."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime, timedelta
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+from tests.imds import FakeImds, imds_server
+
+JOB = """
+import os, signal, sys, time
+from pathlib import Path
+d = Path(os.environ["BROKER_CHECKPOINT_DIR"])
+flag = []
+signal.signal(signal.SIGUSR1, lambda *_: flag.append(1))
+for step in range(400):
+    time.sleep(0.01)
+    if flag:
+        flag.clear()
+        (d / f"ckpt-{step}").write_text("x")
+        (d / ".tmp").write_text(f"ckpt-{step}")
+        os.replace(d / ".tmp", d / "LATEST")
+sys.exit(3)
+"""
+
+
+@contextmanager
+def broker_stub(status: int = 202) -> Iterator[tuple[str, list[dict[str, Any]]]]:
+    """A stand-in for the broker's notice endpoint that records what agents post."""
+    received: list[dict[str, Any]] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+        def do_POST(self) -> None:
+            body = self.rfile.read(int(self.headers["Content-Length"]))
+            received.append({"auth": self.headers.get("Authorization"), **json.loads(body)})
+            self.send_response(status)
+            self.send_header("Content-Length", "2")
+            self.end_headers()
+            self.wfile.write(b"{}")
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}", received
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def _run_agent(tmp_path: Path, metadata: str, broker: str | None, state: FakeImds) -> tuple[int, list[dict]]:
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    job = tmp_path / "job.py"
+    job.write_text(JOB)
+    status = tmp_path / "status"
+    command = [sys.executable, "-m", "broker.agent", "--cloud", "aws", "--metadata-url", metadata,
+               "--poll", "50ms", "--cluster-id", "c1", "--token", "secret-token",
+               "--checkpoint-dir", str(ckpt), "--status-file", str(status)]
+    if broker:
+        command += ["--broker-url", broker]
+    process = subprocess.Popen([*command, "--", sys.executable, str(job)])
+    time.sleep(0.5)
+    state.action = {"action": "terminate",
+                    "time": (datetime.now(UTC) + timedelta(seconds=2)).strftime("%Y-%m-%dT%H:%M:%SZ")}
+    code = process.wait(timeout=30)
+    events = [json.loads(line) for line in Path(str(status) + ".events").read_text().splitlines()]
+    return code, events
+
+
+def test_notice_signals_job_waits_for_checkpoint_and_reports(tmp_path: Path) -> None:
+    state = FakeImds()
+    with imds_server(state) as metadata, broker_stub() as (broker, received):
+        code, events = _run_agent(tmp_path, metadata, broker, state)
+    kinds = [e["event"] for e in events]
+    assert code == 3  # the job's own exit code passes through
+    assert json.loads((tmp_path / "status").read_text())["exit_code"] == 3
+    assert kinds.index("notice_seen") < kinds.index("signaled") < kinds.index("checkpoint_complete")
+    signaled = next(e for e in events if e["event"] == "signaled")
+    assert signaled["delay_s"] < 0.5
+    assert received and all(r["auth"] == "Bearer secret-token" and r["cluster_id"] == "c1" for r in received)
+    with_checkpoint = [r for r in received if r["checkpoint"]]
+    assert with_checkpoint and Path(with_checkpoint[0]["checkpoint"]).name.startswith("ckpt-")
+
+
+def test_job_is_signalled_even_when_broker_is_down(tmp_path: Path) -> None:
+    state = FakeImds()
+    with imds_server(state) as metadata:
+        code, events = _run_agent(tmp_path, metadata, "http://127.0.0.1:9", state)
+    kinds = [e["event"] for e in events]
+    assert code == 3
+    assert "signaled" in kinds and "checkpoint_complete" in kinds and "reported" not in kinds
+    assert "report_gave_up" in kinds
