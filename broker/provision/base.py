@@ -1,0 +1,113 @@
+"""The provisioner contract: what the engine asks of any backend (local, SkyPilot).
+
+Every call is idempotent and returns promptly: ``launch`` starts bringing a cluster up and
+``status`` reports how far it got, so a slow cloud never blocks the engine, and an engine re-run
+after a crash can call anything again without starting a second cluster or a second job.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Protocol
+
+from broker.model import GangPlacement
+from broker.spec import JobSpec
+
+
+class CapacityError(RuntimeError):
+    """The cloud has no capacity (or quota) for the whole gang in that zone: try the next offer."""
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterInfo:
+    id: str
+    cloud: str
+    region: str
+    zone: str
+    instance_type: str
+    num_nodes: int
+    gpus_per_node: int
+    spot: bool
+    agent_token: str | None = None
+    handle: dict[str, Any] = field(default_factory=dict)
+
+
+class ClusterPhase(enum.StrEnum):
+    PROVISIONING = "PROVISIONING"
+    UP = "UP"
+    FAILED = "FAILED"  # never came up
+    TERMINATED = "TERMINATED"  # was up, is gone (preempted, torn down, lost)
+    UNKNOWN = "UNKNOWN"  # the backend has never heard of it
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterStatus:
+    phase: ClusterPhase
+    reason: str | None = None
+    capacity_error: bool = False
+    up_at: datetime | None = None
+    ended_at: datetime | None = None
+    handle: dict[str, Any] = field(default_factory=dict)
+    # A preemption notice the backend itself saw (the local cloud, a cloud's event stream).
+    notice_action_at: datetime | None = None
+
+
+class RunPhase(enum.StrEnum):
+    NOT_STARTED = "NOT_STARTED"
+    RUNNING = "RUNNING"
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"
+    LOST = "LOST"  # its nodes went away before it ended
+
+
+@dataclass(frozen=True, slots=True)
+class RunStatus:
+    phase: RunPhase
+    exit_code: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class JobLaunch:
+    """One start of a job on a cluster: the gang's GPUs and the checkpoint contract's variables."""
+
+    job_id: str
+    attempt: int
+    spec: JobSpec
+    placement: GangPlacement
+    checkpoint_dir: str
+    resume_from: str | None
+    broker_url: str | None
+    log_dir: str
+
+    def env(self, node_rank: int, node_ips: list[str]) -> dict[str, str]:
+        """The variables the job sees: the broker's contract plus SkyPilot's own task variables."""
+        gpus = self.placement.visible_devices(node_rank)
+        return {
+            **self.spec.envs,
+            "BROKER_JOB_ID": self.job_id,
+            "BROKER_CHECKPOINT_DIR": self.checkpoint_dir,
+            "BROKER_RESUME_FROM": self.resume_from or "",
+            "BROKER_ATTEMPT": str(self.attempt),
+            "CUDA_VISIBLE_DEVICES": gpus,
+            "SKYPILOT_NODE_RANK": str(node_rank),
+            "SKYPILOT_NODE_IPS": "\n".join(node_ips),
+            "SKYPILOT_NUM_NODES": str(len(node_ips)),
+            "SKYPILOT_NUM_GPUS_PER_NODE": str(len(gpus.split(",")) if gpus else 0),
+            "SKYPILOT_TASK_ID": f"{self.job_id}-{self.attempt}",
+        }
+
+
+class Provisioner(Protocol):
+    name: str
+
+    def launch(self, cluster: ClusterInfo) -> None: ...
+
+    def status(self, cluster: ClusterInfo) -> ClusterStatus: ...
+
+    def start_job(self, cluster: ClusterInfo, launch: JobLaunch) -> None: ...
+
+    def run_status(self, cluster: ClusterInfo, job_id: str, attempt: int) -> RunStatus: ...
+
+    def terminate(self, cluster: ClusterInfo) -> None: ...

@@ -1,0 +1,215 @@
+"""The local backend: clusters are process groups on this machine, the market is a replayed trace.
+
+Each cluster is a directory under ``$BROKER_HOME/local/clusters/`` and a detached host process
+(``broker.provision.local_host``) that plays the cloud. A job's nodes are node agents running the
+job's ``setup`` and ``run`` with the same variables SkyPilot gives a task.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+from broker.clock import AcceleratedClock
+from broker.provision.base import (
+    ClusterInfo,
+    ClusterPhase,
+    ClusterStatus,
+    JobLaunch,
+    RunPhase,
+    RunStatus,
+)
+from broker.provision.local_host import read_json, write_json
+from providers.local import LocalMarket
+from providers.trace import MarketTrace, read_trace
+
+
+@dataclass(frozen=True)
+class LocalWorld:
+    """The replay every local cluster shares: which trace, and where tick 0 sits on the wall clock."""
+
+    trace_path: str
+    clock: AcceleratedClock
+
+    @classmethod
+    def load(cls, home: Path) -> LocalWorld | None:
+        data = read_json(home / "local" / "world.json")
+        if data is None:
+            return None
+        return cls(data["trace"], AcceleratedClock(data["wall_origin"], data["speed"]))
+
+    @classmethod
+    def begin(cls, home: Path, trace_path: str, speed: float) -> LocalWorld:
+        world = cls(str(Path(trace_path).resolve()), AcceleratedClock.starting_now(speed))
+        (home / "local").mkdir(parents=True, exist_ok=True)
+        write_json(home / "local" / "world.json",
+                   {"trace": world.trace_path, "wall_origin": world.clock.wall_origin, "speed": speed})
+        return world
+
+    def market(self, trace: MarketTrace | None = None) -> LocalMarket:
+        return LocalMarket(trace or read_trace(self.trace_path), self.clock.origin)
+
+
+class LocalProvisioner:
+    name = "local"
+
+    def __init__(self, home: Path, world: LocalWorld, provision_seconds: float = 120.0,
+                 agent_poll: str = "100ms") -> None:
+        self.root = home / "local" / "clusters"
+        self.world = world
+        self.provision_seconds = provision_seconds
+        self.agent_poll = agent_poll
+
+    def cluster_dir(self, cluster: ClusterInfo) -> Path:
+        return self.root / cluster.id
+
+    def launch(self, cluster: ClusterInfo) -> None:
+        directory = self.cluster_dir(cluster)
+        if (directory / "cluster.json").exists():
+            return  # already launched: launching again is a no-op
+        directory.mkdir(parents=True, exist_ok=True)
+        (directory / "procs").mkdir(exist_ok=True)
+        write_json(directory / "cluster.json", {
+            "cluster_id": cluster.id,
+            "trace": self.world.trace_path,
+            "wall_origin": self.world.clock.wall_origin,
+            "speed": self.world.clock.speed,
+            "key": {"cloud": cluster.cloud, "region": cluster.region, "zone": cluster.zone,
+                    "instance_type": cluster.instance_type},
+            "num_nodes": cluster.num_nodes,
+            "gpus_per_node": cluster.gpus_per_node,
+            "spot": cluster.spot,
+            "provision_seconds": self.provision_seconds,
+        })
+        with open(directory / "host.log", "ab") as log:
+            subprocess.Popen([sys.executable, "-m", "broker.provision.local_host", str(directory)],
+                             stdout=log, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True)
+
+    def status(self, cluster: ClusterInfo) -> ClusterStatus:
+        directory = self.cluster_dir(cluster)
+        if not (directory / "cluster.json").exists():
+            return ClusterStatus(ClusterPhase.UNKNOWN)
+        data = read_json(directory / "status.json")
+        if data is None:
+            if not self._host_alive(directory) and self._launch_age(directory) > 30:
+                return ClusterStatus(ClusterPhase.FAILED, reason="local cluster host never started")
+            return ClusterStatus(ClusterPhase.PROVISIONING)
+        phase = ClusterPhase(data["state"])
+        if phase in (ClusterPhase.PROVISIONING, ClusterPhase.UP) and not self._host_alive(directory):
+            # The host died without a word: the nodes are gone, as a vanished VM would be.
+            return ClusterStatus(ClusterPhase.TERMINATED, reason="local cluster host vanished",
+                                 ended_at=datetime.now(UTC))
+        clock = self.world.clock
+        return ClusterStatus(
+            phase=phase,
+            reason=data.get("reason"),
+            capacity_error=bool(data.get("capacity_error")),
+            up_at=clock.to_clock(data["up_wall"]) if data.get("up_wall") else None,
+            ended_at=clock.to_clock(data["ended_wall"]) if data.get("ended_wall") else None,
+            handle={"metadata_port": data.get("metadata_port"), "dir": str(directory)},
+            notice_action_at=clock.to_clock(data["notice_action_wall"]) if data.get("notice_action_wall") else None,
+        )
+
+    def _launch_age(self, directory: Path) -> float:
+        return time.time() - (directory / "cluster.json").stat().st_mtime
+
+    def _host_alive(self, directory: Path) -> bool:
+        data = read_json(directory / "status.json") or {}
+        pid = data.get("host_pid")
+        if pid is None:
+            return self._launch_age(directory) < 30
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        # A zombie (exited, not yet reaped by us) counts as dead.
+        try:
+            return "Z" not in Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
+        except OSError:
+            return True
+
+    def _node_dir(self, cluster: ClusterInfo, job_id: str, attempt: int, rank: int) -> Path:
+        return self.cluster_dir(cluster) / "runs" / f"{job_id}-{attempt}" / f"node-{rank}"
+
+    def start_job(self, cluster: ClusterInfo, launch: JobLaunch) -> None:
+        status = self.status(cluster)
+        if status.phase is not ClusterPhase.UP:
+            raise RuntimeError(f"cluster {cluster.id} is {status.phase}, not UP")
+        port = status.handle["metadata_port"]
+        spec = launch.spec
+        workdir = spec.resolved_workdir() or (Path(spec.source).parent if spec.source else Path.cwd())
+        signal_name = spec.broker.checkpoint.signal
+        script = "\n".join(
+            [f"trap '' {signal_name.removeprefix('SIG')}", "set -e", f"cd {shlex.quote(str(workdir))}"]
+            + ([spec.setup] if spec.setup else [])
+            + [spec.run]
+        )
+        node_ips = ["127.0.0.1"] * len(launch.placement.nodes)
+        Path(launch.log_dir).mkdir(parents=True, exist_ok=True)
+        Path(launch.checkpoint_dir).mkdir(parents=True, exist_ok=True)
+        for rank in launch.placement.nodes:
+            node_dir = self._node_dir(cluster, launch.job_id, launch.attempt, rank)
+            if (node_dir / "started").exists():
+                continue  # started before the broker restarted: do not start a second copy
+            node_dir.mkdir(parents=True, exist_ok=True)
+            command = [
+                sys.executable, "-m", "broker.agent", "--cloud", "local",
+                "--metadata-url", f"http://127.0.0.1:{port}",
+                "--signal", signal_name, "--poll", self.agent_poll,
+                "--cluster-id", cluster.id, "--node", str(rank),
+                "--checkpoint-dir", launch.checkpoint_dir,
+                "--status-file", str(node_dir / "status"),
+            ]
+            if launch.broker_url:
+                command += ["--broker-url", launch.broker_url]
+            if cluster.agent_token:
+                command += ["--token", cluster.agent_token]
+            command += ["--", "bash", "-c", script]
+            env = {**os.environ, **launch.env(rank, node_ips), "PYTHONUNBUFFERED": "1",
+                   # A local node's `python` is the broker's own interpreter, as a cloud image's would be.
+                   "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])}
+            log_path = Path(launch.log_dir) / f"attempt-{launch.attempt}-node-{rank}.log"
+            with open(log_path, "ab") as log:
+                process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                           stdin=subprocess.DEVNULL, start_new_session=True)
+            (self.cluster_dir(cluster) / "procs" / str(process.pid)).write_text(str(process.pid))
+            (node_dir / "started").write_text(json.dumps({"pid": process.pid, "wall": time.time()}))
+
+    def run_status(self, cluster: ClusterInfo, job_id: str, attempt: int) -> RunStatus:
+        base = self.cluster_dir(cluster) / "runs" / f"{job_id}-{attempt}"
+        nodes = sorted(base.glob("node-*"))
+        if not nodes:
+            return RunStatus(RunPhase.NOT_STARTED)
+        codes = [read_json(n / "status") for n in nodes]
+        if all(c is not None for c in codes):
+            exit_codes = [int(c["exit_code"]) for c in codes if c is not None]
+            failed = [c for c in exit_codes if c != 0]
+            if not failed:
+                return RunStatus(RunPhase.SUCCEEDED, 0)
+            if self.status(cluster).phase is ClusterPhase.TERMINATED:
+                return RunStatus(RunPhase.LOST)
+            return RunStatus(RunPhase.FAILED, failed[0])
+        if self.status(cluster).phase in (ClusterPhase.TERMINATED, ClusterPhase.FAILED):
+            return RunStatus(RunPhase.LOST)
+        return RunStatus(RunPhase.RUNNING)
+
+    def terminate(self, cluster: ClusterInfo) -> None:
+        directory = self.cluster_dir(cluster)
+        if directory.exists():
+            (directory / "terminate").touch()
+
+    def events(self, cluster: ClusterInfo) -> list[dict[str, object]]:
+        """Every agent event on the cluster, for diagnostics and the notice-delay measurement."""
+        records: list[dict[str, object]] = []
+        for path in sorted(self.cluster_dir(cluster).glob("runs/*/node-*/status.events")):
+            records.extend(json.loads(line) for line in path.read_text().splitlines() if line.strip())
+        return records
