@@ -1,0 +1,1 @@
+"""The broker's HTTP API (FastAPI), versioned under ``/v1``."""

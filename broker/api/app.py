@@ -1,0 +1,49 @@
+"""The FastAPI application and a small in-process server for the embedded broker."""
+
+from __future__ import annotations
+
+import socket
+import threading
+
+import uvicorn
+from fastapi import FastAPI
+
+from broker.api.notices import notices_router
+from broker.clock import Clock
+from broker.store import Store
+
+
+def create_app(store: Store, clock: Clock) -> FastAPI:
+    app = FastAPI(title="spot broker", version="1", docs_url=None, redoc_url=None)
+    app.include_router(notices_router(store, clock))
+
+    @app.get("/v1/health")
+    def health() -> dict[str, str]:
+        return {"status": "ok"}
+
+    return app
+
+
+class BackgroundServer:
+    """Serve an app on a loopback port chosen by the OS, in a daemon thread."""
+
+    def __init__(self, app: FastAPI, host: str = "127.0.0.1", port: int = 0) -> None:
+        self.socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.socket.bind((host, port))
+        self.host, self.port = self.socket.getsockname()[:2]
+        config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off")
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.socket]}, daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def start(self) -> BackgroundServer:
+        self.thread.start()
+        return self
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=5)
