@@ -54,6 +54,7 @@ class Settings(BaseSettings):
     placement_policy: str | None = None
     poll_seconds: float = Field(0.2, gt=0, description="engine step interval, wall seconds")
     server: str | None = Field(None, description="URL of a running `broker serve`")
+    local_provision_seconds: float = Field(120.0, ge=0, description="local backend: market seconds to boot")
 
     @property
     def database_url(self) -> str:

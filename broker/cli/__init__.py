@@ -13,6 +13,7 @@ def _register() -> None:
 
 def main(argv: list[str] | None = None) -> None:
     from broker.config import ConfigError
+    from broker.engine import UnknownJob
     from broker.spec import SpecError
     from broker.store.db import StoreError
     from providers.trace import TraceError
@@ -20,7 +21,7 @@ def main(argv: list[str] | None = None) -> None:
     _register()
     try:
         app(args=argv, standalone_mode=False)
-    except (SpecError, ConfigError, TraceError, StoreError, UsageError) as exc:
+    except (SpecError, ConfigError, TraceError, StoreError, UsageError, UnknownJob) as exc:
         err_console.print(f"[red]error:[/red] {exc}", highlight=False, markup=True, soft_wrap=True)
         sys.exit(2)
     except SystemExit:

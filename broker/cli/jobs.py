@@ -1,1 +1,238 @@
-"""Job commands: launch, status, cancel, logs."""
+"""Job commands: launch, status, cancel, logs (and the engine loop a detached launch leaves behind)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.live import Live
+from rich.table import Table
+from sqlalchemy import select
+
+from broker.cli.app import ConfigOption, JsonOption, UsageError, app, console
+from broker.config import Settings, load_settings
+from broker.engine import cancel_job, submit_job
+from broker.model import JobState
+from broker.runtime import EmbeddedBroker, EngineLock
+from broker.spec import JobSpec, load_job_spec
+from broker.store import Store, open_store
+from broker.store.tables import JobRow
+from broker.summary import job_summary, last_log_line
+
+
+def _check_market_fits(broker: EmbeddedBroker, spec: JobSpec) -> None:
+    zones = broker.market.trace.zones
+    if spec.accelerators and not any(
+        a.name.lower() == z.accelerator.lower() and a.count == z.gpus_per_node
+        for a in spec.accelerators for z in zones
+    ):
+        wanted = ", ".join(f"{a.name}:{a.count}" for a in spec.accelerators)
+        have = ", ".join(sorted({f"{z.accelerator}:{z.gpus_per_node}" for z in zones}))
+        raise UsageError(f"resources.accelerators: no zone of the market offers {wanted} per node "
+                         f"(the market has {have})")
+
+
+def _summary(store: Store, job_id: str) -> dict[str, Any]:
+    with store.transaction() as s:
+        job = s.get(JobRow, job_id)
+        if job is None:
+            raise UsageError(f"no job {job_id!r}")
+        return job_summary(s, job)
+
+
+def _progress_table(summary: dict[str, Any], progress: str) -> Table:
+    table = Table(box=None, show_header=True, header_style="bold")
+    for column in ("job", "state", "where", "$/h", "progress", "preemptions", "cost"):
+        table.add_column(column)
+    where = f"{summary['cloud']}/{summary['zone']}" if summary["zone"] else "-"
+    if summary["spot"] is False:
+        where += " (on-demand)"
+    price = f"{summary['price_per_hour']:.2f}" if summary["price_per_hour"] is not None else "-"
+    table.add_row(summary["job_id"], summary["state"], where, price, progress[-60:] or "-",
+                  str(summary["preemptions"]), f"${summary['cost']:.4f}")
+    return table
+
+
+def _print_summary(summary: dict[str, Any]) -> None:
+    saving = f" ({summary['saving_pct']:.1f}% saved)" if summary["saving_pct"] is not None else ""
+    console.print(f"\n[bold]{summary['job_id']}[/bold] {summary['name']}: [bold]{summary['state']}[/bold]")
+    console.print(f"  wall time        {summary['wall_seconds']:.1f} s")
+    console.print(f"  cost             ${summary['cost']:.4f}")
+    console.print(f"  on-demand cost   ${summary['on_demand_cost']:.4f}{saving}")
+    console.print(f"  preemptions      {summary['preemptions']}")
+    console.print(f"  migrations       {summary['migrations']}")
+    console.print(f"  zones            {' -> '.join(summary['zones']) or '-'}")
+    console.print(f"  work lost        {summary['work_lost_seconds']:.0f} s (market clock)")
+    if summary["reason"]:
+        console.print(f"  reason           {summary['reason']}")
+
+
+def drive(broker: EmbeddedBroker, settings: Settings, job_id: str | None, show: bool) -> None:
+    """Run the engine (or, if another process holds the engine lock, watch) until the job ends."""
+    lock = EngineLock(settings.home)
+    engine = broker.start() if lock.acquire() else None
+    if engine is None and job_id is None:
+        return
+    try:
+        with Live(console=console, refresh_per_second=4, transient=False, auto_refresh=False) as live:
+            while True:
+                if engine is not None:
+                    engine.step()
+                if job_id is not None:
+                    summary = _summary(broker.store, job_id)
+                    if show:
+                        live.update(_progress_table(summary, last_log_line(settings.home, job_id)), refresh=True)
+                    if JobState(summary["state"]).terminal:
+                        break
+                elif engine is not None and not engine.active_jobs():
+                    break
+                time.sleep(settings.poll_seconds)
+            if engine is not None:
+                for _ in range(3):  # tear down and meter the final minutes
+                    engine.step()
+                    time.sleep(settings.poll_seconds)
+    finally:
+        lock.release()
+
+
+@app.command()
+def launch(
+    job_file: Annotated[Path, typer.Argument(help="SkyPilot task YAML with an optional broker: section")],
+    backend: Annotated[str, typer.Option(help="where clusters come from: local")] = "local",
+    market: Annotated[Path | None, typer.Option(help="market trace CSV for the local backend")] = None,
+    speed: Annotated[float | None, typer.Option(help="local backend: market seconds per wall second")] = None,
+    detach: Annotated[bool, typer.Option("--detach", help="submit, print the job id and return")] = False,
+    config: ConfigOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Validate a job file, run it on the cheapest spot capacity, and follow it to the end."""
+    settings = load_settings(config, backend=backend, market=market, speed=speed)
+    if settings.backend != "local":
+        raise UsageError(f"--backend {settings.backend}: this build runs the local backend; expected local")
+    spec = load_job_spec(job_file)
+    broker = EmbeddedBroker(settings, fresh_market=True)
+    try:
+        _check_market_fits(broker, spec)
+        job_id = submit_job(broker.store, broker.clock, spec, settings.home, broker.provisioner.name)
+        if detach:
+            _spawn_engine(config)  # exits at once if an engine already drives this home
+            if as_json:
+                print(json.dumps({"job_id": job_id, "state": JobState.PENDING.value}))
+            else:
+                console.print(f"submitted [bold]{job_id}[/bold]; follow it with `broker logs {job_id} --follow`")
+            return
+        if not as_json:
+            console.print(f"submitted [bold]{job_id}[/bold] ({spec.name}, {spec.num_nodes} node(s))")
+        drive(broker, settings, job_id, show=not as_json)
+        summary = _summary(broker.store, job_id)
+    finally:
+        broker.close()
+    if as_json:
+        print(json.dumps(summary))
+    else:
+        _print_summary(summary)
+    if summary["state"] != JobState.SUCCEEDED.value:
+        raise typer.Exit(1)
+
+
+def _spawn_engine(config: Path | None) -> None:
+    command = [sys.executable, "-m", "broker", "run-engine"]
+    if config is not None:
+        command += ["--config", str(config)]
+    subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                     start_new_session=True)
+
+
+@app.command("run-engine", hidden=True)
+def run_engine(config: ConfigOption = None) -> None:
+    """Drive the engine until no job is active (what `launch --detach` leaves running)."""
+    settings = load_settings(config)
+    lock = EngineLock(settings.home)
+    if not lock.acquire():
+        return  # another engine drives this broker home already
+    lock.release()
+    broker = EmbeddedBroker(settings)
+    try:
+        drive(broker, settings, None, show=False)
+    finally:
+        broker.close()
+
+
+def _open(config: Path | None) -> tuple[Settings, Store]:
+    settings = load_settings(config)
+    return settings, open_store(settings.database_url)
+
+
+@app.command()
+def status(
+    job_id: Annotated[str | None, typer.Argument(help="a job id; all jobs when omitted")] = None,
+    config: ConfigOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Show one job, or every job, with cost, preemptions and where it runs."""
+    _, store = _open(config)
+    try:
+        if job_id is not None:
+            summaries = [_summary(store, job_id)]
+        else:
+            with store.transaction() as s:
+                summaries = [job_summary(s, j) for j in s.scalars(select(JobRow).order_by(JobRow.created_at))]
+    finally:
+        store.dispose()
+    if as_json:
+        print(json.dumps(summaries[0] if job_id else summaries))
+        return
+    table = Table(header_style="bold")
+    for column in ("job", "name", "team", "state", "where", "preemptions", "migrations", "cost", "on-demand"):
+        table.add_column(column)
+    for item in summaries:
+        where = f"{item['cloud']}/{item['zone']}" if item["zone"] else "-"
+        table.add_row(item["job_id"], item["name"], item["team"], item["state"], where, str(item["preemptions"]),
+                      str(item["migrations"]), f"${item['cost']:.4f}", f"${item['on_demand_cost']:.4f}")
+    console.print(table)
+
+
+@app.command()
+def cancel(job_id: Annotated[str, typer.Argument()], config: ConfigOption = None) -> None:
+    """Cancel a job; its clusters are torn down by the engine's next step."""
+    _, store = _open(config)
+    try:
+        state = cancel_job(store, job_id)
+    finally:
+        store.dispose()
+    console.print(f"{job_id}: {state}")
+
+
+@app.command()
+def logs(
+    job_id: Annotated[str, typer.Argument()],
+    follow: Annotated[bool, typer.Option("--follow", "-f", help="keep printing until the job ends")] = False,
+    config: ConfigOption = None,
+) -> None:
+    """Print a job's output, every attempt and node in order."""
+    settings, store = _open(config)
+    try:
+        _summary(store, job_id)
+        directory = settings.home / "logs" / job_id
+        offsets: dict[Path, int] = {}
+        while True:
+            for path in sorted(directory.glob("attempt-*.log"),
+                               key=lambda p: (int(p.name.split("-")[1]), p.name)):
+                with path.open("rb") as handle:
+                    handle.seek(offsets.get(path, 0))
+                    chunk = handle.read()
+                    offsets[path] = handle.tell()
+                if chunk:
+                    label = path.stem
+                    for line in chunk.decode(errors="replace").splitlines():
+                        print(f"[{label}] {line}")
+            if not follow or JobState(_summary(store, job_id)["state"]).terminal:
+                break
+            time.sleep(0.5)
+    finally:
+        store.dispose()
