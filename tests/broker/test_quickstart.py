@@ -1,0 +1,86 @@
+"""The quickstart end to end: a real 2-node job through a real preemption and migration."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from sqlalchemy import func, select
+
+from broker.store import open_store
+from broker.store.tables import ClusterRow, LedgerRow
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _steps(log: Path) -> tuple[int, list[int], list[int]]:
+    """(resumed-from step or 0, steps run, checkpoint steps completed) from one attempt's node-0 log."""
+    text = log.read_text()
+    resumed = re.search(r"resumed from step-(\d+)\.npz", text)
+    steps = [int(m) for m in re.findall(r"^step (\d+) ", text, re.MULTILINE)]
+    checkpoints = [int(m) for m in re.findall(r"^checkpoint step-(\d+)\.npz", text, re.MULTILINE)]
+    return (int(resumed.group(1)) if resumed else 0), steps, checkpoints
+
+
+@pytest.mark.slow
+def test_quickstart_survives_a_preemption(broker_home: Path) -> None:
+    env = {**os.environ, "BROKER_HOME": str(broker_home)}
+    result = subprocess.run([sys.executable, "-m", "broker", "launch", "examples/quickstart.yaml", "--json"],
+                            cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = json.loads(result.stdout.strip().splitlines()[-1])
+    assert summary["state"] == "SUCCEEDED"
+    assert summary["preemptions"] >= 1 and summary["migrations"] >= 1
+    assert len(set(summary["zones"])) >= 2, summary["zones"]
+
+    # Every attempt resumed exactly from the last checkpoint the one before it completed, so no
+    # step up to that checkpoint ran twice, and the last attempt reached the target step.
+    logs = sorted((broker_home / "logs" / summary["job_id"]).glob("attempt-*-node-0.log"),
+                  key=lambda p: int(p.name.split("-")[1]))
+    assert len(logs) == summary["migrations"] + 1
+    attempts = [_steps(log) for log in logs]
+    for (_, _, checkpoints), (resumed, _, _) in zip(attempts, attempts[1:], strict=False):
+        assert checkpoints and resumed == max(checkpoints)
+    ran = Counter(step for _, steps, _ in attempts for step in steps)
+    last_resume = attempts[-1][0]
+    assert last_resume > 0
+    assert all(ran[step] == 1 for step in range(1, last_resume + 1))
+    assert max(attempts[-1][1]) == 400
+    assert "done: 400 steps" in logs[-1].read_text()
+
+    # The agent signalled the job within a second of the notice's first appearance.
+    first_cluster = broker_home / "local" / "clusters" / f"{summary['job_id']}-c1"
+    notice_wall = json.loads((first_cluster / "status.json").read_text())["notice_wall"]
+    events = [json.loads(line) for path in first_cluster.glob("runs/*/node-*/status.events")
+              for line in path.read_text().splitlines()]
+    signaled = [e["wall"] for e in events if e["event"] == "signaled"]
+    assert len(signaled) >= 2  # every node's agent signalled its own job
+    assert max(signaled) - notice_wall < 1.0
+
+    # The ledger: totals equal the sum of its entries and what status reports; each cluster's minutes
+    # are contiguous and counted once.
+    store = open_store(f"sqlite:///{broker_home / 'broker.db'}")
+    with store.transaction() as s:
+        rows = list(s.scalars(select(LedgerRow).order_by(LedgerRow.cluster_id, LedgerRow.minute)))
+        total = s.scalar(select(func.sum(LedgerRow.cost)))
+        clusters = list(s.scalars(select(ClusterRow)))
+    store.dispose()
+    assert total == pytest.approx(sum(r.cost for r in rows))
+    assert total == pytest.approx(summary["cost"], abs=1e-5)
+    assert sum(r.on_demand_cost for r in rows) == pytest.approx(summary["on_demand_cost"], abs=1e-5)
+    assert {c.zone for c in clusters if c.up_at} == set(summary["zones"])
+    for cluster in clusters:
+        minutes = [r.minute for r in rows if r.cluster_id == cluster.id]
+        assert len(minutes) == len(set(minutes))
+        assert all((b - a).total_seconds() <= 60 for a, b in zip(minutes, minutes[1:], strict=False))
+        if minutes:
+            covered = sum(r.cost for r in rows if r.cluster_id == cluster.id)
+            assert cluster.terminated_at is not None
+            hours = (cluster.terminated_at - cluster.created_at).total_seconds() / 3600
+            assert covered == pytest.approx(hours * cluster.num_nodes * cluster.price_per_node_hour, rel=0.05)
