@@ -1,0 +1,96 @@
+"""A broker killed mid-migration loses nothing: a new engine on the same store finishes the job."""
+
+from __future__ import annotations
+
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from sqlalchemy import select
+
+from broker.config import load_settings
+from broker.engine import Engine
+from broker.model import JobState
+from broker.runtime import EmbeddedBroker
+from broker.spec import parse_job_spec
+from broker.store import open_store
+from broker.store.tables import ClusterRow, JobRow, LedgerRow
+from providers.base import SpotQuote
+from providers.trace import write_trace
+
+JOB = """\
+name: small
+num_nodes: 1
+resources:
+  accelerators: V100:1
+workdir: {workdir}
+run: python train.py --steps 60 --step-seconds 0.05 --checkpoint-every 20
+"""
+
+
+def _trace(path: Path) -> Path:
+    """Two zones; the cheap one loses capacity at minute 4."""
+    from datetime import UTC, datetime
+
+    start = datetime(2026, 1, 1, tzinfo=UTC)
+    quotes = []
+    for tick in range(120):
+        when = start + timedelta(minutes=tick)
+        quotes.append(SpotQuote("aws", "us-east-1", "us-east-1a", "p3.2xlarge", "V100", 1, 0.9, 3.06, when,
+                                available_nodes=0 if 4 <= tick < 60 else 2))
+        quotes.append(SpotQuote("gcp", "us-central1", "us-central1-a", "n1-highmem-8", "V100", 1, 1.0, 2.95, when,
+                                available_nodes=2))
+    write_trace(path, quotes)
+    return path
+
+
+def _step_until(engine: Engine, job_id: str, states: set[str], timeout: float = 60) -> str:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        engine.step()
+        with engine.store.transaction() as s:
+            job = s.get(JobRow, job_id)
+            assert job is not None
+            if job.state in states:
+                return job.state
+        time.sleep(0.05)
+    raise AssertionError(f"job never reached {states}")
+
+
+@pytest.mark.slow
+def test_engine_killed_mid_migration_is_finished_by_the_next(tmp_path: Path, broker_home: Path, db_url: str) -> None:
+    settings = load_settings(market=_trace(tmp_path / "market.csv"), speed=60.0, db_url=db_url,
+                             local_provision_seconds=60.0)
+    examples = Path(__file__).resolve().parents[2] / "examples"
+    spec = parse_job_spec(JOB.format(workdir=examples), source=str(tmp_path / "job.yaml"))
+
+    first = EmbeddedBroker(settings, fresh_market=True)
+    engine = first.start()
+    job_id = engine.submit(spec)
+    state = _step_until(engine, job_id, {JobState.CHECKPOINTING.value, JobState.MIGRATING.value})
+    assert state in (JobState.CHECKPOINTING.value, JobState.MIGRATING.value)
+    first.close()  # the broker dies here: its notice API and in-memory state are gone
+
+    second = EmbeddedBroker(settings, store=open_store(db_url))
+    engine = second.start()
+    assert _step_until(engine, job_id, {JobState.SUCCEEDED.value, JobState.FAILED.value}) == "SUCCEEDED"
+    for _ in range(5):
+        engine.step()
+        time.sleep(0.1)
+    with engine.store.transaction() as s:
+        job = s.get(JobRow, job_id)
+        clusters = list(s.scalars(select(ClusterRow).where(ClusterRow.job_id == job_id)))
+        ledger = list(s.scalars(select(LedgerRow).order_by(LedgerRow.cluster_id, LedgerRow.minute)))
+    second.close()
+    assert job is not None and job.migrations == 1 and len(job.zones) == 2
+    used = [c for c in clusters if c.up_at is not None]
+    assert sorted(c.zone for c in used) == sorted(set(job.zones))  # one cluster per zone used
+    assert all(c.state == "TERMINATED" for c in clusters)
+    for cluster in used:
+        minutes = [r.minute for r in ledger if r.cluster_id == cluster.id]
+        # No gap, no overlap: from the launch, every following clock minute exactly once, to the end.
+        assert minutes and minutes[0] == cluster.created_at
+        assert all(b.second == 0 and b.microsecond == 0 and timedelta(0) < b - a <= timedelta(minutes=1)
+                   for a, b in zip(minutes, minutes[1:], strict=False))
+        assert cluster.metered_until == cluster.terminated_at
