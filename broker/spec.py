@@ -1,78 +1,80 @@
 """The job file: a SkyPilot task YAML plus an optional ``broker:`` section.
 
 ``load_job_spec(path)`` returns a validated, immutable ``JobSpec`` or raises ``SpecError`` naming
-the field, the line and what was expected.
+the field, the line and what was expected. The SkyPilot part is judged by SkyPilot itself
+(``sky.Task.from_yaml_config`` and its catalog, or the built-in catalog when SkyPilot's cannot be
+fetched); the ``broker:`` section by pydantic models in ``broker.specfile.broker_section``.
 """
 
 from __future__ import annotations
 
-import re
+import copy
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-import yaml
+from broker.specfile import values
+from broker.specfile.broker_section import BrokerModel, validate_broker_section
+from broker.specfile.catalog_check import CATALOG_TIMEOUT_SECONDS, check_catalog
+from broker.specfile.errors import SpecError
+from broker.specfile.resources import ResourceError, resource_alternatives
+from broker.specfile.skypilot import validate_task
+from broker.specfile.yaml_lines import LoadedYaml, format_path, json_safe, load_yaml
 
-PRIORITY_CLASSES: dict[str, int] = {"inference": 1000, "training": 500, "batch": 100}
+__all__ = [
+    "CATALOG_TIMEOUT_SECONDS",
+    "PRIORITY_CLASSES",
+    "AcceleratorChoice",
+    "BrokerSection",
+    "CheckpointSpec",
+    "CloudScope",
+    "JobSpec",
+    "SpecError",
+    "job_spec_from_data",
+    "load_job_spec",
+    "parse_duration",
+    "parse_job_spec",
+    "sky_task_config",
+]
 
-
-class SpecError(ValueError):
-    """An invalid job file. ``str()`` is the message shown to the user."""
-
-    def __init__(self, message: str, field: str | None = None, line: int | None = None,
-                 source: str | None = None) -> None:
-        self.field, self.line, self.source, self.detail = field, line, source, message
-        where = source or "job file"
-        if line is not None:
-            where += f":{line}"
-        super().__init__(f"{where}: {field + ': ' if field else ''}{message}")
-
-
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|sec|m|min|h|hr|d|w)?\s*$", re.IGNORECASE)
-_UNIT_SECONDS = {"s": 1, "sec": 1, "m": 60, "min": 60, "h": 3600, "hr": 3600, "d": 86400, "w": 604800}
+PRIORITY_CLASSES: dict[str, int] = values.PRIORITY_CLASSES
 
 
 def parse_duration(value: Any, field: str = "duration") -> timedelta:
-    """``90s``, ``30m``, ``1.5h``, ``2d`` or a bare number of seconds."""
-    if isinstance(value, int | float) and not isinstance(value, bool):
-        seconds = float(value)
-    else:
-        match = _DURATION.match(str(value))
-        if not match:
-            raise SpecError(f"expected a duration like 90s, 30m, 1.5h or 2d, got {value!r}", field)
-        seconds = float(match.group(1)) * _UNIT_SECONDS[(match.group(2) or "s").lower()]
-    if seconds <= 0:
-        raise SpecError(f"expected a positive duration, got {value!r}", field)
-    return timedelta(seconds=seconds)
+    """``90s``, ``30m``, ``1.5h``, ``2d``, ``1w`` or a bare number of seconds."""
+    try:
+        return values.duration(value)
+    except ValueError as exc:
+        raise SpecError(str(exc), field) from None
 
 
 @dataclass(frozen=True, slots=True)
 class AcceleratorChoice:
-    name: str
+    name: str  # the built-in catalog's spelling when it knows the accelerator, else as written
     count: int  # per node
 
 
 @dataclass(frozen=True, slots=True)
 class CheckpointSpec:
-    dir: str | None = None
-    signal: str = "SIGUSR1"
+    dir: str | None = None  # a local path or an s3:// gs:// az:// URL
+    signal: str = "SIGUSR1"  # a signal name, always spelled SIGXXX
     grace: timedelta = timedelta(seconds=120)
 
 
 @dataclass(frozen=True, slots=True)
 class CloudScope:
-    cloud: str
+    cloud: str  # aws, gcp, azure or local
     region: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class BrokerSection:
     priority: int = PRIORITY_CLASSES["training"]
-    deadline: datetime | timedelta | None = None  # absolute, or a duration after submission
+    deadline: datetime | timedelta | None = None  # absolute (UTC-aware), or a duration after submission
     work: timedelta | None = None
     max_price: float | None = None  # USD per hour for the whole gang
-    clouds: tuple[CloudScope, ...] = ()
+    clouds: tuple[CloudScope, ...] = ()  # empty: any cloud
     team: str = "default"
     checkpoint: CheckpointSpec = CheckpointSpec()
 
@@ -97,8 +99,9 @@ class JobSpec:
     workdir: str | None = None
     file_mounts: dict[str, Any] = field(default_factory=dict)
     broker: BrokerSection = BrokerSection()
-    task_config: dict[str, Any] = field(default_factory=dict)  # the SkyPilot part, as written
+    task_config: dict[str, Any] = field(default_factory=dict)  # the SkyPilot part as written, plus `name`
     source: str | None = None
+    broker_config: dict[str, Any] = field(default_factory=dict)  # the `broker:` section as written
 
     @property
     def gpus_per_node(self) -> int:
@@ -115,66 +118,112 @@ class JobSpec:
         return (base / Path(self.workdir).expanduser()).resolve()
 
     def to_data(self) -> dict[str, Any]:
-        """The job file as stored: the SkyPilot part plus the ``broker:`` section as written."""
-        return dict(self.task_config)
+        """The job file as stored (JSON-safe): the SkyPilot part plus the ``broker:`` section as written."""
+        data = copy.deepcopy(self.task_config)
+        if self.broker_config:
+            data["broker"] = copy.deepcopy(self.broker_config)
+        return data
 
 
-def load_job_spec(path: str | Path) -> JobSpec:
+def sky_task_config(spec: JobSpec) -> dict[str, Any]:
+    """The SkyPilot task only (no ``broker:``), ready for ``sky.Task.from_yaml_config``."""
+    return copy.deepcopy(spec.task_config)
+
+
+def load_job_spec(path: str | Path, *, offline: bool = False,
+                  catalog_timeout: float = CATALOG_TIMEOUT_SECONDS) -> JobSpec:
     path = Path(path)
-    if not path.exists():
-        raise SpecError("no such file", source=str(path))
-    return parse_job_spec(path.read_text(), source=str(path))
-
-
-def parse_job_spec(text: str, source: str = "job file") -> JobSpec:
     try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        raise SpecError(f"not valid YAML: {getattr(exc, 'problem', exc)}", line=mark.line + 1 if mark else None,
-                        source=source) from None
-    if not isinstance(data, dict):
-        raise SpecError("expected a mapping (a SkyPilot task) at the top level", source=source)
-    broker_data = data.pop("broker", None) or {}
-    if not data.get("run"):
-        raise SpecError("required: the command to run", field="run", source=source)
-    resources = data.get("resources") or {}
+        text = path.read_text()
+    except FileNotFoundError:
+        raise SpecError("no such file", source=str(path)) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SpecError(f"cannot read the job file: {exc}", source=str(path)) from None
+    return parse_job_spec(text, source=str(path), offline=offline, catalog_timeout=catalog_timeout)
+
+
+def parse_job_spec(text: str, source: str = "job file", *, now: datetime | None = None, offline: bool = False,
+                   catalog_timeout: float = CATALOG_TIMEOUT_SECONDS) -> JobSpec:
+    """Validate a job file's text.
+
+    ``now`` (default: the current time) is what a deadline must come after. Instance types and
+    accelerators are looked up in SkyPilot's catalog, or in the built-in one when SkyPilot's
+    cannot be fetched within ``catalog_timeout`` seconds, or always when ``offline``.
+    """
+    doc = load_yaml(text, source)
+    return _build(doc, source, now or datetime.now(UTC), offline, catalog_timeout)
+
+
+def job_spec_from_data(data: dict[str, Any], source: str | None = None, *, offline: bool = False,
+                       catalog_timeout: float = CATALOG_TIMEOUT_SECONDS) -> JobSpec:
+    """A stored ``to_data()`` back into a ``JobSpec``.
+
+    Validated as on submission, except that a deadline which has passed since is kept.
+    """
+    return _build(LoadedYaml(json_safe(data)), source or "stored job", None, offline, catalog_timeout)
+
+
+def _build(doc: LoadedYaml, source: str, now: datetime | None, offline: bool, catalog_timeout: float) -> JobSpec:
+    if not isinstance(doc.data, dict):
+        got = "an empty file" if doc.data is None else f"{type(doc.data).__name__} {doc.data!r}"
+        raise SpecError(f"expected a mapping (a SkyPilot task with `run:`) at the top level, got {got}",
+                        line=1 if doc.data is not None else None, source=source)
+    task = {k: v for k, v in doc.data.items() if k != "broker"}
+    broker_data = doc.data.get("broker")
+    section = validate_broker_section(broker_data, doc, source, now)
+    if task.get("name") is None:
+        task["name"] = Path(source).stem if source else "job"
+    run = task.get("run")
+    if run is None or (isinstance(run, str) and not run.strip()):
+        # SkyPilot allows a task without `run` (a cluster that only runs setup); a broker job must do work.
+        raise SpecError("required: the command the job runs on each node, e.g. `run: python train.py`",
+                        field="run", line=doc.line_of(("run",)), source=source)
+    validate_task(task, doc, source)
+    try:
+        alternatives = resource_alternatives(task)
+    except ResourceError as exc:
+        raise SpecError(str(exc), field=format_path(exc.path), line=doc.line_of(exc.path), source=source) from None
+    check_catalog(alternatives, tuple(c for c, _ in section.clouds), doc, source, offline=offline,
+                  timeout=catalog_timeout)
     accelerators: list[AcceleratorChoice] = []
-    acc = resources.get("accelerators")
-    if isinstance(acc, str):
-        name, _, count = acc.partition(":")
-        accelerators.append(AcceleratorChoice(name, int(count or 1)))
-    elif isinstance(acc, dict):
-        accelerators.extend(AcceleratorChoice(k, int(v)) for k, v in acc.items())
-    checkpoint = broker_data.get("checkpoint") or {}
-    section = BrokerSection(
-        priority=PRIORITY_CLASSES.get(str(broker_data.get("priority", "training")), 500),
-        deadline=parse_duration(broker_data["deadline"], "broker.deadline") if "deadline" in broker_data else None,
-        work=parse_duration(broker_data["work"], "broker.work") if "work" in broker_data else None,
-        max_price=broker_data.get("max_price"),
-        clouds=tuple(CloudScope(*str(c).split("/", 1)) for c in broker_data.get("clouds", [])),
-        team=str(broker_data.get("team", "default")),
-        checkpoint=CheckpointSpec(
-            dir=checkpoint.get("dir"),
-            signal=checkpoint.get("signal", "SIGUSR1"),
-            grace=parse_duration(checkpoint.get("grace", 120), "broker.checkpoint.grace"),
-        ),
-    )
-    task_config = dict(data)
-    if broker_data:
-        task_config["broker"] = broker_data
+    for alt in alternatives:
+        for request in alt.accelerators:
+            choice = AcceleratorChoice(_canonical(request.name), request.count)
+            if choice not in accelerators:
+                accelerators.append(choice)
+    first = alternatives[0]
     return JobSpec(
-        name=str(data.get("name") or Path(source).stem),
-        run=str(data["run"]),
-        num_nodes=int(data.get("num_nodes", 1)),
+        name=str(task["name"]),
+        run=str(run),
+        num_nodes=int(task.get("num_nodes") or 1),
         accelerators=tuple(accelerators),
-        instance_type=resources.get("instance_type"),
-        use_spot=resources.get("use_spot"),
-        setup=data.get("setup"),
-        envs={str(k): str(v) for k, v in (data.get("envs") or {}).items()},
-        workdir=data.get("workdir"),
-        file_mounts=data.get("file_mounts") or {},
-        broker=section,
-        task_config=task_config,
+        instance_type=first.instance_type,
+        use_spot=first.use_spot,
+        setup=task.get("setup"),
+        envs={str(k): str(v) for k, v in (task.get("envs") or {}).items()},
+        workdir=task.get("workdir") if isinstance(task.get("workdir"), str) else None,
+        file_mounts=task.get("file_mounts") or {},
+        broker=_section(section),
+        task_config=task,
         source=source,
+        broker_config=broker_data if isinstance(broker_data, dict) else {},
     )
+
+
+def _canonical(name: str) -> str:
+    from providers.catalog import canonical_accelerator
+
+    return canonical_accelerator(name) or name
+
+
+def _section(model: BrokerModel) -> BrokerSection:
+    return BrokerSection(
+        priority=model.priority,
+        deadline=model.deadline,
+        work=model.work,
+        max_price=model.max_price,
+        clouds=tuple(CloudScope(cloud, region) for cloud, region in model.clouds),
+        team=model.team,
+        checkpoint=CheckpointSpec(model.checkpoint.dir, model.checkpoint.signal, model.checkpoint.grace),
+    )
+

@@ -1,0 +1,219 @@
+"""Instance types, accelerators and regions checked against a cloud catalog.
+
+SkyPilot's catalog is preferred: it is what SkyPilot will provision from. It lives in CSV files
+that SkyPilot downloads on first use (and refreshes every few hours) with no timeout of its own,
+so each cloud's lookups run in a daemon thread under one shared deadline. A cloud whose catalog
+cannot be fetched in time, or fails to load, is checked against ``providers.catalog`` instead,
+and its errors say so.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import difflib
+import logging
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from broker.specfile.errors import SpecError
+from broker.specfile.resources import ResourceAlternative
+from broker.specfile.yaml_lines import LoadedYaml, Path, format_path
+
+CATALOG_CLOUDS: tuple[str, ...] = ("aws", "gcp", "azure")
+CATALOG_TIMEOUT_SECONDS = 10.0
+
+
+@dataclass
+class CloudFacts:
+    """What one cloud's catalog says about the names a job file uses."""
+
+    cloud: str
+    accelerators: dict[str, set[int]]  # canonical name -> GPU counts per node on offer
+    instance_types: dict[str, bool]  # asked-about name -> exists
+    region_zone_errors: dict[tuple[str | None, str | None], str | None]
+    # Why the built-in catalog answered (None: SkyPilot's did); "{clouds}" stands for the cloud names.
+    builtin_because: str | None = None
+
+
+
+@dataclass
+class _Queries:
+    instance_types: set[str] = field(default_factory=set)
+    region_zones: set[tuple[str | None, str | None]] = field(default_factory=set)
+
+
+def check_catalog(alternatives: list[ResourceAlternative], allowed_clouds: tuple[str, ...], doc: LoadedYaml,
+                  source: str, *, offline: bool = False, timeout: float = CATALOG_TIMEOUT_SECONDS) -> None:
+    """Raise ``SpecError`` on the first name no candidate cloud's catalog knows.
+
+    ``allowed_clouds`` are the ``broker.clouds`` (empty: any); they narrow where an alternative
+    without its own cloud may run. ``offline`` skips SkyPilot's catalog altogether.
+    """
+    candidates = _candidate_clouds(allowed_clouds)
+    queries: dict[str, _Queries] = {}
+    for alt in alternatives:
+        for cloud in _clouds_for(alt, candidates):
+            q = queries.setdefault(cloud, _Queries())
+            if alt.instance_type:
+                q.instance_types.add(alt.instance_type)
+            if alt.cloud and (alt.region or alt.zone):
+                q.region_zones.add((alt.region, alt.zone))
+    if not queries:
+        return
+    if offline:
+        facts = _builtin_facts(queries, "offline validation")
+    elif allowed_clouds and set(allowed_clouds) == {"local"}:
+        facts = _builtin_facts(queries, "the job may only run on the local backend")
+    else:
+        facts = _skypilot_facts(queries, timeout)
+    for alt in alternatives:
+        _check_alternative(alt, [facts[c] for c in _clouds_for(alt, candidates)], doc, source)
+
+
+def _candidate_clouds(allowed: tuple[str, ...]) -> tuple[str, ...]:
+    named = tuple(c for c in allowed if c in CATALOG_CLOUDS)
+    return named or CATALOG_CLOUDS
+
+
+def _clouds_for(alt: ResourceAlternative, candidates: tuple[str, ...]) -> tuple[str, ...]:
+    if alt.cloud is None:
+        return candidates
+    # Other SkyPilot clouds (Lambda, Kubernetes, ...) have no built-in counterpart: SkyPilot judges them at launch.
+    return (alt.cloud,) if alt.cloud in CATALOG_CLOUDS else ()
+
+
+def _check_alternative(alt: ResourceAlternative, facts: list[CloudFacts], doc: LoadedYaml, source: str) -> None:
+    if not facts:
+        return
+    where = facts[0].cloud if len(facts) == 1 else "any of " + ", ".join(f.cloud for f in facts)
+    note = _note(facts)
+    if alt.cloud is not None:
+        problem = facts[0].region_zone_errors.get((alt.region, alt.zone))
+        if problem:
+            path = _key_path(alt, "infra", doc) or _key_path(alt, "zone" if alt.zone else "region", doc)
+            raise _error(f"SkyPilot: {problem}", path or alt.path, doc, source)
+    if alt.instance_type and not any(f.instance_types.get(alt.instance_type) for f in facts):
+        path = _key_path(alt, "instance_type", doc) or alt.path
+        raise _error(f"unknown instance type {alt.instance_type!r} for {where}{note}", path, doc, source)
+    for request in alt.accelerators:
+        offered: dict[str, set[int]] = {}
+        for f in facts:
+            for name, counts in f.accelerators.items():
+                if name.lower() == request.name.lower():
+                    offered.setdefault(name, set()).update(counts)
+        if not offered:
+            known = sorted({name for f in facts for name in f.accelerators})
+            by_upper = {k.upper(): k for k in known}
+            close = difflib.get_close_matches(request.name.upper(), list(by_upper), n=1, cutoff=0.5)
+            hint = f" (did you mean {by_upper[close[0]]!r}?)" if close else ""
+            if any(f.builtin_because for f in facts):
+                hint += f"; known: {', '.join(known)}"
+            raise _error(f"unknown accelerator {request.name!r} on {where}{hint}{note}", request.path, doc, source)
+        name, counts = next(iter(offered.items()))
+        if counts and request.count not in counts:
+            offered_text = ", ".join(str(c) for c in sorted(counts))
+            raise _error(f"{name}:{request.count} is not offered on {where}: a node has {offered_text} {name}{note}",
+                         request.path, doc, source)
+
+
+def _note(facts: list[CloudFacts]) -> str:
+    clouds_by_reason: dict[str, list[str]] = {}
+    for f in facts:
+        if f.builtin_because:
+            clouds_by_reason.setdefault(f.builtin_because, []).append(f.cloud)
+    reasons = [reason.format(clouds=", ".join(clouds)) for reason, clouds in clouds_by_reason.items()]
+    return f" (checked against the broker's built-in catalog: {'; '.join(reasons)})" if reasons else ""
+
+
+def _key_path(alt: ResourceAlternative, key: str, doc: LoadedYaml) -> Path | None:
+    for path in ((*alt.path, key), ("resources", key)):
+        if path in doc.lines:
+            return path
+    return None
+
+
+def _error(message: str, path: Path, doc: LoadedYaml, source: str) -> SpecError:
+    return SpecError(message, field=format_path(path), line=doc.line_of(path), source=source)
+
+
+def _skypilot_facts(queries: dict[str, _Queries], timeout: float) -> dict[str, CloudFacts]:
+    results: dict[str, CloudFacts | BaseException] = {}
+
+    def look_up(cloud: str) -> None:
+        try:
+            results[cloud] = _ask_skypilot(cloud, queries[cloud])
+        except BaseException as exc:  # any failure to load a catalog means: use the built-in one
+            results[cloud] = exc
+
+    deadline = time.monotonic() + timeout
+    with _quiet_skypilot():
+        threads = [threading.Thread(target=look_up, args=(c,), name=f"sky-catalog-{c}", daemon=True)
+                   for c in queries]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+    facts: dict[str, CloudFacts] = {}
+    for cloud in queries:
+        outcome = results.get(cloud)
+        if isinstance(outcome, CloudFacts):
+            facts[cloud] = outcome
+        else:
+            reason = (f"no answer from SkyPilot's catalog for {{clouds}} within {timeout:g}s" if outcome is None
+                      else f"SkyPilot's catalog for {{clouds}} could not be fetched ({type(outcome).__name__})")
+            facts[cloud] = _builtin_facts({cloud: queries[cloud]}, reason)[cloud]
+    return facts
+
+
+def _ask_skypilot(cloud: str, queries: _Queries) -> CloudFacts:
+    from sky import catalog as sky_catalog
+    from sky.utils import registry
+
+    listing = sky_catalog.list_accelerators(gpus_only=False, clouds=cloud, case_sensitive=False, all_regions=True,
+                                            require_price=False)
+    accelerators = {name: {int(i.accelerator_count) for i in infos if float(i.accelerator_count).is_integer()}
+                    for name, infos in listing.items()}
+    instance_types = {name: bool(sky_catalog.instance_type_exists(name, clouds=cloud))
+                      for name in queries.instance_types}
+    region_zone_errors: dict[tuple[str | None, str | None], str | None] = {}
+    cloud_obj = registry.CLOUD_REGISTRY.from_str(cloud)
+    assert cloud_obj is not None, cloud
+    for region, zone in queries.region_zones:
+        try:
+            cloud_obj.validate_region_zone(region, zone)
+            region_zone_errors[(region, zone)] = None
+        except ValueError as exc:
+            region_zone_errors[(region, zone)] = str(exc).strip()
+    return CloudFacts(cloud, accelerators, instance_types, region_zone_errors)
+
+
+def _builtin_facts(queries: dict[str, _Queries], reason: str) -> dict[str, CloudFacts]:
+    from providers import catalog
+
+    facts: dict[str, CloudFacts] = {}
+    for cloud, q in queries.items():
+        accelerators: dict[str, set[int]] = {}
+        for t in catalog.instance_types(cloud=cloud):
+            accelerators.setdefault(t.accelerator, set()).add(t.gpus)
+        instance_types = {name: catalog.find(cloud, name) is not None for name in q.instance_types}
+        # The built-in catalog has no region list: regions are left for SkyPilot to judge at launch.
+        facts[cloud] = CloudFacts(cloud, accelerators, instance_types, dict.fromkeys(q.region_zones),
+                                  builtin_because=reason)
+    return facts
+
+
+@contextlib.contextmanager
+def _quiet_skypilot() -> Iterator[None]:
+    """SkyPilot logs catalog downloads and their failures; the job file's verdict is the only output wanted."""
+    from sky import sky_logging
+
+    sky_logger = logging.getLogger("sky")
+    with sky_logging.silent():
+        previous = sky_logger.level
+        sky_logger.setLevel(logging.CRITICAL + 1)
+        try:
+            yield
+        finally:
+            sky_logger.setLevel(previous)
