@@ -72,5 +72,5 @@ def test_nvswitch_and_pcie_nodes_are_uniform() -> None:
 
 
 def test_unknown_instance_type_names_it() -> None:
-    with pytest.raises(UnknownInstanceType, match="p9.mega"):
+    with pytest.raises(UnknownInstanceType, match=r"p9\.mega"):
         topology("p9.mega")
