@@ -26,8 +26,10 @@ precomputed once per type, so a decision costs O(distinct masks + nodes taken), 
 from __future__ import annotations
 
 import random as _random
+from bisect import insort
 from dataclasses import dataclass, field
 from functools import cached_property, lru_cache
+from operator import is_
 
 from broker.model import GangPlacement
 from policies.registry import register
@@ -76,6 +78,23 @@ class _Scope:
     by_count: list[list[int]] = field(default_factory=list)  # free count -> node ranks, ascending
     by_mask: dict[int, list[int]] = field(default_factory=dict)  # free mask -> node ranks, ascending
 
+    def copy(self) -> _Scope:
+        return _Scope(self.name, self.free, [list(r) for r in self.by_count],
+                      {m: list(r) for m, r in self.by_mask.items()})
+
+    def move(self, rank: int, old_mask: int, new_mask: int) -> None:
+        """Re-file node ``rank`` whose free mask changed (lists stay in ascending rank order)."""
+        if old_mask == new_mask:
+            return
+        self.by_count[old_mask.bit_count()].remove(rank)
+        insort(self.by_count[new_mask.bit_count()], rank)
+        same = self.by_mask[old_mask]
+        same.remove(rank)
+        if not same:
+            del self.by_mask[old_mask]
+        insort(self.by_mask.setdefault(new_mask, []), rank)
+        self.free += new_mask.bit_count() - old_mask.bit_count()
+
 
 @dataclass(frozen=True)
 class ClusterSnapshot:
@@ -117,14 +136,11 @@ class ClusterSnapshot:
 
     @cached_property
     def free_masks(self) -> tuple[int, ...]:
-        masks = []
-        for node in self.holders:
-            m = 0
-            for i, h in enumerate(node):
-                if h is None:
-                    m |= 1 << i
-            masks.append(m)
-        return tuple(masks)
+        g = self.topology.gpus
+        if g <= 8:
+            lut, nones = _mask_lut(g), (None,) * g
+            return tuple([lut[bytes(map(is_, node, nones))] for node in self.holders])
+        return tuple(_mask_of(node) for node in self.holders)
 
     @cached_property
     def free_gpus(self) -> int:
@@ -140,10 +156,14 @@ class ClusterSnapshot:
             scope = by_name.get(names[rank])
             if scope is None:
                 scope = by_name[names[rank]] = _Scope(names[rank], 0, [[] for _ in range(g + 1)], {})
-            c = mask.bit_count()
-            scope.free += c
-            scope.by_count[c].append(rank)
-            scope.by_mask.setdefault(mask, []).append(rank)
+            scope.by_count[mask.bit_count()].append(rank)
+            same = scope.by_mask.get(mask)
+            if same is None:
+                scope.by_mask[mask] = [rank]
+            else:
+                same.append(rank)
+        for scope in by_name.values():
+            scope.free = sum(c * len(ranks) for c, ranks in enumerate(scope.by_count))
         return tuple(by_name.values())
 
     @cached_property
@@ -184,16 +204,49 @@ class ClusterSnapshot:
                     raise ValueError(f"GPU {gpu} on node {rank} is already held by job {node[gpu]!r}")
                 node[gpu] = job_id
             nodes[rank] = tuple(node)
-        return ClusterSnapshot(self.cluster_id, self.topology, tuple(nodes), self.groups)
+        return self._derive(tuple(nodes), {rank for rank, _ in placement.gpus})
 
     def without_job(self, job_id: str) -> ClusterSnapshot:
-        nodes = tuple(
-            tuple(None if h == job_id else h for h in node) if job_id in node else node for node in self.holders
-        )
-        return ClusterSnapshot(self.cluster_id, self.topology, nodes, self.groups)
+        changed = {rank for rank, node in enumerate(self.holders) if job_id in node}
+        nodes = list(self.holders)
+        for rank in changed:
+            nodes[rank] = tuple(None if h == job_id else h for h in nodes[rank])
+        return self._derive(tuple(nodes), changed)
+
+    def _derive(self, holders: tuple[tuple[str | None, ...], ...], changed: set[int]) -> ClusterSnapshot:
+        """The next snapshot, its index patched for the ``changed`` nodes instead of rebuilt."""
+        child = ClusterSnapshot(self.cluster_id, self.topology, holders, self.groups)
+        if "free_masks" not in self.__dict__:
+            return child
+        old = self.free_masks
+        masks = list(old)
+        for rank in changed:
+            masks[rank] = _mask_of(holders[rank])
+        child.__dict__["free_masks"] = tuple(masks)
+        if "scopes" in self.__dict__:
+            names = self.groups or ("",) * self.num_nodes
+            scopes = {s.name: s.copy() for s in self.scopes}
+            for rank in sorted(changed):
+                scopes[names[rank]].move(rank, old[rank], masks[rank])
+            child.__dict__["scopes"] = tuple(scopes.values())
+        return child
 
 
 # --- node-level tables -------------------------------------------------------------------------
+
+
+def _mask_of(node: tuple[str | None, ...]) -> int:
+    m = 0
+    for i, h in enumerate(node):
+        if h is None:
+            m |= 1 << i
+    return m
+
+
+@lru_cache(maxsize=16)
+def _mask_lut(gpus: int) -> dict[bytes, int]:
+    """Free-flags-as-bytes -> bitmask, so a node's mask is one C-level map and a dict lookup."""
+    return {bytes((m >> i) & 1 for i in range(gpus)): m for m in range(1 << gpus)}
 
 
 @lru_cache(maxsize=1 << 16)

@@ -208,4 +208,10 @@ def test_no_gpu_is_ever_given_twice_and_freed_gpus_are_reused(instance: str, nod
         snap = snap.with_placement(job, p)  # raises if any GPU were already held
         running.append(job)
     assert set(snap.jobs()) == set(running)
+    # The index patched along the way equals one built from scratch.
+    fresh = ClusterSnapshot(snap.cluster_id, snap.topology, snap.holders, snap.groups)
+    assert snap.free_masks == fresh.free_masks
+    assert [(s.free, s.by_count, s.by_mask) for s in snap.scopes] == [
+        (s.free, s.by_count, s.by_mask) for s in fresh.scopes
+    ]
     assert snap.free_gpus == snap.total_gpus - sum(p.gpu_count for p in snap.jobs().values())
