@@ -215,3 +215,12 @@ def test_no_gpu_is_ever_given_twice_and_freed_gpus_are_reused(instance: str, nod
         (s.free, s.by_count, s.by_mask) for s in fresh.scopes
     ]
     assert snap.free_gpus == snap.total_gpus - sum(p.gpu_count for p in snap.jobs().values())
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_a_full_cluster_gives_freed_gpus_to_the_next_gang(policy: str) -> None:
+    place = registry.get("placement", policy)
+    snap = occupied("p3.16xlarge", {0: (0, 1, 2, 3, 4, 5, 6, 7), 1: (0, 1, 2, 3, 4, 5, 6, 7)}, nodes=2)
+    assert place(PlacementRequest("next", 8), snap) is None
+    freed = snap.without_job("busy1")
+    assert place(PlacementRequest("next", 8), freed) == GangPlacement("c1", ((1, tuple(range(8))),))
