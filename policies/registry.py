@@ -39,6 +39,8 @@ def register(kind: str, name: str, *, default: bool = False) -> Callable[[F], F]
 
 def _load_builtin() -> None:
     # Importing the policy modules registers them; done lazily to keep import order free.
+    import policies.placement
+    import policies.preemption  # noqa: F401
     from policies import selection  # noqa: F401
 
 

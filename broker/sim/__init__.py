@@ -1,0 +1,1 @@
+"""Simulators: replay traces through the same policies the service runs."""
