@@ -20,7 +20,6 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Protocol
 
-import yaml
 from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
@@ -29,7 +28,7 @@ from broker.agent.checkpoint import latest_checkpoint
 from broker.clock import Clock
 from broker.model import ClusterState, GangPlacement, JobState, Usage, check_transition
 from broker.provision.base import ClusterInfo, ClusterPhase, JobLaunch, Provisioner, RunPhase
-from broker.spec import JobSpec, parse_job_spec
+from broker.spec import JobSpec, job_spec_from_data
 from broker.store import Store
 from broker.store.tables import AllocationRow, ClusterRow, JobEventRow, JobRow, LedgerRow, NoticeRow
 from policies import registry
@@ -96,7 +95,8 @@ class Engine:
 
     def spec_of(self, job: JobRow) -> JobSpec:
         if job.id not in self._specs:
-            self._specs[job.id] = parse_job_spec(yaml.safe_dump(job.spec), source=job.spec_path or job.name)
+            # Validated at submission; re-reading it must not consult catalogs or the clock again.
+            self._specs[job.id] = job_spec_from_data(job.spec, source=job.spec_path or job.name, offline=True)
         return self._specs[job.id]
 
     # ----------------------------------------------------------------- the step

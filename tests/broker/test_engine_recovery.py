@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -92,5 +93,5 @@ def test_engine_killed_mid_migration_is_finished_by_the_next(tmp_path: Path, bro
         # No gap, no overlap: from the launch, every following clock minute exactly once, to the end.
         assert minutes and minutes[0] == cluster.created_at
         assert all(b.second == 0 and b.microsecond == 0 and timedelta(0) < b - a <= timedelta(minutes=1)
-                   for a, b in zip(minutes, minutes[1:], strict=False))
+                   for a, b in itertools.pairwise(minutes))
         assert cluster.metered_until == cluster.terminated_at

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import re
@@ -45,7 +46,7 @@ def test_quickstart_survives_a_preemption(broker_home: Path) -> None:
                   key=lambda p: int(p.name.split("-")[1]))
     assert len(logs) == summary["migrations"] + 1
     attempts = [_steps(log) for log in logs]
-    for (_, _, checkpoints), (resumed, _, _) in zip(attempts, attempts[1:], strict=False):
+    for (_, _, checkpoints), (resumed, _, _) in itertools.pairwise(attempts):
         assert checkpoints and resumed == max(checkpoints)
     ran = Counter(step for _, steps, _ in attempts for step in steps)
     last_resume = attempts[-1][0]
@@ -78,7 +79,7 @@ def test_quickstart_survives_a_preemption(broker_home: Path) -> None:
     for cluster in clusters:
         minutes = [r.minute for r in rows if r.cluster_id == cluster.id]
         assert len(minutes) == len(set(minutes))
-        assert all((b - a).total_seconds() <= 60 for a, b in zip(minutes, minutes[1:], strict=False))
+        assert all((b - a).total_seconds() <= 60 for a, b in itertools.pairwise(minutes))
         if minutes:
             covered = sum(r.cost for r in rows if r.cluster_id == cluster.id)
             assert cluster.terminated_at is not None
