@@ -132,6 +132,7 @@ class Agent:
         self.checkpoint_dir = options.checkpoint_dir or os.environ.get("BROKER_CHECKPOINT_DIR")
         self.handled: set[str] = set()
         self.child: subprocess.Popen[bytes] | None = None
+        self.pending: list[tuple[threading.Thread, float]] = []  # (thread, its deadline)
 
     def run(self) -> int:
         env = {**os.environ, **self.options.env}
@@ -150,6 +151,8 @@ class Agent:
                     self._on_notice(notice)
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self.child.wait(timeout=self.options.poll_seconds)
+        for thread, deadline in self.pending:  # let the last checkpoint's report get out
+            thread.join(timeout=max(deadline - time.time(), 0.0))
         code = self.child.returncode
         exit_code = code if code >= 0 else 128 - code
         self.events.write("exited", exit_code=exit_code)
@@ -182,10 +185,11 @@ class Agent:
         signaled = time.time()
         self.events.write("signaled", signal=self.options.checkpoint_signal.name, delay_s=signaled - seen)
         deadline = notice.action_time.timestamp() if notice.action_time else seen + DEFAULT_WAIT_SECONDS
-        threading.Thread(target=self.reporter.report, args=(self._payload(notice, seen, signaled, None), deadline),
-                         daemon=True).start()
-        threading.Thread(target=self._checkpoint_and_report, args=(notice, seen, signaled, before, deadline),
-                         daemon=True).start()
+        for target, args in ((self.reporter.report, (self._payload(notice, seen, signaled, None), deadline)),
+                             (self._checkpoint_and_report, (notice, seen, signaled, before, deadline))):
+            thread = threading.Thread(target=target, args=args, daemon=True)  # type: ignore[arg-type]
+            thread.start()
+            self.pending.append((thread, deadline))
 
     def _checkpoint_and_report(self, notice: NodeNotice, seen: float, signaled: float,
                                before: CheckpointMark | None, deadline: float) -> None:

@@ -21,14 +21,18 @@ import os, signal, sys, time
 from pathlib import Path
 d = Path(os.environ["BROKER_CHECKPOINT_DIR"])
 flag = []
+saved = 0
 signal.signal(signal.SIGUSR1, lambda *_: flag.append(1))
-for step in range(400):
+for step in range(1000):
     time.sleep(0.01)
     if flag:
         flag.clear()
+        saved += 1
         (d / f"ckpt-{step}").write_text("x")
         (d / ".tmp").write_text(f"ckpt-{step}")
         os.replace(d / ".tmp", d / "LATEST")
+    if saved == 2:
+        break
 sys.exit(3)
 """
 
@@ -73,7 +77,7 @@ def _run_agent(tmp_path: Path, metadata: str, broker: str | None, state: FakeImd
     process = subprocess.Popen([*command, "--", sys.executable, str(job)])
     time.sleep(0.5)
     state.action = {"action": "terminate",
-                    "time": (datetime.now(UTC) + timedelta(seconds=2)).strftime("%Y-%m-%dT%H:%M:%SZ")}
+                    "time": (datetime.now(UTC) + timedelta(seconds=4)).strftime("%Y-%m-%dT%H:%M:%SZ")}
     code = process.wait(timeout=30)
     events = [json.loads(line) for line in Path(str(status) + ".events").read_text().splitlines()]
     return code, events
@@ -87,6 +91,8 @@ def test_notice_signals_job_waits_for_checkpoint_and_reports(tmp_path: Path) -> 
     assert code == 3  # the job's own exit code passes through
     assert json.loads((tmp_path / "status").read_text())["exit_code"] == 3
     assert kinds.index("notice_seen") < kinds.index("signaled") < kinds.index("checkpoint_complete")
+    # ... and a last checkpoint just before the deadline, so little work is lost.
+    assert [e.get("last", False) for e in events if e["event"] == "checkpoint_complete"] == [False, True]
     signaled = next(e for e in events if e["event"] == "signaled")
     assert signaled["delay_s"] < 0.5
     assert received and all(r["auth"] == "Bearer secret-token" and r["cluster_id"] == "c1" for r in received)
