@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import smtplib
 import ssl
 from dataclasses import dataclass
@@ -86,12 +87,17 @@ def send_message(message: EmailMessage, config: SmtpConfig) -> None:
             smtp = smtplib.SMTP_SSL(config.host, config.port, timeout=config.timeout_s, context=context)
         else:
             smtp = smtplib.SMTP(config.host, config.port, timeout=config.timeout_s)
-        with smtp:
+        # Not ``with smtp``: its QUIT on a connection whose TLS handshake failed waits out the timeout.
+        try:
             if config.tls == "starttls":
                 smtp.starttls(context=context)
             if config.user:
                 smtp.login(config.user, config.password or "")
             smtp.send_message(message)
+            with contextlib.suppress(smtplib.SMTPException, OSError):
+                smtp.quit()
+        finally:
+            smtp.close()
     except ssl.SSLCertVerificationError as exc:
         raise DeliveryError(f"SMTP {config.host}:{config.port}: certificate not trusted: {exc.verify_message}",
                             transient=False) from exc
