@@ -95,7 +95,7 @@ class SmtpServer:
         server = self
 
         class Handler:
-            async def handle_DATA(self, smtp: Any, session: Any, envelope: Any) -> str:  # noqa: N802
+            async def handle_DATA(self, smtp: Any, session: Any, envelope: Any) -> str:
                 server.messages.append(message_from_bytes(envelope.content, policy=policy.default))  # type: ignore[arg-type]
                 server.recipients.append(list(envelope.rcpt_tos))
                 server.tls_seen.append(smtp.transport.get_extra_info("ssl_object") is not None)
@@ -166,12 +166,12 @@ def slack_server() -> Iterator[SlackServer]:
         def log_message(self, *args: Any) -> None:
             pass
 
-        def do_POST(self) -> None:  # noqa: N802
+        def do_POST(self) -> None:
             raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
             kind = self.headers.get("Content-Type", "")
             if "json" in kind:
                 body: dict[str, Any] = json.loads(raw or b"{}")
-            elif "form" in kind:
+            elif "form" in kind and self.path.startswith("/api/"):
                 body = {k: v[0] for k, v in parse_qs(raw.decode()).items()}
             else:
                 body = {}
