@@ -77,7 +77,8 @@ def report(
                               f"{result.error}\n  the report is kept: resend it with `broker report --resend "
                               f"{result.id}`", highlight=False, markup=True)
     if failed:
-        raise typer.Exit(1)
+        # Not typer.Exit: with standalone_mode=False click returns its code and main() drops it.
+        sys.exit(1)
 
 
 def _print(built: object, output: str) -> None:
