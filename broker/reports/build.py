@@ -167,6 +167,8 @@ def _add_job_counters(totals: Figures, groups: dict[str, dict[str, Figures]], fa
 
 def _sorted_groups(dimension: str, rows: dict[str, Figures], jobs: dict[str, JobFacts]) -> list[Group]:
     def label(key: str) -> str:
+        if dimension == "job" and key == IDLE_KEY:
+            return "(idle GPUs, no job)"
         job = jobs.get(key) if dimension == "job" else None
         return f"{job.name} ({job.team})" if job else key
 
