@@ -97,3 +97,31 @@ def test_secrets_never_print() -> None:
     settings = load_settings(smtp_password="hunter2", slack_token="xoxb-secret", slack_webhook_url="https://h/s")
     shown = repr(settings) + str(settings.model_dump())
     assert "hunter2" not in shown and "xoxb-secret" not in shown and "https://h/s" not in shown
+
+
+def test_replicas_polling_at_once_send_a_scheduled_report_once(demo: tuple[Store, LedgerWriter],
+                                                               slack_server: SlackServer) -> None:
+    import threading
+
+    from broker.store import open_store
+
+    store, _ = demo
+    settings = load_settings(slack_webhook_url=slack_server.webhook_url,
+                             reports=[{"cron": "0 8 * * MON", "slack": True}])
+    now = datetime(2026, 3, 9, 8, 1, tzinfo=UTC)
+    replicas = [open_store(store.url) for _ in range(4)]
+    barrier = threading.Barrier(len(replicas))
+    sent: list[int] = []
+
+    def poll(replica: Store) -> None:
+        barrier.wait()
+        sent.extend(r.id for r in run_due_reports(replica, settings, now))
+
+    threads = [threading.Thread(target=poll, args=(r,)) for r in replicas]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for replica in replicas:
+        replica.dispose()
+    assert len(sent) == 1 and len(slack_server.calls(HOOK)) == 1
