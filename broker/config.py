@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
-from pydantic import Field, ValidationError
+from pydantic import Field, SecretStr, ValidationError
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+from broker.reports.settings import BudgetSettings, ReportSchedule
 
 
 def default_home() -> Path:
@@ -55,6 +57,24 @@ class Settings(BaseSettings):
     poll_seconds: float = Field(0.2, gt=0, description="engine step interval, wall seconds")
     server: str | None = Field(None, description="URL of a running `broker serve`")
     local_provision_seconds: float = Field(120.0, ge=0, description="local backend: market seconds to boot")
+
+    # --- cost reports: SMTP, Slack, schedules, budgets (broker/reports) ---
+    smtp_host: str | None = Field(None, description="SMTP server for emailed reports")
+    smtp_port: int | None = Field(None, gt=0, lt=65536, description="default 587 (starttls), 465 (ssl), 25 (none)")
+    smtp_tls: Literal["starttls", "ssl", "none"] = "starttls"
+    smtp_user: str | None = None
+    smtp_password: SecretStr | None = None
+    smtp_from: str | None = Field(None, description="From address of report emails")
+    smtp_ca_file: Path | None = Field(None, description="CA bundle trusted for the SMTP server's certificate")
+    slack_webhook_url: SecretStr | None = Field(None, description="Slack incoming webhook")
+    slack_token: SecretStr | None = Field(None, description="Slack bot token (xoxb-...), uploads the chart too")
+    slack_channel: str | None = Field(None, description="channel the bot token posts to")
+    slack_api_url: str = Field("https://slack.com/api/", description="Slack Web API base URL")
+    delivery_attempts: int = Field(4, ge=1, description="tries per report delivery before it is marked failed")
+    delivery_backoff_s: float = Field(2.0, ge=0, description="first retry delay, doubled on every retry")
+    delivery_max_wait_s: float = Field(300.0, ge=0, description="longest Slack Retry-After honoured")
+    reports: list[ReportSchedule] = Field(default_factory=list, description="scheduled reports")
+    budgets: BudgetSettings = Field(default_factory=BudgetSettings, description="team budgets and alerts")
 
     @property
     def database_url(self) -> str:

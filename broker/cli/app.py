@@ -25,3 +25,9 @@ JsonOption = Annotated[bool, typer.Option("--json", help="print one JSON object 
 
 class UsageError(Exception):
     """A user error to print as one line and exit 2 (bad input, unknown job, missing file)."""
+
+
+@app.callback()
+def _root() -> None:
+    """Run GPU training on the cheapest spot capacity across AWS, GCP and Azure without losing work."""
+    # A Typer app with one command collapses into that command; the callback keeps `broker <command>`.

@@ -1,0 +1,94 @@
+"""``broker report``: what was spent and saved, as a table, JSON, CSV or HTML, by email or Slack."""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from datetime import UTC, datetime
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from broker.cli.app import ConfigOption, UsageError, app, err_console
+
+
+@app.command()
+def report(
+    since: Annotated[str | None, typer.Option("--since", help="window back from --to (default now): 7d, 24h")] = None,
+    start: Annotated[str | None, typer.Option("--from", help="window start (UTC): 2026-03-02T08:00")] = None,
+    end: Annotated[str | None, typer.Option("--to", help="window end, UTC (default now)")] = None,
+    team: Annotated[str | None, typer.Option("--team", help="only this team's spend")] = None,
+    output: Annotated[str, typer.Option("--format", help="table, json, csv or html")] = "table",
+    email: Annotated[str | None, typer.Option("--email", help="send to these addresses: a@x.com,b@y.com")] = None,
+    slack: Annotated[bool, typer.Option("--slack", help="post to Slack")] = False,
+    resend: Annotated[str | None, typer.Option("--resend", help="send a recorded delivery again, by its id")] = None,
+    config: ConfigOption = None,
+) -> None:
+    """Spend, on-demand equivalent, savings, preemptions and idle GPU-hours by job, team, cloud, region, GPU."""
+    from broker.config import load_settings
+    from broker.reports import deliver, render
+    from broker.reports.build import ReportError, build_report, parse_window
+    from broker.reports.settings import check_emails
+    from broker.store import open_store
+
+    if resend is not None and not resend.isdigit():
+        raise UsageError(f"--resend: expected a delivery id (a number), got {resend!r}")
+    if output not in render.FORMATS:
+        raise UsageError(f"--format: expected one of {', '.join(render.FORMATS)}, got {output!r}")
+    if resend is not None and (since or start or end or team or email or slack):
+        raise UsageError("--resend takes no other report options: it sends the recorded report as it was built")
+    try:
+        recipients = check_emails([a.strip() for a in email.split(",") if a.strip()]) if email else []
+    except ValueError as exc:
+        raise UsageError(f"--email: {exc}") from None
+    if email is not None and not recipients:
+        raise UsageError("--email: expected addresses like ops@example.com,lead@example.com")
+    settings = load_settings(config)
+    try:
+        window = parse_window(since, start, end, datetime.now(UTC)) if resend is None else None
+    except ReportError as exc:
+        raise UsageError(str(exc)) from None
+    deliver.check_channels(settings, recipients, slack)
+
+    store = open_store(settings.database_url)
+    try:
+        if resend is not None:
+            try:
+                results = [deliver.send(store, settings, int(resend))]
+            except deliver.UnknownDelivery as exc:
+                raise UsageError(str(exc)) from None
+        else:
+            assert window is not None
+            built = build_report(store, window, team=team)
+            _print(built, output)
+            results = deliver.deliver(store, settings, built, email=recipients, slack=slack) \
+                if recipients or slack else []
+    finally:
+        store.dispose()
+    failed = False
+    for result in results:
+        where = f"{result.channel} to {result.target}"
+        if result.status == "sent":
+            err_console.print(f"sent {where} (delivery {result.id})", highlight=False)
+        else:
+            failed = True
+            err_console.print(f"[red]failed[/red] {where} (delivery {result.id}, {result.attempts} attempt(s)): "
+                              f"{result.error}\n  the report is kept: resend it with `broker report --resend "
+                              f"{result.id}`", highlight=False, markup=True)
+    if failed:
+        # Not typer.Exit: with standalone_mode=False click returns its code and main() drops it.
+        sys.exit(1)
+
+
+def _print(built: object, output: str) -> None:
+    from broker.reports import render
+    from broker.reports.model import Report
+
+    assert isinstance(built, Report)
+    if output == "table":
+        width = max(shutil.get_terminal_size((132, 24)).columns, 132)
+        render.print_table(built, Console(width=width))
+        return
+    text = {"json": render.render_json, "csv": render.render_csv, "html": render.render_html}[output](built)
+    sys.stdout.write(text if text.endswith("\n") else text + "\n")

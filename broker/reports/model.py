@@ -1,0 +1,156 @@
+"""The built report as plain data: what every renderer reads and what a delivery stores as JSON."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from datetime import datetime
+from typing import Any
+
+from broker.model import Usage
+
+# Every usage but RUNNING is a GPU-minute paid for without progress, in the order the report shows them.
+IDLE_CAUSES: tuple[str, ...] = (
+    Usage.PROVISIONING.value,
+    Usage.RESTARTING.value,
+    Usage.WAITING.value,
+    Usage.UNALLOCATED.value,
+    Usage.FINISHED.value,
+)
+CAUSE_LABELS: dict[str, str] = {
+    "provisioning": "provisioning",
+    "restarting": "checkpoint & restart",
+    "waiting": "waiting for a job",
+    "unallocated": "unallocated (fragmentation)",
+    "finished": "held by finished jobs",
+}
+DIMENSIONS: tuple[str, ...] = ("job", "team", "cloud", "region", "gpu")
+
+
+@dataclass
+class Figures:
+    """Sums over a set of ledger rows (and the jobs they belong to)."""
+
+    spend: float = 0.0
+    on_demand: float = 0.0
+    gpu_hours: float = 0.0
+    useful_gpu_hours: float = 0.0
+    spot_gpu_hours: float = 0.0
+    idle_gpu_hours: dict[str, float] = field(default_factory=dict)
+    idle_cost: dict[str, float] = field(default_factory=dict)
+    preemptions: int = 0
+    migrations: int = 0
+    work_lost_s: float = 0.0
+    jobs: int = 0
+
+    @property
+    def saving(self) -> float:
+        return self.on_demand - self.spend
+
+    @property
+    def saving_pct(self) -> float:
+        return 100.0 * self.saving / self.on_demand if self.on_demand else 0.0
+
+    @property
+    def spot_share(self) -> float:
+        return self.spot_gpu_hours / self.gpu_hours if self.gpu_hours else 0.0
+
+    @property
+    def idle_total_gpu_hours(self) -> float:
+        return sum(self.idle_gpu_hours.values())
+
+    @property
+    def restart_gpu_hours(self) -> float:
+        return self.idle_gpu_hours.get(Usage.RESTARTING.value, 0.0)
+
+    @property
+    def restart_cost(self) -> float:
+        return self.idle_cost.get(Usage.RESTARTING.value, 0.0)
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data.update(saving=self.saving, saving_pct=self.saving_pct, spot_share=self.spot_share,
+                    idle_total_gpu_hours=self.idle_total_gpu_hours, restart_gpu_hours=self.restart_gpu_hours,
+                    restart_cost=self.restart_cost, work_lost_hours=self.work_lost_s / 3600)
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Figures:
+        names = cls.__dataclass_fields__
+        return cls(**{k: v for k, v in data.items() if k in names})
+
+
+@dataclass
+class Group:
+    """One row of a grouping: a job, a team, a cloud, a region or a GPU type."""
+
+    key: str
+    label: str
+    figures: Figures
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"key": self.key, "label": self.label, **self.figures.to_dict()}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Group:
+        return cls(data["key"], data["label"], Figures.from_dict(data))
+
+
+@dataclass
+class Waste:
+    """A place GPU money went without progress, with what to do about it."""
+
+    cause: str
+    where: str
+    gpu_hours: float
+    cost: float
+    suggestion: str
+
+
+@dataclass
+class DailyPoint:
+    day: str  # YYYY-MM-DD, UTC
+    cloud: str
+    spend: float
+    on_demand: float
+
+
+@dataclass
+class Report:
+    start: datetime
+    end: datetime
+    team: str | None
+    generated_at: datetime
+    totals: Figures
+    groups: dict[str, list[Group]]
+    wastes: list[Waste]
+    daily: list[DailyPoint]
+
+    @property
+    def title(self) -> str:
+        scope = f"team {self.team}" if self.team else "all teams"
+        return f"GPU spend {self.start:%Y-%m-%d %H:%M} to {self.end:%Y-%m-%d %H:%M} UTC, {scope}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "start": self.start.isoformat(),
+            "end": self.end.isoformat(),
+            "team": self.team,
+            "generated_at": self.generated_at.isoformat(),
+            "totals": self.totals.to_dict(),
+            "groups": {name: [g.to_dict() for g in rows] for name, rows in self.groups.items()},
+            "wastes": [asdict(w) for w in self.wastes],
+            "daily": [asdict(d) for d in self.daily],
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Report:
+        return cls(
+            start=datetime.fromisoformat(data["start"]),
+            end=datetime.fromisoformat(data["end"]),
+            team=data.get("team"),
+            generated_at=datetime.fromisoformat(data["generated_at"]),
+            totals=Figures.from_dict(data["totals"]),
+            groups={name: [Group.from_dict(g) for g in rows] for name, rows in data["groups"].items()},
+            wastes=[Waste(**w) for w in data["wastes"]],
+            daily=[DailyPoint(**d) for d in data["daily"]],
+        )

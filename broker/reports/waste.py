@@ -1,0 +1,165 @@
+"""The largest wastes of a window, each with a one-line suggestion worked out from its own figures."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from broker.model import Usage
+from broker.reports.model import CAUSE_LABELS, Waste
+
+if TYPE_CHECKING:
+    from broker.reports.build import Fact
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterFacts:
+    cluster_id: str
+    cloud: str
+    zone: str
+    gpu: str
+    gpus: int
+    team: str | None  # team of the job the cluster was launched for
+
+
+@dataclass(frozen=True, slots=True)
+class JobFacts:
+    job_id: str
+    name: str
+    team: str
+    state: str
+    preemptions: int
+    migrations: int
+    work_lost_s: float
+    zones: tuple[str, ...]
+
+
+@dataclass
+class _Sum:
+    gpu_minutes: float = 0.0
+    cost: float = 0.0
+    minutes: int = 0  # ledger rows: one per minute per holder
+
+
+def top_wastes(facts: list[Fact], clusters: dict[str, ClusterFacts], jobs: dict[str, JobFacts],
+               limit: int = 3) -> list[Waste]:
+    cluster_minutes = _sum_by(facts, lambda f: f.cluster_id)
+    zone_of = {f.cluster_id: f"{f.cloud}/{f.zone}" for f in facts}
+    describe = _Describer(clusters, jobs, zone_of, cluster_minutes)
+    candidates: list[Waste] = []
+    idle = [f for f in facts if f.usage != Usage.RUNNING.value]
+    provisioning = [f for f in idle if f.usage == Usage.PROVISIONING.value]
+    candidates += describe.provisioning(provisioning)
+    for usage in (Usage.RESTARTING.value, Usage.FINISHED.value):
+        rows = [f for f in idle if f.usage == usage]
+        for key, total in _sum_by(rows, lambda f: f.job_id or f"cluster:{f.cluster_id}").items():
+            candidates.append(describe.by_job(usage, key, total))
+    for usage in sorted({f.usage for f in idle} - {Usage.PROVISIONING.value, Usage.RESTARTING.value,
+                                                   Usage.FINISHED.value}):
+        rows = [f for f in idle if f.usage == usage]
+        for cluster_id, total in _sum_by(rows, lambda f: f.cluster_id).items():
+            candidates.append(describe.by_cluster(usage, cluster_id, total))
+    candidates = [w for w in candidates if w.cost > 0 or w.gpu_hours > 0]
+    return sorted(candidates, key=lambda w: (-w.cost, -w.gpu_hours, w.where))[:limit]
+
+
+def _sum_by(facts: Iterable[Fact], key: Callable[[Fact], str]) -> dict[str, _Sum]:
+    sums: dict[str, _Sum] = defaultdict(_Sum)
+    for fact in facts:
+        total = sums[key(fact)]
+        total.gpu_minutes += fact.gpu_minutes
+        total.cost += fact.cost
+        total.minutes += fact.minutes
+    return sums
+
+
+class _Describer:
+    def __init__(self, clusters: dict[str, ClusterFacts], jobs: dict[str, JobFacts], zone_of: dict[str, str],
+                 cluster_minutes: dict[str, _Sum]) -> None:
+        self.clusters, self.jobs, self.zone_of, self.cluster_minutes = clusters, jobs, zone_of, cluster_minutes
+
+    def cluster_gpus(self, cluster_id: str) -> int:
+        cluster = self.clusters.get(cluster_id)
+        return cluster.gpus if cluster and cluster.gpus > 0 else 1
+
+    def cluster_name(self, cluster_id: str) -> str:
+        cluster = self.clusters.get(cluster_id)
+        if cluster is None:
+            return f"cluster {cluster_id}"
+        return f"cluster {cluster_id} ({cluster.cloud} {cluster.zone}, {cluster.gpus}×{cluster.gpu})"
+
+    def provisioning(self, facts: list[Fact]) -> list[Waste]:
+        """Per zone: how long its clusters took to come up, against the other zones of the window."""
+        per_cluster = _sum_by(facts, lambda f: f.cluster_id)
+        minutes_up = {cid: s.gpu_minutes / self.cluster_gpus(cid) for cid, s in per_cluster.items()}
+        by_zone: dict[str, list[str]] = defaultdict(list)
+        for cid in per_cluster:
+            by_zone[self.zone_of[cid]].append(cid)
+        wastes = []
+        for zone, cids in by_zone.items():
+            avg = sum(minutes_up[c] for c in cids) / len(cids)
+            others = [minutes_up[c] for z, cs in by_zone.items() if z != zone for c in cs]
+            gpu_hours = sum(per_cluster[c].gpu_minutes for c in cids) / 60
+            cost = sum(per_cluster[c].cost for c in cids)
+            if others and sum(others) / len(others) < avg:
+                advice = (f"clusters there took {avg:.0f} min to come up vs {sum(others) / len(others):.0f} min "
+                          f"elsewhere: prefer faster zones when prices are close")
+            else:
+                advice = (f"{len(cids)} launch(es) took {avg:.0f} min each to come up: place queued jobs on "
+                          f"running clusters instead of launching new ones")
+            wastes.append(Waste("provisioning", f"zone {zone}", gpu_hours, cost,
+                                f"Provisioning in {zone} cost ${cost:,.2f} ({gpu_hours:.1f} GPU-h); {advice}."))
+        return wastes
+
+    def by_job(self, usage: str, key: str, total: _Sum) -> Waste:
+        gpu_hours = total.gpu_minutes / 60
+        if key.startswith("cluster:"):
+            return self.by_cluster(usage, key.removeprefix("cluster:"), total)
+        job = self.jobs.get(key)
+        where = f"job {key}" + (f" {job.name} (team {job.team})" if job else "")
+        if usage == Usage.RESTARTING.value:
+            if job and job.preemptions:
+                zones = ", ".join(job.zones[-3:]) or "its zones"
+                advice = (f"{job.preemptions} preemption(s) cost {gpu_hours / job.preemptions:.1f} GPU-h of "
+                          f"checkpoint and restart each and {job.work_lost_s / 3600:.1f} h of lost work: "
+                          f"checkpoint more often or weight {zones} down in selection")
+            else:
+                advice = "restarts without a preemption: check why its checkpoint restore is slow"
+            line = (f"{_upper_first(where)} spent {gpu_hours:.1f} GPU-h (${total.cost:,.2f}) checkpointing and "
+                    f"restarting; ")
+        else:
+            held = total.gpu_minutes / total.minutes if total.minutes else 0.0
+            advice = f"it held {held:.0f} GPU(s) for {total.minutes} min after it ended: release GPUs as a job ends"
+            line = f"{_upper_first(where)} cost ${total.cost:,.2f} ({gpu_hours:.1f} GPU-h) after finishing; "
+        return Waste(usage, where, gpu_hours, total.cost, line + advice + ".")
+
+    def by_cluster(self, usage: str, cluster_id: str, total: _Sum) -> Waste:
+        gpu_hours = total.gpu_minutes / 60
+        gpus = self.cluster_gpus(cluster_id)
+        name = self.cluster_name(cluster_id)
+        seen = self.cluster_minutes.get(cluster_id)
+        span = seen.gpu_minutes / gpus if seen else 0.0  # minutes of the cluster in the window
+        if usage == Usage.WAITING.value:
+            waited = total.gpu_minutes / gpus
+            share = 100 * waited / span if span else 0.0
+            advice = (f"it waited {waited:.0f} of its {span:.0f} min with nothing placed ({share:.0f}%): "
+                      f"tear it down sooner when the queue is empty")
+        elif usage == Usage.UNALLOCATED.value:
+            free = total.gpu_minutes / total.minutes if total.minutes else 0.0
+            advice = (f"on average {free:.1f} of its {gpus} GPUs sat unallocated for {total.minutes} min: queue "
+                      f"gangs of ≤{free:.0f} GPUs there or launch {max(gpus - round(free), 1)}-GPU shapes")
+        elif usage == Usage.FINISHED.value:
+            advice = f"finished jobs held its GPUs for {total.minutes} min: release GPUs as a job ends"
+        elif usage == Usage.RESTARTING.value:
+            advice = f"{total.minutes} min of checkpoint and restart: check restore speed on {name}"
+        else:
+            advice = f"{total.minutes} min marked {usage!r}"
+        label = CAUSE_LABELS.get(usage, usage)
+        return Waste(usage, name, gpu_hours, total.cost,
+                     f"{_upper_first(name)} lost ${total.cost:,.2f} ({gpu_hours:.1f} GPU-h) to {label}; {advice}.")
+
+
+def _upper_first(text: str) -> str:
+    return text[:1].upper() + text[1:]
