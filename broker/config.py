@@ -54,6 +54,8 @@ class Settings(BaseSettings):
     speed: float = Field(60.0, gt=0, description="local backend: market seconds per wall second")
     selection_policy: str | None = None
     placement_policy: str | None = None
+    preemption_policy: str | None = None
+    max_gpus: int | None = Field(None, ge=1, description="GPUs the broker may hold across all its clusters")
     poll_seconds: float = Field(0.2, gt=0, description="engine step interval, wall seconds")
     server: str | None = Field(None, description="URL of a running `broker serve`")
     local_provision_seconds: float = Field(120.0, ge=0, description="local backend: market seconds to boot")

@@ -4,7 +4,12 @@ Each ``step()`` reads the store, asks the provisioner where things stand, and mo
 on by at most one transition, each in its own transaction. Nothing is kept in memory that the
 store does not also hold (the parsed-spec cache is only a cache), so an engine started after a
 crash picks up exactly where the last one stopped: a cluster row is written before its launch is
-asked for, and launches and job starts are idempotent in the provisioner.
+asked for, and launches, job starts and stops are idempotent in the provisioner.
+
+A job waiting to run goes, in order of preference, onto free GPUs of a cluster that is already
+up (placed by the placement policy), onto a new cluster (chosen by the selection policy, within
+the fleet's GPU limit), or onto GPUs taken from lower-priority gangs (the preemption policy),
+which are checkpointed through their agents and requeued.
 """
 
 from __future__ import annotations
@@ -14,24 +19,27 @@ import logging
 import math
 import secrets
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Protocol
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from broker import packing
 from broker.agent.checkpoint import latest_checkpoint
 from broker.clock import Clock
-from broker.model import ClusterState, GangPlacement, JobState, Usage, check_transition
+from broker.metering import TERMINATE_KINDS, meter_cluster
+from broker.model import ClusterState, GangPlacement, JobState, check_transition
 from broker.provision.base import ClusterInfo, ClusterPhase, JobLaunch, Provisioner, RunPhase
 from broker.spec import JobSpec, job_spec_from_data
 from broker.store import Store
-from broker.store.tables import AllocationRow, ClusterRow, JobEventRow, JobRow, LedgerRow, NoticeRow
+from broker.store.tables import AllocationRow, ClusterRow, JobEventRow, JobRow, NoticeRow
 from policies import registry
+from policies.preemption import PreemptionRequest
 from policies.selection import IDLE, ON_DEMAND, JobView, Location, Plan, SelectionRequest, ZoneOffer, ZoneRecord
 from providers.base import OfferKey, SpotQuote
 
@@ -41,7 +49,6 @@ ACTIVE_STATES = [s.value for s in JobState if not s.terminal]
 LIVE_CLUSTER_STATES = [s.value for s in ClusterState if s.live]
 # How long a zone that preempted or refused a job stays off that job's plans.
 AVOID_ZONE_FOR = timedelta(hours=1)
-TERMINATE_KINDS = frozenset({"terminate", "stop", "hibernate", "maintenance"})
 
 
 class UnknownJob(LookupError):
@@ -68,8 +75,26 @@ def cluster_info(row: ClusterRow, token: str | None = None) -> ClusterInfo:
 class EngineOptions:
     home: Path
     selection_policy: str | None = None
+    placement_policy: str | None = None
+    preemption_policy: str | None = None
     broker_url: str | None = None
     restart_overhead_s: float = 720.0
+    max_gpus: int | None = None  # GPUs the broker may hold across all its clusters
+
+
+@dataclass
+class _AfterCommit:
+    """Provisioner calls decided inside a transaction, made once it has committed."""
+
+    launches: list[ClusterInfo]
+    starts: list[tuple[ClusterInfo, JobLaunch]]
+    terminations: list[ClusterInfo]
+    signals: list[tuple[ClusterInfo, str, int, str]]
+    stops: list[tuple[ClusterInfo, str, int]]
+
+    @classmethod
+    def empty(cls) -> _AfterCommit:
+        return cls([], [], [], [], [])
 
 
 class Engine:
@@ -81,9 +106,11 @@ class Engine:
         self.provisioner = provisioner
         self.options = options
         self.policy = registry.get("selection", options.selection_policy)
-        self._specs: dict[str, JobSpec] = {}
+        self.placement = registry.get("placement", options.placement_policy)
+        self.preemption = registry.get("preemption", options.preemption_policy)
         # cluster id -> the token its agents authenticate with; the store keeps only hashes.
         self.tokens = tokens
+        self._specs: dict[str, JobSpec] = {}
         self._lock = threading.Lock()
 
     # ----------------------------------------------------------------- submission
@@ -104,20 +131,73 @@ class Engine:
     def step(self) -> None:
         with self._lock:
             self._sync_clusters()
-            with self.store.transaction() as s:
-                job_ids = list(s.scalars(select(JobRow.id).where(JobRow.state.in_(ACTIVE_STATES))
-                                         .order_by(JobRow.priority.desc(), JobRow.created_at)))
-            for job_id in job_ids:
+            for job_id in self._active_ids():
+                self._advance(job_id)
+            # A job that ended above freed GPUs: queued jobs take them before idle clusters are reaped.
+            for job_id in self._active_ids(JobState.PENDING):
                 self._advance(job_id)
             self._reap()
             self._meter()
 
-    def active_jobs(self) -> list[str]:
+    def _active_ids(self, only: JobState | None = None) -> list[str]:
+        states = [only.value] if only else ACTIVE_STATES
         with self.store.transaction() as s:
-            return list(s.scalars(select(JobRow.id).where(JobRow.state.in_(ACTIVE_STATES))))
+            return list(s.scalars(select(JobRow.id).where(JobRow.state.in_(states))
+                                  .order_by(JobRow.priority.desc(), JobRow.created_at)))
+
+    def active_jobs(self) -> list[str]:
+        return self._active_ids()
+
+    def _advance(self, job_id: str) -> None:
+        after = _AfterCommit.empty()
+        with self.store.transaction() as s:
+            job = s.get(JobRow, job_id, with_for_update=True)
+            if job is None or JobState(job.state).terminal:
+                return
+            state = JobState(job.state)
+            if state is JobState.PENDING:
+                self._from_pending(s, job, after)
+            elif state in (JobState.PROVISIONING, JobState.MIGRATING):
+                self._from_provisioning(s, job, after)
+            elif state is JobState.RUNNING:
+                self._from_running(s, job, after)
+            elif state is JobState.CHECKPOINTING:
+                self._from_checkpointing(s, job, after)
+        self._carry_out(after)
+        if after.launches or not JobState(job.state).terminal:
+            self._start_if_ready(job_id)
+
+    def _carry_out(self, after: _AfterCommit) -> None:
+        for info in after.terminations:
+            self.provisioner.terminate(info)
+        for info, job_id, attempt, signal in after.signals:
+            self.provisioner.signal_job(info, job_id, attempt, signal)
+        for info, job_id, attempt in after.stops:
+            self.provisioner.stop_job(info, job_id, attempt)
+        for info in after.launches:
+            self.provisioner.launch(info)
+        for info, launch in after.starts:
+            self.provisioner.start_job(info, launch)
+
+    def _transition(self, s: Session, job: JobRow, target: JobState, **detail: object) -> None:
+        current = JobState(job.state)
+        check_transition(current, target)
+        now = self.clock.now()
+        job.state = target.value
+        job.updated_at = now
+        if target.terminal:
+            job.finished_at = now
+            job.wall_finished_at = _wall_now()
+            job.target_cluster_id = job.target_gpus = None
+        s.add(JobEventRow(job_id=job.id, at=now, kind="transition", from_state=current.value,
+                          to_state=target.value, detail=_jsonable(detail)))
+        log.info("job %s: %s -> %s %s", job.id, current, target, detail or "")
+
+    def _event(self, s: Session, job_id: str | None, kind: str, **detail: object) -> None:
+        if job_id is not None:
+            s.add(JobEventRow(job_id=job_id, at=self.clock.now(), kind=kind, detail=_jsonable(detail)))
 
     # ----------------------------------------------------------------- clusters
-
     def _sync_clusters(self) -> None:
         with self.store.transaction() as s:
             rows = list(s.scalars(select(ClusterRow).where(ClusterRow.state.in_(LIVE_CLUSTER_STATES))))
@@ -165,8 +245,17 @@ class Engine:
         except IntegrityError:
             pass  # an agent's report won the race: the same notice, recorded once
 
-    def _launch(self, s: Session, job: JobRow, plan: Plan, exclude: set[str]) -> ClusterRow | None:
-        """Write the cluster row for the plan's first usable location; launched after commit."""
+    def _fleet_gpus(self, s: Session, leaving: str | None = None) -> int:
+        """GPUs of every cluster up or coming up (not counting ``leaving``, which a migration releases)."""
+        query = select(func.coalesce(func.sum(ClusterRow.num_nodes * ClusterRow.gpus_per_node), 0)).where(
+            ClusterRow.state.in_([ClusterState.PROVISIONING.value, ClusterState.UP.value]))
+        if leaving is not None:
+            query = query.where(ClusterRow.id != leaving)
+        return int(s.scalar(query) or 0)
+
+    def _launch(self, s: Session, job: JobRow, plan: Plan, exclude: set[str], after: _AfterCommit,
+                leaving: str | None = None) -> ClusterRow | None:
+        """Write the cluster row for the plan's first usable location; it is launched after commit."""
         for location in plan.locations:
             if location.offer is None or location.kind == IDLE:
                 continue
@@ -174,7 +263,12 @@ class Engine:
             spot = location.kind != ON_DEMAND
             if spot and offer.location in exclude:
                 continue
-            sequence = len(list(s.scalars(select(ClusterRow.id).where(ClusterRow.job_id == job.id)))) + 1
+            gpus = job.num_nodes * offer.gpus_per_node
+            if self.options.max_gpus is not None and self._fleet_gpus(s, leaving) + gpus > self.options.max_gpus:
+                self._event(s, job.id, "fleet_full", max_gpus=self.options.max_gpus)
+                return None
+            sequence = int(s.scalar(select(func.count()).select_from(ClusterRow)
+                                    .where(ClusterRow.job_id == job.id)) or 0) + 1
             cluster_id = f"{job.id}-c{sequence}"
             row = ClusterRow(
                 id=cluster_id, launch_key=f"{job.id}:{sequence}", job_id=job.id,
@@ -186,31 +280,40 @@ class Engine:
                 token_hash=hash_token(self.tokens(cluster_id)), handle={}, created_at=self.clock.now(),
             )
             s.add(row)
+            job.target_cluster_id = row.id
+            job.target_gpus = self._first_claim(row, job).to_json()
             self._event(s, job.id, "launch", cluster=row.id, zone=offer.zone, cloud=offer.cloud,
                         spot=spot, price=row.price_per_node_hour, reason=plan.reason)
+            after.launches.append(cluster_info(row, self.tokens(row.id)))
             return row
         return None
 
-    def _after_commit_launch(self, row: ClusterRow | None) -> None:
-        if row is not None:
-            self.provisioner.launch(cluster_info(row, self.tokens(row.id)))
+    def _first_claim(self, row: ClusterRow, job: JobRow) -> GangPlacement:
+        """The launching job's GPUs on its new cluster: all of them, or the best-connected subset."""
+        per_node = job.gpus_per_node or row.gpus_per_node
+        if per_node >= row.gpus_per_node:
+            return GangPlacement.whole_nodes(row.id, row.num_nodes, row.gpus_per_node)
+        empty = packing.ClusterSnapshot.empty(row.id, packing.node_topology(row), row.num_nodes)
+        placement = self.placement(packing.gang_request(job, per_node), empty)
+        assert placement is not None, "a gang always fits an empty cluster launched for it"
+        return placement  # type: ignore[no-any-return]
 
     # ----------------------------------------------------------------- planning
 
     def _plan(self, s: Session, job: JobRow, current: Location, exclude: set[str]) -> Plan:
         spec = self.spec_of(job)
         now = self.clock.now()
-        quotes = self.market.quotes(now)
+        quotes = [q for q in self.market.quotes(now) if q.spot_price is not None and q.on_demand_price is not None]
+        # Nodes of exactly the asked size when the market has them; bigger ones (whose other GPUs
+        # can host other gangs) only when it has none.
+        fitting = [q for q in quotes if _fits(spec, q, exact=True)] or [q for q in quotes if _fits(spec, q)]
         offers = tuple(
             ZoneOffer(q.cloud, q.region, q.zone, q.instance_type, q.accelerator, q.gpus_per_node,
                       float(q.spot_price or math.inf), float(q.on_demand_price or math.inf),
                       q.available_nodes, q.capacity_score)
-            for q in quotes
-            if q.spot_price is not None and q.on_demand_price is not None and _fits(spec, q)
+            for q in fitting
         )
-        remaining = None
-        if job.work_s is not None:
-            remaining = max(job.work_s - self._progress_s(s, job), 0.0)
+        remaining = max(job.work_s - self._progress_s(s, job), 0.0) if job.work_s is not None else None
         request = SelectionRequest(
             now=now,
             job=JobView(
@@ -258,7 +361,7 @@ class Engine:
         return avoid
 
     def _progress_s(self, s: Session, job: JobRow) -> float:
-        """Work done and kept: running time of every attempt up to its last checkpoint, plus the live one."""
+        """Work done and kept: running time of every attempt, less what was lost to preemptions."""
         done = 0.0
         for alloc in s.scalars(select(AllocationRow).where(AllocationRow.job_id == job.id)):
             start = alloc.running_at or alloc.started_at
@@ -268,41 +371,6 @@ class Engine:
 
     # ----------------------------------------------------------------- the state machine
 
-    def _advance(self, job_id: str) -> None:
-        launched: ClusterRow | None = None
-        with self.store.transaction() as s:
-            job = s.get(JobRow, job_id, with_for_update=True)
-            if job is None or JobState(job.state).terminal:
-                return
-            state = JobState(job.state)
-            if state is JobState.PENDING:
-                launched = self._from_pending(s, job)
-            elif state in (JobState.PROVISIONING, JobState.MIGRATING):
-                launched = self._from_provisioning(s, job)
-            elif state is JobState.RUNNING:
-                launched = self._from_running(s, job)
-            elif state is JobState.CHECKPOINTING:
-                self._from_checkpointing(s, job)
-        self._after_commit_launch(launched)
-        if launched is None:
-            self._start_if_ready(job_id)
-
-    def _transition(self, s: Session, job: JobRow, target: JobState, **detail: object) -> None:
-        current = JobState(job.state)
-        check_transition(current, target)
-        now = self.clock.now()
-        job.state = target.value
-        job.updated_at = now
-        if target.terminal:
-            job.finished_at = now
-        s.add(JobEventRow(job_id=job.id, at=now, kind="transition", from_state=current.value,
-                          to_state=target.value, detail=_jsonable(detail)))
-        log.info("job %s: %s -> %s %s", job.id, current, target, detail or "")
-
-    def _event(self, s: Session, job_id: str | None, kind: str, **detail: object) -> None:
-        if job_id is not None:
-            s.add(JobEventRow(job_id=job_id, at=self.clock.now(), kind=kind, detail=_jsonable(detail)))
-
     def _current_allocation(self, s: Session, job: JobRow) -> AllocationRow | None:
         if job.attempt == 0:
             return None
@@ -310,44 +378,98 @@ class Engine:
                                                     AllocationRow.attempt == job.attempt))
 
     def _target_cluster(self, s: Session, job: JobRow) -> ClusterRow | None:
-        """The newest cluster launched for the job that is not its current one and not failed."""
-        alloc = self._current_allocation(s, job)
-        rows = s.scalars(select(ClusterRow).where(ClusterRow.job_id == job.id)
-                         .order_by(ClusterRow.created_at.desc(), ClusterRow.id.desc()))
-        for row in rows:
-            if alloc is not None and row.id == alloc.cluster_id:
-                return None
-            if row.state in (ClusterState.PROVISIONING.value, ClusterState.UP.value):
-                return row
+        if job.target_cluster_id is None:
             return None
-        return None
-
-    def _from_pending(self, s: Session, job: JobRow) -> ClusterRow | None:
-        exclude = self._avoid(s, job)
-        plan = self._plan(s, job, Location(IDLE), exclude)
-        row = self._launch(s, job, plan, exclude)
-        if row is None:
+        row = s.get(ClusterRow, job.target_cluster_id)
+        if row is None or row.state not in (ClusterState.PROVISIONING.value, ClusterState.UP.value):
             return None
-        if job.started_at is None:
-            job.started_at = self.clock.now()
-        self._transition(s, job, JobState.PROVISIONING, cluster=row.id, zone=row.zone)
         return row
 
-    def _from_provisioning(self, s: Session, job: JobRow) -> ClusterRow | None:
-        target = self._target_cluster(s, job)
-        if target is not None:
-            return None  # still coming up (or up: _start_if_ready runs after this transaction)
+    def _from_pending(self, s: Session, job: JobRow, after: _AfterCommit) -> None:
+        if self._place_on_existing(s, job):
+            return
+        exclude = self._avoid(s, job)
+        row = self._launch(s, job, self._plan(s, job, Location(IDLE), exclude), exclude, after)
+        if row is not None:
+            if job.started_at is None:
+                job.started_at = self.clock.now()
+            self._transition(s, job, JobState.PROVISIONING, cluster=row.id, zone=row.zone)
+            return
+        self._preempt_for(s, job, after)
+
+    def _place_on_existing(self, s: Session, job: JobRow) -> bool:
+        """Claim free GPUs on a cluster that is already up, cheapest per GPU first."""
+        spec = self.spec_of(job)
+        clusters = s.scalars(select(ClusterRow).where(ClusterRow.state == ClusterState.UP.value))
+        for row in sorted(clusters, key=lambda r: (r.price_per_node_hour / max(r.gpus_per_node, 1), r.id)):
+            per_node = packing.hosts(row, spec, job)
+            if per_node is None or self._open_notice(s, row.id, any_state=True) is not None:
+                continue
+            placement = self.placement(packing.gang_request(job, per_node), packing.snapshot(s, row))
+            if placement is None:
+                continue
+            job.target_cluster_id, job.target_gpus = row.id, placement.to_json()
+            if job.started_at is None:
+                job.started_at = self.clock.now()
+            self._transition(s, job, JobState.PROVISIONING, cluster=row.id, zone=row.zone,
+                             reason="placed on free GPUs of a running cluster")
+            return True
+        return False
+
+    def _preempt_for(self, s: Session, job: JobRow, after: _AfterCommit) -> None:
+        """Take GPUs from lower-priority gangs when the work they lose is less than this job gains."""
+        spec = self.spec_of(job)
+        now = self.clock.now()
+        for row in s.scalars(select(ClusterRow).where(ClusterRow.state == ClusterState.UP.value)):
+            per_node = packing.hosts(row, spec, job)
+            if per_node is None:
+                continue
+            running = packing.running_gangs(s, row.id, now, self.options.restart_overhead_s)
+            request = PreemptionRequest(packing.gang_request(job, per_node), job.priority,
+                                        self._wait_avoided(s, running))
+            plan = self.preemption(request, packing.snapshot(s, row), running)
+            if plan is None:
+                continue
+            for victim_id in plan.victims:
+                victim = s.get(JobRow, victim_id, with_for_update=True)
+                assert victim is not None
+                victim.preempted_by = job.id
+                victim.checkpoint_requested_at = now
+                self._transition(s, victim, JobState.CHECKPOINTING, reason=f"preempted by {job.id}",
+                                 cluster=row.id)
+                signal = self.spec_of(victim).broker.checkpoint.signal
+                after.signals.append((cluster_info(row), victim.id, victim.attempt, signal))
+            job.target_cluster_id, job.target_gpus = row.id, plan.placement.to_json()
+            self._transition(s, job, JobState.PROVISIONING, cluster=row.id, preempting=list(plan.victims),
+                             work_lost_gpu_s=plan.work_lost_gpu_s, gain_gpu_s=plan.gain_gpu_s)
+            return
+
+    def _wait_avoided(self, s: Session, running: tuple[packing.RunningGang, ...]) -> float:
+        """How long the job would otherwise wait: until the first running gang is due to finish."""
+        remaining = []
+        for gang in running:
+            other = s.get(JobRow, gang.job_id)
+            if other is None or other.work_s is None:
+                return math.inf
+            remaining.append(max(other.work_s - self._progress_s(s, other), 0.0))
+        return min(remaining) if remaining else 0.0
+
+    def _from_provisioning(self, s: Session, job: JobRow, after: _AfterCommit) -> None:
+        if self._target_cluster(s, job) is not None:
+            return  # coming up, or up: _start_if_ready runs after this transaction
+        job.target_cluster_id = job.target_gpus = None
+        previous = self._current_allocation(s, job)
+        leaving = previous.cluster_id if previous is not None and previous.ended_at is None else None
         exclude = self._avoid(s, job)
         plan = self._plan(s, job, Location(IDLE), exclude)
-        row = self._launch(s, job, plan, exclude)
+        row = self._launch(s, job, plan, exclude, after, leaving=leaving)
         if row is None and JobState(job.state) is JobState.PROVISIONING:
             self._transition(s, job, JobState.PENDING, reason="no offer could be launched; waiting")
-        return row
 
-    def _from_running(self, s: Session, job: JobRow) -> ClusterRow | None:
+    def _from_running(self, s: Session, job: JobRow, after: _AfterCommit) -> None:
         alloc = self._current_allocation(s, job)
         if alloc is None:
-            return None
+            return
         cluster = s.get(ClusterRow, alloc.cluster_id)
         assert cluster is not None
         notice = self._open_notice(s, cluster.id)
@@ -357,58 +479,73 @@ class Engine:
             self._record_checkpoint(job, notice)
             self._transition(s, job, JobState.CHECKPOINTING, cluster=cluster.id, zone=cluster.zone,
                              notice=notice.kind, action_time=notice.action_time)
-            return self._launch_replacement(s, job)
+            self._launch_replacement(s, job, cluster, after)
+            return
         run = self.provisioner.run_status(cluster_info(cluster), job.id, job.attempt)
         if run.phase is RunPhase.SUCCEEDED:
             self._end_allocation(alloc, "succeeded")
             job.exit_code = 0
-            job.wall_finished_at = _wall_now()
             self._transition(s, job, JobState.SUCCEEDED)
         elif run.phase is RunPhase.FAILED:
             self._end_allocation(alloc, "failed")
             job.exit_code = run.exit_code
             job.reason = f"the job exited with code {run.exit_code}"
-            job.wall_finished_at = _wall_now()
             self._transition(s, job, JobState.FAILED, exit_code=run.exit_code)
         elif run.phase is RunPhase.LOST:
             # The nodes vanished without a notice (or before one was heard): recover from the checkpoint.
             job.preemptions += 1
             self._transition(s, job, JobState.MIGRATING, cluster=cluster.id, reason="nodes lost without notice")
-            return self._launch_replacement(s, job)
-        return None
+            self._launch_replacement(s, job, cluster, after)
 
-    def _launch_replacement(self, s: Session, job: JobRow) -> ClusterRow | None:
-        alloc = self._current_allocation(s, job)
-        cluster = s.get(ClusterRow, alloc.cluster_id) if alloc else None
-        current = Location("spot" if cluster is not None and cluster.spot else ON_DEMAND)
+    def _launch_replacement(self, s: Session, job: JobRow, cluster: ClusterRow, after: _AfterCommit) -> None:
         exclude = self._avoid(s, job)
-        plan = self._plan(s, job, current, exclude)
-        return self._launch(s, job, plan, exclude)
+        current = Location("spot" if cluster.spot else ON_DEMAND)
+        self._launch(s, job, self._plan(s, job, current, exclude), exclude, after, leaving=cluster.id)
 
-    def _from_checkpointing(self, s: Session, job: JobRow) -> None:
+    def _from_checkpointing(self, s: Session, job: JobRow, after: _AfterCommit) -> None:
         alloc = self._current_allocation(s, job)
         assert alloc is not None
         cluster = s.get(ClusterRow, alloc.cluster_id)
         assert cluster is not None
-        notice = s.scalar(select(NoticeRow).where(NoticeRow.cluster_id == cluster.id,
-                                                  NoticeRow.kind.in_(TERMINATE_KINDS)))
-        now = self.clock.now()
-        if notice is not None:
-            self._record_checkpoint(job, notice)
         run = self.provisioner.run_status(cluster_info(cluster), job.id, job.attempt)
         if run.phase is RunPhase.SUCCEEDED:
-            # It finished inside its notice period: nothing to migrate.
+            # It finished inside its notice period: nothing to move.
             self._end_allocation(alloc, "succeeded")
             job.exit_code = 0
-            job.wall_finished_at = _wall_now()
+            job.preempted_by = None
             self._transition(s, job, JobState.SUCCEEDED)
             return
+        if job.preempted_by is not None:
+            self._yield_gpus(s, job, alloc, cluster, after)
+            return
+        notice = s.scalar(select(NoticeRow).where(NoticeRow.cluster_id == cluster.id,
+                                                  NoticeRow.kind.in_(TERMINATE_KINDS)))
+        if notice is not None:
+            self._record_checkpoint(job, notice)
+        now = self.clock.now()
         checkpointed = notice is not None and notice.checkpoint is not None
         deadline_passed = notice is not None and notice.action_time is not None and now >= notice.action_time
         gone = cluster.state not in (ClusterState.UP.value, ClusterState.PROVISIONING.value)
         if checkpointed or deadline_passed or gone:
             self._transition(s, job, JobState.MIGRATING, checkpoint=job.checkpoint,
                              reason="checkpoint complete" if checkpointed else "notice deadline reached")
+
+    def _yield_gpus(self, s: Session, job: JobRow, alloc: AllocationRow, cluster: ClusterRow,
+                    after: _AfterCommit) -> None:
+        """A gang preempted inside its cluster: once it has checkpointed (or its grace ran out), stop and requeue."""
+        requested = job.checkpoint_requested_at or self.clock.now()
+        mark = latest_checkpoint(job.checkpoint_dir)
+        done = mark is not None and self.clock.to_clock(mark.written_at) >= requested
+        grace = self.spec_of(job).broker.checkpoint.grace
+        if not done and self.clock.now() < requested + grace:
+            return
+        after.stops.append((cluster_info(cluster), job.id, job.attempt))
+        self._refresh_checkpoint(s, job, cluster)
+        self._close_attempt(job, alloc, self.clock.now())
+        job.preemptions += 1
+        job.preempted_by = job.checkpoint_requested_at = None
+        self._transition(s, job, JobState.PENDING, reason="requeued after yielding its GPUs",
+                         checkpoint=job.checkpoint)
 
     def _refresh_checkpoint(self, s: Session, job: JobRow, cluster: ClusterRow) -> None:
         """The newest complete checkpoint: the last one reported on a notice, or the marker itself."""
@@ -422,68 +559,73 @@ class Engine:
 
     def _record_checkpoint(self, job: JobRow, notice: NoticeRow) -> None:
         if notice.checkpoint and notice.checkpoint != job.checkpoint:
-            job.checkpoint = notice.checkpoint
             at = notice.detail.get("checkpoint_at") if notice.detail else None
-            job.checkpoint_at = self.clock.to_clock(datetime.fromisoformat(at).timestamp()) if at else \
-                self.clock.now()
+            when = self.clock.to_clock(datetime.fromisoformat(at).timestamp()) if at else self.clock.now()
+            if job.checkpoint_at is None or when >= job.checkpoint_at:
+                job.checkpoint, job.checkpoint_at = notice.checkpoint, when
 
-    def _open_notice(self, s: Session, cluster_id: str) -> NoticeRow | None:
-        return s.scalar(select(NoticeRow).where(NoticeRow.cluster_id == cluster_id, NoticeRow.handled_at.is_(None),
-                                                NoticeRow.kind.in_(TERMINATE_KINDS)))
+    def _open_notice(self, s: Session, cluster_id: str, any_state: bool = False) -> NoticeRow | None:
+        query = select(NoticeRow).where(NoticeRow.cluster_id == cluster_id, NoticeRow.kind.in_(TERMINATE_KINDS))
+        if not any_state:
+            query = query.where(NoticeRow.handled_at.is_(None))
+        return s.scalar(query)
 
     def _end_allocation(self, alloc: AllocationRow, outcome: str, at: datetime | None = None) -> None:
         if alloc.ended_at is None:
             alloc.ended_at = at or self.clock.now()
             alloc.outcome = outcome
 
+    def _close_attempt(self, job: JobRow, alloc: AllocationRow, stopped: datetime) -> None:
+        """End an attempt cut short and count the work done since its last checkpoint as lost."""
+        self._end_allocation(alloc, "preempted", stopped)
+        began = alloc.running_at or alloc.started_at
+        kept_until = job.checkpoint_at if job.checkpoint_at and job.checkpoint_at > began else began
+        job.work_lost_s += max((stopped - kept_until).total_seconds(), 0.0)
+
     def _start_if_ready(self, job_id: str) -> None:
-        """Start the job on its target cluster once that cluster is up and the old one is gone."""
-        launch: tuple[ClusterInfo, JobLaunch] | None = None
-        release: ClusterInfo | None = None
+        """Start the job on its target once the GPUs are up and free (and any old cluster is gone)."""
+        after = _AfterCommit.empty()
         with self.store.transaction() as s:
             job = s.get(JobRow, job_id, with_for_update=True)
             if job is None or job.state not in (JobState.PROVISIONING.value, JobState.MIGRATING.value):
                 return
             target = self._target_cluster(s, job)
-            if target is None or target.state != ClusterState.UP.value:
+            if target is None or target.state != ClusterState.UP.value or job.target_gpus is None:
                 return
+            claim = GangPlacement.from_json(target.id, job.target_gpus)
+            held = packing.holdings(s, target.id)
+            if any(other != job.id and _overlaps(claim, placement) for other, placement in held.items()):
+                return  # the gangs it preempted have not left yet
             previous = self._current_allocation(s, job)
-            old = s.get(ClusterRow, previous.cluster_id) if previous is not None else None
-            if old is not None and old.state in (ClusterState.UP.value, ClusterState.PROVISIONING.value,
-                                                 ClusterState.TERMINATING.value):
-                # Release the old nodes first: two copies of a job must never share a checkpoint dir.
-                if old.state != ClusterState.TERMINATING.value:
-                    old.state = ClusterState.TERMINATING.value
-                    old.terminate_at = self.clock.now()
-                release = cluster_info(old)
+            if previous is not None and previous.ended_at is None:
+                old = s.get(ClusterRow, previous.cluster_id)
+                assert old is not None
+                if old.state in (ClusterState.UP.value, ClusterState.PROVISIONING.value,
+                                 ClusterState.TERMINATING.value):
+                    # Release the old nodes first: two copies of a job must never share a checkpoint dir.
+                    if old.state != ClusterState.TERMINATING.value:
+                        old.state = ClusterState.TERMINATING.value
+                        old.terminate_at = self.clock.now()
+                    after.terminations.append(cluster_info(old))
+                else:
+                    self._refresh_checkpoint(s, job, old)
+                    self._close_attempt(job, previous, min(old.terminated_at or self.clock.now(), self.clock.now()))
+                    job.migrations += 1
+                    after.starts.append(self._start_on(s, job, target, claim))
             else:
-                if previous is not None and old is not None:
-                    self._close_previous(s, job, previous, old)
-                launch = self._start_on(s, job, target)
-        if release is not None:
-            self.provisioner.terminate(release)
-        if launch is not None:
-            self.provisioner.start_job(*launch)
+                after.starts.append(self._start_on(s, job, target, claim))
+        self._carry_out(after)
 
-    def _close_previous(self, s: Session, job: JobRow, previous: AllocationRow, old: ClusterRow) -> None:
-        """Account for the attempt that was cut short: its end, and the work since its last checkpoint."""
-        now = self.clock.now()
-        self._refresh_checkpoint(s, job, old)
-        stopped = min(old.terminated_at or now, now)
-        self._end_allocation(previous, "preempted", stopped)
-        began = previous.running_at or previous.started_at
-        kept_until = job.checkpoint_at if job.checkpoint_at and job.checkpoint_at > began else began
-        job.work_lost_s += max((stopped - kept_until).total_seconds(), 0.0)
-        job.migrations += 1
-
-    def _start_on(self, s: Session, job: JobRow, target: ClusterRow) -> tuple[ClusterInfo, JobLaunch]:
+    def _start_on(self, s: Session, job: JobRow, target: ClusterRow,
+                  placement: GangPlacement) -> tuple[ClusterInfo, JobLaunch]:
         job.attempt += 1
-        placement = GangPlacement.whole_nodes(target.id, target.num_nodes, target.gpus_per_node)
+        now = self.clock.now()
         s.add(AllocationRow(job_id=job.id, cluster_id=target.id, attempt=job.attempt, gpus=placement.to_json(),
-                            started_at=self.clock.now(), running_at=self.clock.now()))
+                            started_at=now, running_at=now))
+        job.target_cluster_id = job.target_gpus = None
         job.zones = [*job.zones, target.zone]
         self._transition(s, job, JobState.RUNNING, cluster=target.id, zone=target.zone,
-                         resume_from=job.checkpoint, attempt=job.attempt)
+                         gpus=placement.to_json(), resume_from=job.checkpoint, attempt=job.attempt)
         return cluster_info(target, self.tokens(target.id)), JobLaunch(
             job_id=job.id, attempt=job.attempt, spec=self.spec_of(job), placement=placement,
             checkpoint_dir=job.checkpoint_dir, resume_from=job.checkpoint,
@@ -493,36 +635,27 @@ class Engine:
     # ----------------------------------------------------------------- teardown and ledger
 
     def _reap(self) -> None:
-        """Tear down every live cluster no active job needs any more."""
-        to_terminate: list[ClusterInfo] = []
+        """Tear down every live cluster that no active job holds or is heading to."""
+        after = _AfterCommit.empty()
         with self.store.transaction() as s:
-            rows = s.scalars(select(ClusterRow).where(ClusterRow.state.in_(
-                [ClusterState.PROVISIONING.value, ClusterState.UP.value])))
-            for row in rows:
-                job = s.get(JobRow, row.job_id) if row.job_id else None
-                if job is None or JobState(job.state).terminal:
-                    alloc = s.scalar(select(AllocationRow).where(AllocationRow.cluster_id == row.id,
-                                                                 AllocationRow.ended_at.is_(None)))
-                    if alloc is not None:
-                        self._end_allocation(alloc, job.state.lower() if job else "orphaned")
+            for row in s.scalars(select(ClusterRow).where(ClusterRow.state.in_(
+                    [ClusterState.PROVISIONING.value, ClusterState.UP.value]))):
+                for alloc in s.scalars(select(AllocationRow).where(AllocationRow.cluster_id == row.id,
+                                                                   AllocationRow.ended_at.is_(None))):
+                    holder = s.get(JobRow, alloc.job_id)
+                    if holder is None or JobState(holder.state).terminal:
+                        self._end_allocation(alloc, holder.state.lower() if holder else "orphaned")
+                if not packing.holdings(s, row.id):
                     row.state = ClusterState.TERMINATING.value
                     row.terminate_at = self.clock.now()
-                    to_terminate.append(cluster_info(row))
-                elif row.state == ClusterState.UP.value and not self._needed(s, job, row):
-                    row.state = ClusterState.TERMINATING.value
-                    row.terminate_at = self.clock.now()
-                    to_terminate.append(cluster_info(row))
             for row in s.scalars(select(ClusterRow).where(ClusterRow.state == ClusterState.TERMINATING.value)):
-                to_terminate.append(cluster_info(row))
-        for info in to_terminate:
-            self.provisioner.terminate(info)
-
-    def _needed(self, s: Session, job: JobRow, row: ClusterRow) -> bool:
-        alloc = self._current_allocation(s, job)
-        if alloc is not None and alloc.cluster_id == row.id:
-            return True
-        target = self._target_cluster(s, job)
-        return target is not None and target.id == row.id
+                after.terminations.append(cluster_info(row))
+                for alloc in s.scalars(select(AllocationRow).where(AllocationRow.cluster_id == row.id,
+                                                                   AllocationRow.ended_at.is_(None))):
+                    holder = s.get(JobRow, alloc.job_id)
+                    if holder is not None and holder.state == JobState.RUNNING.value:
+                        after.stops.append((cluster_info(row), holder.id, holder.attempt))
+        self._carry_out(after)
 
     def _meter(self) -> None:
         now = self.clock.now()
@@ -535,81 +668,28 @@ class Engine:
             with self.store.transaction() as s:
                 row = s.get(ClusterRow, cluster_id, with_for_update=True)
                 if row is not None:
-                    self._meter_cluster(s, row, now)
-
-    def _meter_cluster(self, s: Session, row: ClusterRow, now: datetime) -> None:
-        start = row.metered_until or row.created_at
-        end = min(row.terminated_at, now) if row.terminated_at else now
-        minute = start
-        key = OfferKey(row.cloud, row.region, row.zone, row.instance_type)
-        allocations = list(s.scalars(select(AllocationRow).where(AllocationRow.cluster_id == row.id)))
-        notice_at = s.scalar(select(NoticeRow.received_at).where(NoticeRow.cluster_id == row.id,
-                                                                 NoticeRow.kind.in_(TERMINATE_KINDS)))
-        job = s.get(JobRow, row.job_id) if row.job_id else None
-        migrated_in = job is not None and any(a.started_at < row.created_at for a in
-                                              s.scalars(select(AllocationRow).where(AllocationRow.job_id == job.id)))
-        while minute < end:
-            boundary = _next_minute(minute)
-            closing = min(boundary, end)
-            if closing < boundary and row.terminated_at is None:
-                break  # only whole minutes while the cluster lives; the last partial one when it ends
-            seconds = (closing - minute).total_seconds()
-            quote = self.market.quote(key, minute)
-            price = (quote.spot_price if row.spot else quote.on_demand_price) or row.price_per_node_hour
-            on_demand = quote.on_demand_price or row.on_demand_price_per_node_hour
-            for holder, usage, team, job_id in self._holders(row, minute, allocations, notice_at, job, migrated_in):
-                s.add(LedgerRow(
-                    cluster_id=row.id, minute=minute, holder=holder, job_id=job_id, team=team, usage=usage.value,
-                    cloud=row.cloud, region=row.region, zone=row.zone, instance_type=row.instance_type,
-                    accelerator=row.accelerator, nodes=row.num_nodes, gpus=row.num_nodes * row.gpus_per_node,
-                    spot=row.spot, price_per_node_hour=price, on_demand_price_per_node_hour=on_demand,
-                    cost=price * row.num_nodes * seconds / 3600.0,
-                    on_demand_cost=on_demand * row.num_nodes * seconds / 3600.0,
-                ))
-            minute = closing
-        row.metered_until = minute
-
-    def _holders(self, row: ClusterRow, minute: datetime, allocations: Iterable[AllocationRow],
-                 notice_at: datetime | None, job: JobRow | None, migrated_in: bool
-                 ) -> list[tuple[str, Usage, str | None, str | None]]:
-        team = job.team if job else None
-        job_id = job.id if job else None
-        holder = f"job:{job_id}" if job_id else "idle:waiting"
-        if row.up_at is not None and minute < row.up_at:
-            return [(holder, Usage.RESTARTING if migrated_in else Usage.PROVISIONING, team, job_id)]
-        for alloc in allocations:
-            if alloc.started_at <= minute and (alloc.ended_at is None or minute < alloc.ended_at):
-                if notice_at is not None and minute >= notice_at:
-                    return [(f"job:{alloc.job_id}", Usage.RESTARTING, team, alloc.job_id)]
-                return [(f"job:{alloc.job_id}", Usage.RUNNING, team, alloc.job_id)]
-        ended = [a for a in allocations if a.ended_at is not None and a.ended_at <= minute]
-        if ended:
-            finished = job is not None and JobState(job.state).terminal and ended[-1].outcome != "preempted"
-            return [(holder, Usage.FINISHED if finished else Usage.RESTARTING, team, job_id)]
-        return [(holder, Usage.RESTARTING if migrated_in else Usage.PROVISIONING, team, job_id)]
+                    meter_cluster(s, row, now, self.market)
 
 
-def _fits(spec: JobSpec, quote: SpotQuote) -> bool:
+def _overlaps(a: GangPlacement, b: GangPlacement) -> bool:
+    mine = {(rank, gpu) for rank, gpus in a.gpus for gpu in gpus}
+    return any((rank, gpu) in mine for rank, gpus in b.gpus for gpu in gpus)
+
+
+def _fits(spec: JobSpec, quote: SpotQuote, exact: bool = False) -> bool:
     if not spec.accelerators:
         return True
-    return any(a.name.lower() == quote.accelerator.lower() and a.count == quote.gpus_per_node
+    return any(a.name.lower() == quote.accelerator.lower()
+               and (a.count == quote.gpus_per_node if exact else a.count <= quote.gpus_per_node)
                for a in spec.accelerators)
 
 
-def _next_minute(when: datetime) -> datetime:
-    return when.replace(second=0, microsecond=0) + timedelta(minutes=1)
-
-
 def _wall_now() -> datetime:
-    from datetime import UTC
-
     return datetime.now(UTC)
 
 
 def _jsonable(detail: dict[str, object]) -> dict[str, object]:
     return {k: (v.isoformat() if isinstance(v, datetime) else v) for k, v in detail.items() if v is not None}
-
-
 def cancel_job(store: Store, job_id: str) -> str:
     """Mark a job cancelled in one transaction; the engine tears its clusters down on its next step."""
     from datetime import UTC

@@ -100,7 +100,9 @@ class EmbeddedBroker:
         """Serve the notice API and build the engine (call only while holding the engine lock)."""
         self.server = BackgroundServer(create_app(self.store, self.clock)).start()
         self.engine = Engine(self.store, self.clock, self.market, self.provisioner, EngineOptions(
-            home=self.home, selection_policy=self.settings.selection_policy, broker_url=self.server.url,
+            home=self.home, selection_policy=self.settings.selection_policy,
+            placement_policy=self.settings.placement_policy, preemption_policy=self.settings.preemption_policy,
+            max_gpus=self.settings.max_gpus, broker_url=self.server.url,
         ), tokens=self.tokens)
         return self.engine
 

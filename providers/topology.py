@@ -182,6 +182,11 @@ TOPOLOGIES: tuple[NodeTopology, ...] = (
 _BY_NAME: dict[str, NodeTopology] = {t.instance_type: t for t in TOPOLOGIES}
 
 
+def generic_topology(cloud: str, instance_type: str, gpus: int) -> NodeTopology:
+    """A node we have no measured map for: every GPU pair over PCIe 4.0, the conservative guess."""
+    return _node(cloud, instance_type, gpus, "pcie4", 10, "ethernet", None)
+
+
 def topology(instance_type: str) -> NodeTopology:
     """The topology of ``instance_type`` (names are unique across clouds)."""
     try:

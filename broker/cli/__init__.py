@@ -20,7 +20,8 @@ def main(argv: list[str] | None = None) -> None:
 
     _register()
     try:
-        app(args=argv, standalone_mode=False)
+        # Without standalone mode a command's typer.Exit(n) comes back as the return value.
+        code = app(args=argv, standalone_mode=False)
     except (SpecError, ConfigError, TraceError, StoreError, UsageError, UnknownJob) as exc:
         err_console.print(f"[red]error:[/red] {exc}", highlight=False, markup=True, soft_wrap=True)
         sys.exit(2)
@@ -29,12 +30,14 @@ def main(argv: list[str] | None = None) -> None:
     except KeyboardInterrupt:
         err_console.print("interrupted")
         sys.exit(130)
-    except Exception as exc:  # click's own usage errors come through here
-        import click
-
-        if isinstance(exc, click.exceptions.ClickException):
-            exc.show()
-            sys.exit(exc.exit_code)
-        if isinstance(exc, click.exceptions.Abort):
+    except Exception as exc:
+        # Usage errors from the command-line parser (Typer bundles its own copy of click).
+        show, exit_code = getattr(exc, "show", None), getattr(exc, "exit_code", None)
+        if callable(show) and isinstance(exit_code, int):
+            show()
+            sys.exit(exit_code)
+        if type(exc).__name__ == "Abort":
             sys.exit(1)
         raise
+    if isinstance(code, int) and code:
+        sys.exit(code)

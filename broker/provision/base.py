@@ -82,8 +82,11 @@ class JobLaunch:
     log_dir: str
 
     def env(self, node_rank: int, node_ips: list[str]) -> dict[str, str]:
-        """The variables the job sees: the broker's contract plus SkyPilot's own task variables."""
-        gpus = self.placement.visible_devices(node_rank)
+        """The variables node ``node_rank`` of the gang sees (its rank in the gang, not the cluster).
+
+        The broker's checkpoint contract plus the variables SkyPilot gives a task.
+        """
+        gpus = self.placement.visible_devices(self.placement.nodes[node_rank])
         return {
             **self.spec.envs,
             "BROKER_JOB_ID": self.job_id,
@@ -111,3 +114,11 @@ class Provisioner(Protocol):
     def run_status(self, cluster: ClusterInfo, job_id: str, attempt: int) -> RunStatus: ...
 
     def terminate(self, cluster: ClusterInfo) -> None: ...
+
+    def signal_job(self, cluster: ClusterInfo, job_id: str, attempt: int, signal_name: str) -> None:
+        """Ask a running job to checkpoint (what the agent does on a notice), for in-cluster preemption."""
+        ...
+
+    def stop_job(self, cluster: ClusterInfo, job_id: str, attempt: int) -> None:
+        """Stop one job's processes on a cluster that stays up (its GPUs go to another gang)."""
+        ...

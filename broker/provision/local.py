@@ -7,9 +7,11 @@ job's ``setup`` and ``run`` with the same variables SkyPilot gives a task.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shlex
+import signal
 import subprocess
 import sys
 import time
@@ -156,7 +158,7 @@ class LocalProvisioner:
         node_ips = ["127.0.0.1"] * len(launch.placement.nodes)
         Path(launch.log_dir).mkdir(parents=True, exist_ok=True)
         Path(launch.checkpoint_dir).mkdir(parents=True, exist_ok=True)
-        for rank in launch.placement.nodes:
+        for rank in range(len(launch.placement.nodes)):
             node_dir = self._node_dir(cluster, launch.job_id, launch.attempt, rank)
             if (node_dir / "started").exists():
                 continue  # started before the broker restarted: do not start a second copy
@@ -201,6 +203,33 @@ class LocalProvisioner:
         if self.status(cluster).phase in (ClusterPhase.TERMINATED, ClusterPhase.FAILED):
             return RunStatus(RunPhase.LOST)
         return RunStatus(RunPhase.RUNNING)
+
+    def _run_groups(self, cluster: ClusterInfo, job_id: str, attempt: int) -> list[tuple[int, int | None]]:
+        """(agent pid, job process group) of every node of one run."""
+        groups = []
+        for node_dir in (self.cluster_dir(cluster) / "runs" / f"{job_id}-{attempt}").glob("node-*"):
+            started = read_json(node_dir / "started") or {}
+            try:
+                job_group: int | None = int((node_dir / "status.pgid").read_text())
+            except (OSError, ValueError):
+                job_group = None
+            if "pid" in started:
+                groups.append((int(started["pid"]), job_group))
+        return groups
+
+    def signal_job(self, cluster: ClusterInfo, job_id: str, attempt: int, signal_name: str) -> None:
+        number = signal.Signals[signal_name if signal_name.startswith("SIG") else f"SIG{signal_name}"]
+        for _, job_group in self._run_groups(cluster, job_id, attempt):
+            if job_group is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(job_group, number)
+
+    def stop_job(self, cluster: ClusterInfo, job_id: str, attempt: int) -> None:
+        for agent, job_group in self._run_groups(cluster, job_id, attempt):
+            for group in (job_group, agent):
+                if group is not None:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(group, signal.SIGKILL)
 
     def terminate(self, cluster: ClusterInfo) -> None:
         directory = self.cluster_dir(cluster)

@@ -57,6 +57,12 @@ class JobRow(Base):
     checkpoint: Mapped[str | None] = mapped_column(Text, nullable=True)  # latest completed
     checkpoint_at: Mapped[datetime | None] = mapped_column(UtcDateTime, nullable=True)
     attempt: Mapped[int] = mapped_column(Integer, default=0)
+    # Where the job goes next: a cluster (launched for it, or a shared one) and the GPUs it claims.
+    target_cluster_id: Mapped[str | None] = mapped_column(String(64), nullable=True, index=True)
+    target_gpus: Mapped[dict[str, list[int]] | None] = mapped_column(JSON, nullable=True)
+    # Set while a higher-priority gang is taking this job's GPUs inside a cluster.
+    preempted_by: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    checkpoint_requested_at: Mapped[datetime | None] = mapped_column(UtcDateTime, nullable=True)
     preemptions: Mapped[int] = mapped_column(Integer, default=0)
     migrations: Mapped[int] = mapped_column(Integer, default=0)
     work_lost_s: Mapped[float] = mapped_column(Float, default=0.0)

@@ -55,3 +55,17 @@ def test_missing_file_is_a_clear_error(broker_home: Path, capsys: pytest.Capture
         main(["launch", "nowhere.yaml"])
     assert exit_info.value.code == 2
     assert "nowhere.yaml" in capsys.readouterr().err
+
+
+def test_unknown_option_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["status", "--no-such-flag"])
+    assert exit_info.value.code == 2
+    assert "--no-such-flag" in capsys.readouterr().err
+
+
+def test_unknown_job_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["status", "j-nothere"])
+    assert exit_info.value.code == 2
+    assert "no job 'j-nothere'" in capsys.readouterr().err

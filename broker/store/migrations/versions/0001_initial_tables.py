@@ -2,7 +2,7 @@
 
 Revision ID: 0001
 Revises:
-Create Date: 2026-11-21 12:11:29.502263
+Create Date: 2026-11-21 12:32:57.567972
 """
 
 from collections.abc import Sequence
@@ -38,6 +38,10 @@ def upgrade() -> None:
     sa.Column('checkpoint', sa.Text(), nullable=True),
     sa.Column('checkpoint_at', broker.store.tables.UtcDateTime(timezone=True), nullable=True),
     sa.Column('attempt', sa.Integer(), nullable=False),
+    sa.Column('target_cluster_id', sa.String(length=64), nullable=True),
+    sa.Column('target_gpus', sa.JSON(), nullable=True),
+    sa.Column('preempted_by', sa.String(length=32), nullable=True),
+    sa.Column('checkpoint_requested_at', broker.store.tables.UtcDateTime(timezone=True), nullable=True),
     sa.Column('preemptions', sa.Integer(), nullable=False),
     sa.Column('migrations', sa.Integer(), nullable=False),
     sa.Column('work_lost_s', sa.Float(), nullable=False),
@@ -54,6 +58,7 @@ def upgrade() -> None:
     )
     with op.batch_alter_table('jobs', schema=None) as batch_op:
         batch_op.create_index(batch_op.f('ix_jobs_state'), ['state'], unique=False)
+        batch_op.create_index(batch_op.f('ix_jobs_target_cluster_id'), ['target_cluster_id'], unique=False)
         batch_op.create_index(batch_op.f('ix_jobs_team'), ['team'], unique=False)
 
     op.create_table('clusters',
@@ -202,6 +207,7 @@ def downgrade() -> None:
     op.drop_table('clusters')
     with op.batch_alter_table('jobs', schema=None) as batch_op:
         batch_op.drop_index(batch_op.f('ix_jobs_team'))
+        batch_op.drop_index(batch_op.f('ix_jobs_target_cluster_id'))
         batch_op.drop_index(batch_op.f('ix_jobs_state'))
 
     op.drop_table('jobs')

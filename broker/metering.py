@@ -1,0 +1,131 @@
+"""The cost ledger: every minute of every cluster, split among the jobs and idle causes holding its GPUs.
+
+A cluster is metered from its launch to its end in clock minutes (a partial first and last
+minute are prorated). Each minute's cost splits by GPUs: a row per job holding GPUs, with what the
+job was doing (provisioning, running, checkpointing and restarting), and a row for the GPUs nobody
+held, with why (waiting for work, stranded by fragmentation, held by a finished job until
+teardown). The unique (cluster, minute, holder) key makes metering a minute twice impossible.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Protocol
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from broker.model import JobState, Usage
+from broker.store.tables import AllocationRow, ClusterRow, JobRow, LedgerRow, NoticeRow
+from providers.base import OfferKey, SpotQuote
+
+TERMINATE_KINDS = ("terminate", "stop", "hibernate", "maintenance")
+
+
+class PriceAt(Protocol):
+    def quote(self, key: OfferKey, when: datetime) -> SpotQuote: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Share:
+    holder: str
+    usage: Usage
+    gpus: float
+    job: JobRow | None = None
+
+
+@dataclass
+class ClusterHistory:
+    """What the metering of one cluster needs to know, read once per pass."""
+
+    row: ClusterRow
+    allocations: list[AllocationRow]
+    notice_at: datetime | None
+    jobs: dict[str, JobRow]
+    launched_for: JobRow | None
+    migrated_in: bool
+    queue_waiting: bool
+
+    @classmethod
+    def read(cls, s: Session, row: ClusterRow) -> ClusterHistory:
+        allocations = list(s.scalars(select(AllocationRow).where(AllocationRow.cluster_id == row.id)
+                                     .order_by(AllocationRow.started_at)))
+        notice_at = s.scalar(select(NoticeRow.received_at).where(NoticeRow.cluster_id == row.id,
+                                                                 NoticeRow.kind.in_(TERMINATE_KINDS)))
+        ids = {a.job_id for a in allocations} | ({row.job_id} if row.job_id else set())
+        jobs = {j.id: j for j in s.scalars(select(JobRow).where(JobRow.id.in_(ids)))} if ids else {}
+        launched_for = jobs.get(row.job_id) if row.job_id else None
+        migrated_in = launched_for is not None and s.scalar(
+            select(AllocationRow.id).where(AllocationRow.job_id == launched_for.id,
+                                           AllocationRow.started_at < row.created_at)) is not None
+        queue_waiting = s.scalar(select(JobRow.id).where(JobRow.state == JobState.PENDING.value)) is not None
+        return cls(row, allocations, notice_at, jobs, launched_for, migrated_in, queue_waiting)
+
+    def shares(self, minute: datetime) -> list[Share]:
+        row = self.row
+        total = float(row.num_nodes * row.gpus_per_node) or float(row.num_nodes)
+        first_use = Usage.RESTARTING if self.migrated_in else Usage.PROVISIONING
+        if row.up_at is not None and minute < row.up_at:
+            if self.launched_for is not None:
+                return [Share(f"job:{self.launched_for.id}", first_use, total, self.launched_for)]
+            return [Share("idle:provisioning", Usage.PROVISIONING, total)]
+        shares: list[Share] = []
+        held = 0.0
+        for alloc in self.allocations:
+            if alloc.started_at <= minute and (alloc.ended_at is None or minute < alloc.ended_at):
+                gpus = float(sum(len(v) for v in alloc.gpus.values())) or total
+                job = self.jobs.get(alloc.job_id)
+                checkpointing = self.notice_at is not None and minute >= self.notice_at
+                usage = Usage.RESTARTING if checkpointing else Usage.RUNNING
+                shares.append(Share(f"job:{alloc.job_id}", usage, gpus, job))
+                held += gpus
+        free = total - held
+        if free <= 0:
+            return shares
+        not_started = not self.allocations or all(a.started_at > minute for a in self.allocations)
+        if not_started and self.launched_for is not None:  # up, its job not started yet
+            return [*shares, Share(f"job:{self.launched_for.id}", first_use, free, self.launched_for)]
+        ended = [a for a in self.allocations if a.ended_at is not None and a.ended_at <= minute]
+        if ended and not shares:
+            last = ended[-1]
+            job = self.jobs.get(last.job_id)
+            if last.outcome == "preempted" or (job is not None and not JobState(job.state).terminal):
+                return [Share(f"job:{last.job_id}", Usage.RESTARTING, free, job)]
+            return [Share(f"idle:{Usage.FINISHED.value}", Usage.FINISHED, free)]
+        cause = Usage.UNALLOCATED if self.queue_waiting else Usage.WAITING
+        return [*shares, Share(f"idle:{cause.value}", cause, free)]
+
+
+def meter_cluster(s: Session, row: ClusterRow, now: datetime, market: PriceAt) -> int:
+    """Write the ledger rows of every minute of ``row`` not yet metered; returns rows written."""
+    start = row.metered_until or row.created_at
+    end = min(row.terminated_at, now) if row.terminated_at else now
+    key = OfferKey(row.cloud, row.region, row.zone, row.instance_type)
+    history = ClusterHistory.read(s, row)
+    total = float(row.num_nodes * row.gpus_per_node) or float(row.num_nodes)
+    minute, written = start, 0
+    while minute < end:
+        boundary = minute.replace(second=0, microsecond=0) + timedelta(minutes=1)
+        closing = min(boundary, end)
+        if closing < boundary and row.terminated_at is None:
+            break  # only whole minutes while the cluster lives; the last partial one when it ends
+        hours = (closing - minute).total_seconds() / 3600.0
+        quote = market.quote(key, minute)
+        price = (quote.spot_price if row.spot else quote.on_demand_price) or row.price_per_node_hour
+        on_demand = quote.on_demand_price or row.on_demand_price_per_node_hour
+        for share in history.shares(minute):
+            fraction = share.gpus / total
+            s.add(LedgerRow(
+                cluster_id=row.id, minute=minute, holder=share.holder,
+                job_id=share.job.id if share.job else None, team=share.job.team if share.job else None,
+                usage=share.usage.value, cloud=row.cloud, region=row.region, zone=row.zone,
+                instance_type=row.instance_type, accelerator=row.accelerator, nodes=row.num_nodes,
+                gpus=share.gpus, spot=row.spot, price_per_node_hour=price, on_demand_price_per_node_hour=on_demand,
+                cost=price * row.num_nodes * hours * fraction,
+                on_demand_cost=on_demand * row.num_nodes * hours * fraction,
+            ))
+            written += 1
+        minute = closing
+    row.metered_until = minute
+    return written

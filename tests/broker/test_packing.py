@@ -1,0 +1,116 @@
+"""Several gangs on one cluster: packing by topology, queueing, and checkpoint-aware preemption."""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+from sqlalchemy import select
+
+from broker.config import load_settings
+from broker.engine import Engine
+from broker.runtime import EmbeddedBroker
+from broker.spec import parse_job_spec
+from broker.store.tables import AllocationRow, ClusterRow, JobEventRow, JobRow, LedgerRow
+from providers.base import SpotQuote
+from providers.topology import NVLINK, topology
+from providers.trace import write_trace
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+JOB = """\
+name: {name}
+resources:
+  accelerators: V100:{gpus}
+workdir: {workdir}
+run: python train.py --steps {steps} --step-seconds 0.05 --checkpoint-every 25
+broker:
+  priority: {priority}
+"""
+
+
+def _market(path: Path) -> Path:
+    start = datetime(2026, 1, 1, tzinfo=UTC)
+    write_trace(path, [SpotQuote("aws", "us-east-1", "us-east-1a", "p3.8xlarge", "V100", 4, 3.67, 12.24,
+                                 start + timedelta(minutes=t), available_nodes=1) for t in range(600)])
+    return path
+
+
+def _submit(engine: Engine, tmp_path: Path, name: str, gpus: int, steps: int, priority: str) -> str:
+    text = JOB.format(name=name, gpus=gpus, workdir=EXAMPLES, steps=steps, priority=priority)
+    return engine.submit(parse_job_spec(text, source=str(tmp_path / f"{name}.yaml")))
+
+
+def _states(engine: Engine, *job_ids: str) -> list[str]:
+    with engine.store.transaction() as s:
+        return [s.get(JobRow, j).state for j in job_ids]  # type: ignore[union-attr]
+
+
+def _run_until(engine: Engine, done: object, timeout: float = 120) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        engine.step()
+        if callable(done) and done():
+            return
+        time.sleep(0.05)
+    raise AssertionError("timed out")
+
+
+@pytest.mark.slow
+def test_gangs_share_a_cluster_and_a_higher_priority_gang_preempts(tmp_path: Path, broker_home: Path) -> None:
+    settings = load_settings(market=_market(tmp_path / "m.csv"), speed=30.0, local_provision_seconds=60.0,
+                             max_gpus=4)
+    broker = EmbeddedBroker(settings, fresh_market=True)
+    engine = broker.start()
+    try:
+        a = _submit(engine, tmp_path, "a", 2, 240, "batch")
+        _run_until(engine, lambda: _states(engine, a) == ["RUNNING"])
+        b = _submit(engine, tmp_path, "b", 2, 240, "batch")
+        _run_until(engine, lambda: _states(engine, a, b) == ["RUNNING", "RUNNING"])
+        time.sleep(2.0)  # let both make progress past a checkpoint
+        c = _submit(engine, tmp_path, "c", 4, 40, "inference")
+        _run_until(engine, lambda: all(st in ("SUCCEEDED", "FAILED") for st in _states(engine, a, b, c)))
+        for _ in range(5):
+            engine.step()
+            time.sleep(0.1)
+        with engine.store.transaction() as s:
+            jobs = {j.id: j for j in s.scalars(select(JobRow))}
+            clusters = list(s.scalars(select(ClusterRow)))
+            allocations = list(s.scalars(select(AllocationRow).order_by(AllocationRow.started_at)))
+            events = list(s.scalars(select(JobEventRow).where(JobEventRow.job_id == c)))
+            ledger = list(s.scalars(select(LedgerRow)))
+    finally:
+        broker.close()
+
+    assert [jobs[j].state for j in (a, b, c)] == ["SUCCEEDED"] * 3
+    assert len(clusters) == 1  # everything ran on the one cluster the first job launched
+
+    first_a, first_b = (next(x for x in allocations if x.job_id == j) for j in (a, b))
+    gpus_a, gpus_b = set(first_a.gpus["0"]), set(first_b.gpus["0"])
+    assert not gpus_a & gpus_b and len(gpus_a) == len(gpus_b) == 2
+    p3 = topology("p3.8xlarge")
+    assert all(p3.link_kind[x][y] == NVLINK for x, y in (sorted(gpus_a), sorted(gpus_b)))
+
+    # c took the GPUs of both batch gangs; they checkpointed, were requeued and resumed there.
+    assert any(e.to_state == "PROVISIONING" and sorted(e.detail.get("preempting", [])) == sorted([a, b])
+               for e in events)
+    for victim in (a, b):
+        assert jobs[victim].preemptions == 1 and jobs[victim].attempt == 2
+        log = (broker_home / "logs" / victim / "attempt-2-node-0.log").read_text()
+        assert "resumed from step-" in log and "done: 240 steps" in log
+    run_c = next(x for x in allocations if x.job_id == c)
+    yielded = max(x.ended_at for x in allocations if x.job_id in (a, b) and x.attempt == 1)
+    assert run_c.started_at - yielded < timedelta(seconds=30)  # market clock: under a wall second
+    # When c ended, the queued gangs started on its GPUs at once, without a new cluster.
+    resumed = min(x.started_at for x in allocations if x.job_id in (a, b) and x.attempt == 2)
+    assert timedelta(0) <= resumed - run_c.ended_at < timedelta(seconds=30)
+
+    # Every minute of the cluster accounts for its 4 GPUs exactly once across holders.
+    per_minute: dict[datetime, float] = defaultdict(float)
+    for row in ledger:
+        per_minute[row.minute] += row.gpus
+    assert per_minute and all(total == pytest.approx(4.0) for total in per_minute.values())
+    assert {r.holder for r in ledger} >= {f"job:{a}", f"job:{b}", f"job:{c}"}
