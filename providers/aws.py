@@ -211,10 +211,12 @@ class AwsPriceSource:
     def _add_placement_scores(self, facts: list[RegionFacts]) -> None:
         from botocore.exceptions import ClientError
 
+        # Only types with a spot market somewhere are worth a score (and a request).
         regions_of: dict[str, list[str]] = {}
         for f in facts:
+            priced = {name for name, _ in f.spot}
             for name in f.types:
-                if f.zones_of.get(name):
+                if f.zones_of.get(name) and name in priced:
                     regions_of.setdefault(name, []).append(f.region)
         if not regions_of:
             return

@@ -11,7 +11,7 @@ azure-mgmt-compute and azure-identity are imported only inside functions.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -100,8 +100,9 @@ def availability(skus: Iterable[Any], region: str) -> dict[str, SizeAvailability
 def _get(obj: Any, *names: str) -> Any:
     """A field of a resource SKU given as an SDK model or as plain JSON."""
     for name in names:
-        value = obj.get(name) if isinstance(obj, dict) else getattr(obj, name, None)
-        if value is not None:
+        # azure-mgmt-compute's models are mappings of the wire (camelCase) names as well
+        value = obj.get(name) if isinstance(obj, Mapping) else getattr(obj, name, None)
+        if value is not None and not callable(value):
             return value
     return None
 
