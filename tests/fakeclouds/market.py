@@ -7,6 +7,7 @@ real ones: deterministic per offer, spot a fraction of on-demand.
 
 from __future__ import annotations
 
+import logging
 import zlib
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -174,10 +175,16 @@ class FakeClouds:
         return {"aws": self.aws.total_requests, "gcp": self.gcp.total_requests, "azure": self.azure.total_requests}
 
 
+def quiet_moto() -> None:
+    """moto's server logs every request through werkzeug; only errors are worth a line."""
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)
+
+
 @contextmanager
 def fake_clouds(latency: float = 0.0) -> Iterator[FakeClouds]:
     from moto.server import ThreadedMotoServer
 
+    quiet_moto()
     moto = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     moto.start()
     host, port = moto.get_host_and_port()

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import logging
 import threading
 
 from tests.fakeclouds.market import fake_clouds
@@ -19,7 +18,6 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--latency", type=float, default=0.0, help="seconds added to every request")
     args = parser.parse_args()
-    logging.getLogger("werkzeug").setLevel(logging.ERROR)
     with fake_clouds(args.latency) as clouds:
         for name, value in clouds.environment().items():
             print(f"export {name}={value}")

@@ -97,6 +97,10 @@ class FakeServer:
         with self._lock:
             self._faults.setdefault(route, []).append(Fault(status, code, times))
 
+    def clear_faults(self) -> None:
+        with self._lock:
+            self._faults.clear()
+
     def _next_fault(self, route: str) -> Fault | None:
         with self._lock:
             queue = self._faults.get(route) or []

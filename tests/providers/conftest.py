@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 
 import pytest
 
 from providers.fetching import Backoff
+
+# This machine is not a GCE VM: spare each GCP poll google-auth's 3 s metadata-server probe.
+os.environ.setdefault("NO_GCE_CHECK", "true")
 
 FAST = Backoff(attempts=4, base_seconds=0.01, max_seconds=0.05)
 
@@ -15,6 +19,9 @@ FAST = Backoff(attempts=4, base_seconds=0.01, max_seconds=0.05)
 def moto_url() -> Iterator[str]:
     from moto.server import ThreadedMotoServer
 
+    from tests.fakeclouds.market import quiet_moto
+
+    quiet_moto()
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
     host, port = server.get_host_and_port()
