@@ -138,14 +138,14 @@ class PriceBook:
         return Recorded(inserted, confirmed, gone)
 
     def mark_stale(self, cloud: str, regions: Collection[str] | None = None) -> int:
-        """A poll of ``cloud`` failed: its latest quotes stay, marked stale. Returns how many."""
+        """A poll of ``cloud`` failed: its latest quotes stay, marked stale. Returns how many are kept."""
         with self.store.transaction() as s:
-            marked = 0
+            kept = 0
             for row in self._latest_rows(s, QuoteFilter(clouds=(cloud,))).values():
-                if not row.stale and (regions is None or row.region in regions):
+                if regions is None or row.region in regions:
                     row.stale = True
-                    marked += 1
-            return marked
+                    kept += 1
+            return kept
 
     # -- reading -----------------------------------------------------------------------------------
 
@@ -153,6 +153,11 @@ class PriceBook:
         """The newest quote of every offer; ``observed_at`` is when the cloud last confirmed it."""
         with self.store.transaction() as s:
             return [_quote(row) for row in self._latest_rows(s, where).values()]
+
+    def accelerators(self) -> list[str]:
+        """Every accelerator name the book has a quote for."""
+        with self.store.transaction() as s:
+            return sorted(s.scalars(select(PriceQuoteRow.accelerator).distinct()))
 
     def at(self, when: datetime, where: QuoteFilter = ANY) -> list[SpotQuote]:
         """The quote of every offer in force at ``when`` (offers first seen later are left out)."""

@@ -98,7 +98,8 @@ def _poll_one(book: PriceBook, cloud: str, source: PriceSource, regions: Sequenc
     except Exception as exc:
         kept = book.mark_stale(cloud, regions=scope)
         return CloudPoll(cloud, "failed", seconds=time.monotonic() - started, notes=_notes(source),
-                         message=f"{cloud}: poll failed ({_summary(exc)}); kept {kept} quotes, marked stale")
+                         message=f"{cloud}: poll failed after retries ({_summary(exc)}); "
+                                 f"kept {kept} quotes, marked stale")
     book.record(cloud, quotes, at=datetime.now(UTC), regions=scope)
     return CloudPoll(cloud, "ok", quotes=len(quotes), seconds=time.monotonic() - started, notes=_notes(source))
 
@@ -108,6 +109,10 @@ def _notes(source: PriceSource) -> list[str]:
 
 
 def _summary(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-    text = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+    error = getattr(exc, "response", None)
+    if isinstance(error, dict) and isinstance(error.get("Error"), dict):  # botocore's ClientError
+        text = f"{error['Error'].get('Code', '?')}: {error['Error'].get('Message', '')}"
+    else:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        text = f"{type(exc).__name__}: {first}" if first else type(exc).__name__
     return text if len(text) <= 200 else text[:197] + "..."

@@ -146,7 +146,8 @@ def _refresh(book: Any, settings: Any, clouds: tuple[str, ...], region: str | No
 
     sources = price_sources(settings, clouds)
     with Progress(TextColumn("{task.description:<6}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=err_console, transient=True, disable=not show_progress) as bar:
+                  console=err_console, transient=True,
+                  disable=not (show_progress and err_console.is_terminal)) as bar:
         tasks = {c: bar.add_task(c, total=None) for c in clouds}
         polls = poll_prices(book, sources, regions=[region] if region else None,
                             progress=lambda c, done, total: bar.update(tasks[c], completed=done, total=total))

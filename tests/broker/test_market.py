@@ -62,7 +62,7 @@ def test_a_failed_poll_keeps_that_clouds_quotes_marked_stale(book: PriceBook) ->
     book.record("aws", [_q("aws", "us-east-1a", "p5.48xlarge", 31.0)], at=T0)
     book.record("gcp", [_q("gcp", "us-central1-a", "a3-highgpu-8g", 21.28)], at=T0)
     assert book.mark_stale("aws") == 1
-    assert book.mark_stale("aws") == 0  # already stale
+    assert book.mark_stale("aws") == 1  # a second failure keeps the same quote, still stale
     latest = _latest(book)
     assert latest[("us-east-1a", "p5.48xlarge")].stale
     assert latest[("us-east-1a", "p5.48xlarge")].observed_at == T0  # its age keeps growing

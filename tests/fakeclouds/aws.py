@@ -17,6 +17,8 @@ from tests.fakeclouds.server import FakeCloud, Request, Response
 
 EC2_NS = "http://ec2.amazonaws.com/doc/2016-11-15/"
 DEFAULT_CODES = {429: "Throttling", 503: "RequestLimitExceeded", 500: "InternalError"}
+MESSAGES = {"Throttling": "Rate exceeded", "RequestLimitExceeded": "Request limit exceeded.",
+            "InternalError": "An internal error has occurred"}
 
 
 def spot_record(instance_type: str, zone: str, zone_id: str, price: float, at: datetime) -> dict[str, Any]:
@@ -118,7 +120,7 @@ class FakeAws(FakeCloud):
                                "Message": "Rate exceeded"})
             return Response(status, body.encode(), "application/x-amz-json-1.1")
         xml = ('<?xml version="1.0" encoding="UTF-8"?>\n<Response><Errors><Error>'
-               f"<Code>{code}</Code><Message>{escape(code)}: try again later</Message></Error></Errors>"
+               f"<Code>{code}</Code><Message>{escape(MESSAGES.get(code, code))}</Message></Error></Errors>"
                f"<RequestID>{uuid.uuid4()}</RequestID></Response>")
         return Response(status, xml.encode(), "text/xml;charset=UTF-8")
 

@@ -102,7 +102,7 @@ def test_a_failing_cloud_keeps_its_quotes_marked_stale(clouds: FakeClouds, capsy
     data = json.loads(out)
     failed = next(p for p in data["polls"] if p["cloud"] == "aws")
     assert failed["status"] == "failed"
-    assert failed["message"].startswith("aws: poll failed (ClientError: An error occurred (InternalError)")
+    assert failed["message"].startswith("aws: poll failed after retries (InternalError: ")
     assert failed["message"].endswith("quotes, marked stale")
     assert "Traceback" not in err
     stale = {q["cloud"]: set() for q in data["quotes"]}
