@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import Field, SecretStr, ValidationError
-from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+from pydantic import AliasChoices, Field, SecretStr, ValidationError, field_validator
+from pydantic_settings import BaseSettings, NoDecode, PydanticBaseSettingsSource, SettingsConfigDict
 
 from broker.reports.settings import BudgetSettings, ReportSchedule
 
@@ -77,6 +77,35 @@ class Settings(BaseSettings):
     delivery_max_wait_s: float = Field(300.0, ge=0, description="longest Slack Retry-After honoured")
     reports: list[ReportSchedule] = Field(default_factory=list, description="scheduled reports")
     budgets: BudgetSettings = Field(default_factory=BudgetSettings, description="team budgets and alerts")
+
+    # --- prices: endpoints, credentials and regions of the price pollers (`broker prices`) ---
+    # The AWS endpoints keep boto3's own environment names; all others are BROKER_*.
+    aws_endpoint_url_ec2: str | None = Field(
+        None, validation_alias=AliasChoices("aws_endpoint_url_ec2", "AWS_ENDPOINT_URL_EC2"),
+        description="EC2 endpoint for the catalog, spot prices and placement scores")
+    aws_endpoint_url_pricing: str | None = Field(
+        None, validation_alias=AliasChoices("aws_endpoint_url_pricing", "AWS_ENDPOINT_URL_PRICING"),
+        description="AWS Price List endpoint for on-demand prices")
+    aws_regions: Annotated[list[str] | None, NoDecode] = Field(None, description="default: six GPU regions")
+    aws_placement_scores: bool = Field(True, description="ask AWS for spot placement scores")
+    gcp_project: str | None = Field(None, description="default: the application default credentials' project")
+    gcp_compute_endpoint: str | None = Field(None, description="Compute Engine API endpoint")
+    gcp_billing_endpoint: str | None = Field(None, description="Cloud Billing Catalog API endpoint")
+    gcp_api_key: str | None = Field(None, description="API key for the Billing Catalog")
+    gcp_regions: Annotated[list[str] | None, NoDecode] = Field(None, description="default: every region")
+    azure_prices_url: str = Field("https://prices.azure.com/api/retail/prices", description="Retail Prices API")
+    azure_rm_endpoint: str | None = Field(None, description="Resource Manager endpoint for resource SKUs")
+    azure_subscription_id: str | None = Field(None, description="adds zones and restrictions to Azure prices")
+    azure_regions: Annotated[list[str] | None, NoDecode] = Field(None, description="default: ten GPU regions")
+    price_retry_attempts: int = Field(6, ge=1, description="tries per API call on throttling and 5xx")
+    price_retry_base_seconds: float = Field(0.5, gt=0, description="first backoff step (doubles, jittered)")
+
+    @field_validator("aws_regions", "gcp_regions", "azure_regions", mode="before")
+    @classmethod
+    def _comma_separated(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return [part.strip() for part in value.split(",") if part.strip()]
+        return value
 
     @property
     def database_url(self) -> str:

@@ -238,3 +238,34 @@ class BudgetAlertRow(Base):
     created_at: Mapped[datetime] = mapped_column(UtcDateTime)
 
     __table_args__ = (UniqueConstraint("team", "period_start", "threshold", name="uq_budget_alert"),)
+
+
+class PriceQuoteRow(Base):
+    """The price book: one row per run of unchanged quotes for an offer (cloud, zone, instance type).
+
+    A poll that finds the same prices only moves ``confirmed_at`` forward; a change, or a stale
+    mark, starts a new row. So the history is every change, and ``[observed_at, confirmed_at]`` is
+    when the cloud was seen saying it.
+    """
+
+    __tablename__ = "price_quotes"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    cloud: Mapped[str] = mapped_column(String(20))
+    region: Mapped[str] = mapped_column(String(64))
+    zone: Mapped[str] = mapped_column(String(64))
+    instance_type: Mapped[str] = mapped_column(String(64))
+    accelerator: Mapped[str] = mapped_column(String(50))
+    gpus_per_node: Mapped[int] = mapped_column(Integer)
+    gpu_memory_gb: Mapped[float | None] = mapped_column(Float, nullable=True)
+    spot_price: Mapped[float | None] = mapped_column(Float, nullable=True)
+    on_demand_price: Mapped[float | None] = mapped_column(Float, nullable=True)
+    capacity_score: Mapped[float | None] = mapped_column(Float, nullable=True)
+    available_nodes: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    stale: Mapped[bool] = mapped_column(default=False)
+    observed_at: Mapped[datetime] = mapped_column(UtcDateTime, index=True)
+    confirmed_at: Mapped[datetime] = mapped_column(UtcDateTime)
+
+    __table_args__ = (
+        Index("ix_price_quotes_offer_time", "cloud", "zone", "instance_type", "observed_at"),
+    )

@@ -1,7 +1,7 @@
 """report deliveries, schedule runs and budget alerts
 
 Revision ID: 0002_reports
-Revises: 0001
+Revises: 0002_prices
 """
 
 from collections.abc import Sequence
@@ -12,7 +12,7 @@ from alembic import op
 import broker.store.tables
 
 revision: str = "0002_reports"
-down_revision: str | None = "0001"
+down_revision: str | None = "0002_prices"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 

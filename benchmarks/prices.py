@@ -1,0 +1,108 @@
+"""Full refresh of every GPU offer on the three clouds, against local servers adding latency.
+
+    python benchmarks/prices.py [--latency 0.1] [--no-baseline]
+
+The fake clouds serve a whole market shaped like the real one (moto's EC2 catalog and offerings in
+six AWS regions, a 24k-SKU GCP billing catalog over 22 zones, Azure's GPU sizes in ten regions);
+every request waits ``--latency`` seconds first. The refresh polls and records into a SQLite price
+book, as `broker prices --refresh` does. Prints seconds and requests per cloud against the 30 s
+target, and a sequential refresh (one region, one cloud at a time) measured in the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+TARGET_SECONDS = 30.0
+
+
+class StaticToken:
+    """Stands in for Entra ID so the refresh includes Azure's resource SKUs."""
+
+    def get_token(self, *scopes: str, **kwargs: Any) -> Any:
+        from azure.core.credentials import AccessToken
+
+        return AccessToken("benchmark-token", int(time.time()) + 3600)
+
+
+def sources(env: dict[str, str], workers: int) -> dict[str, Any]:
+    from google.auth.credentials import AnonymousCredentials
+
+    from providers.aws import AwsPriceSource
+    from providers.azure import AzurePriceSource
+    from providers.gcp import GcpPriceSource
+
+    return {
+        "aws": AwsPriceSource(ec2_endpoint=env["AWS_ENDPOINT_URL_EC2"],
+                              pricing_endpoint=env["AWS_ENDPOINT_URL_PRICING"], max_workers=workers),
+        "gcp": GcpPriceSource(project="benchmark", compute_endpoint=env["BROKER_GCP_COMPUTE_ENDPOINT"],
+                              billing_endpoint=env["BROKER_GCP_BILLING_ENDPOINT"], api_key="benchmark",
+                              credentials=AnonymousCredentials()),
+        "azure": AzurePriceSource(prices_url=env["BROKER_AZURE_PRICES_URL"],
+                                  rm_endpoint=env["BROKER_AZURE_RM_ENDPOINT"],
+                                  subscription_id="00000000-0000-0000-0000-000000000000", credential=StaticToken(),
+                                  max_workers=workers),
+    }
+
+
+def refresh(book: Any, clouds: Any, concurrent: bool) -> tuple[float, list[Any], dict[str, int]]:
+    from broker.pricing import poll_prices
+
+    before = clouds.requests()
+    started = time.perf_counter()
+    if concurrent:
+        polls = poll_prices(book, sources(clouds.environment(), workers=16))
+    else:
+        polls = [p for name, source in sources(clouds.environment(), workers=1).items()
+                 for p in poll_prices(book, {name: source})]
+    seconds = time.perf_counter() - started
+    after = clouds.requests()
+    return seconds, polls, {c: after[c] - before[c] for c in after}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--latency", type=float, default=0.1, help="seconds added to every request (default 0.1)")
+    parser.add_argument("--no-baseline", action="store_true", help="skip the sequential refresh")
+    args = parser.parse_args()
+
+    from broker.market import PriceBook
+    from broker.store import open_store
+    from tests.fakeclouds.market import fake_clouds
+
+    with tempfile.TemporaryDirectory() as tmp, fake_clouds(args.latency) as clouds:
+        os.environ.update(clouds.environment())  # the test keys boto3 signs with
+        os.environ.setdefault("AWS_EC2_METADATA_DISABLED", "true")
+        store = open_store(f"sqlite:///{Path(tmp) / 'book.db'}")
+        book = PriceBook(store)
+        cold, polls, requests = refresh(book, clouds, concurrent=True)
+        failed = [p.line for p in polls if p.status != "ok"]
+        if failed:
+            sys.exit("refresh failed: " + "; ".join(failed))
+        warm, polls, warm_requests = refresh(book, clouds, concurrent=True)
+        print(f"Prices refresh: every GPU offer on three clouds, {args.latency * 1000:.0f} ms added per request")
+        print(f"{'cloud':<6} {'quotes':>7} {'requests':>9} {'seconds':>8}")
+        for p in polls:
+            print(f"{p.cloud:<6} {p.quotes:>7} {warm_requests[p.cloud]:>9} {p.seconds:>8.2f}")
+        total_requests = sum(warm_requests.values())
+        print(f"{'all':<6} {sum(p.quotes for p in polls):>7} {total_requests:>9} {warm:>8.2f}")
+        print(f"full refresh, first in the process (SDK imports included): {cold:.2f} s "
+              f"({sum(requests.values())} requests)")
+        print(f"full refresh, warm: {warm:.2f} s = {warm / TARGET_SECONDS:.2f} x the {TARGET_SECONDS:.0f} s target")
+        if not args.no_baseline:
+            sequential, _, seq_requests = refresh(book, clouds, concurrent=False)
+            print(f"sequential baseline (one region, one cloud at a time): {sequential:.2f} s "
+                  f"({sum(seq_requests.values())} requests); concurrent refresh is {sequential / warm:.1f}x faster")
+        store.dispose()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,226 @@
+"""``broker prices``: live spot and on-demand GPU prices from the price book, polled on demand."""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from broker.cli.app import ConfigOption, JsonOption, UsageError, app, console, err_console
+
+DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$")
+UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+def parse_duration(text: str, option: str) -> timedelta:
+    match = DURATION.match(text)
+    if not match or float(match.group(1)) <= 0:
+        raise UsageError(f"{option}: expected a duration like 7d, 12h, 30m or 90s, got {text!r}")
+    return timedelta(seconds=float(match.group(1)) * UNIT_SECONDS[match.group(2)])
+
+
+def parse_clouds(text: str | None) -> tuple[str, ...]:
+    from broker.pricing import POLLED_CLOUDS
+
+    if not text:
+        return POLLED_CLOUDS
+    clouds = tuple(dict.fromkeys(part.strip().lower() for part in text.split(",") if part.strip()))
+    unknown = [c for c in clouds if c not in POLLED_CLOUDS]
+    if unknown or not clouds:
+        raise UsageError(f"--cloud: unknown cloud {unknown[0] if unknown else text!r}; expected a comma-separated "
+                         f"list of {', '.join(POLLED_CLOUDS)}")
+    return clouds
+
+
+@dataclass(frozen=True)
+class Row:
+    """One offer as shown: the quote plus the figures the table sorts and prints."""
+
+    quote: Any  # SpotQuote
+    price: float  # per node-hour, the one asked for (spot unless --on-demand)
+    per_gpu: float
+    saving: float | None
+    age_seconds: float
+
+
+# A group whose callback is the command: `broker prices ...` then works whatever else the app holds
+# (Typer runs a lone command as the whole app), and leaves room for subcommands.
+prices_app = typer.Typer(add_completion=False, subcommand_metavar="")
+app.add_typer(prices_app, name="prices")
+
+
+@prices_app.callback(invoke_without_command=True)
+def prices(
+    gpu: Annotated[str | None, typer.Option("--gpu", help="accelerator, e.g. H100, A100-80GB, L4")] = None,
+    min_gpus: Annotated[int | None, typer.Option("--min-gpus", help="at least this many GPUs per node")] = None,
+    cloud: Annotated[str | None, typer.Option("--cloud", help="comma-separated: aws,gcp,azure")] = None,
+    region: Annotated[str | None, typer.Option("--region", help="one region, e.g. us-east-1")] = None,
+    spot: Annotated[bool, typer.Option("--spot", help="spot offers only, by spot price")] = False,
+    on_demand: Annotated[bool, typer.Option("--on-demand", help="by on-demand price")] = False,
+    max_price: Annotated[float | None, typer.Option("--max-price",
+                                                    help="at most this USD per GPU-hour")] = None,
+    refresh: Annotated[bool, typer.Option("--refresh", help="poll the clouds now, then show")] = False,
+    as_json: JsonOption = False,
+    export_trace: Annotated[Path | None, typer.Option("--export-trace", help="write the window as a market trace "
+                                                      "(.csv or .csv.gz)")] = None,
+    since: Annotated[str, typer.Option("--since", help="window of --export-trace, back from now")] = "7d",
+    tick: Annotated[str, typer.Option("--tick", help="tick spacing of --export-trace")] = "5m",
+    config: ConfigOption = None,
+) -> None:
+    """Spot and on-demand GPU prices, cheapest per GPU-hour first."""
+    from broker.config import load_settings
+    from broker.market import NoQuotes, PriceBook, QuoteFilter
+    from broker.store import open_store
+
+    clouds = parse_clouds(cloud)
+    if spot and on_demand:
+        raise UsageError("--spot and --on-demand: choose one")
+    if min_gpus is not None and min_gpus < 1:
+        raise UsageError(f"--min-gpus: expected a whole number of GPUs of at least 1, got {min_gpus}")
+    if max_price is not None and max_price <= 0:
+        raise UsageError(f"--max-price: expected a positive USD price per GPU-hour, got {max_price:g}")
+    window = parse_duration(since, "--since")
+    tick_span = parse_duration(tick, "--tick")
+    if export_trace is not None and not (export_trace.name.endswith(".csv") or export_trace.name.endswith(".csv.gz")):
+        raise UsageError(f"--export-trace {export_trace}: expected a .csv or .csv.gz file name")
+
+    settings = load_settings(config)
+    store = open_store(settings.database_url)
+    try:
+        book = PriceBook(store)
+        accelerator = _accelerator(gpu, book) if gpu is not None else None
+        polls = _refresh(book, settings, clouds, region, show_progress=not as_json) if refresh else []
+        where = QuoteFilter(clouds=clouds, accelerator=accelerator, min_gpus=min_gpus,
+                            regions=(region,) if region else None)
+        if export_trace is not None:
+            now = datetime.now(UTC)
+            try:
+                export = book.export_trace(export_trace, since=now - window, until=now,
+                                           tick_seconds=tick_span.total_seconds(), where=where)
+            except NoQuotes as exc:
+                raise UsageError(f"--export-trace: {exc}; poll with `broker prices --refresh` first") from None
+            if as_json:
+                console.print_json(json.dumps({
+                    "path": str(export.path), "rows": export.rows, "zones": export.zones, "ticks": export.ticks,
+                    "start": export.start.isoformat(), "tick_seconds": export.tick_seconds,
+                    "polls": [_poll_json(p) for p in polls]}))
+            else:
+                console.print(f"wrote {export.rows} rows ({export.zones} zones x {export.ticks} ticks of "
+                              f"{_age(export.tick_seconds)}) from {export.start:%Y-%m-%d %H:%M} UTC to {export.path}")
+            return
+        rows = _rows(book.latest(where), spot=spot, on_demand=on_demand, max_price=max_price)
+        if as_json:
+            console.print_json(json.dumps({"quotes": [_row_json(r) for r in rows],
+                                           "polls": [_poll_json(p) for p in polls]}))
+        elif not rows:
+            err_console.print("no quotes match" + ("" if refresh else "; poll with `broker prices --refresh`"))
+        else:
+            console.print(_table(rows, on_demand=on_demand))
+    finally:
+        store.dispose()
+
+
+def _accelerator(gpu: str, book: Any) -> str:
+    """The catalog's spelling of ``gpu``, or a name the clouds have quoted (e.g. a GPU newer than the catalog)."""
+    from providers import catalog
+
+    known = catalog.canonical_accelerator(gpu)
+    if known:
+        return known
+    quoted = {name.lower(): name for name in book.accelerators()}
+    if gpu.strip().lower() in quoted:
+        return quoted[gpu.strip().lower()]
+    names = sorted(set(catalog.ACCELERATORS) | set(quoted.values()))
+    raise UsageError(f"--gpu: unknown accelerator {gpu!r}; expected one of {', '.join(names)}")
+
+
+def _refresh(book: Any, settings: Any, clouds: tuple[str, ...], region: str | None, show_progress: bool) -> list[Any]:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from broker.pricing import poll_prices, price_sources
+
+    sources = price_sources(settings, clouds)
+    with Progress(TextColumn("{task.description:<6}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=err_console, transient=True,
+                  disable=not (show_progress and err_console.is_terminal)) as bar:
+        tasks = {c: bar.add_task(c, total=None) for c in clouds}
+        polls = poll_prices(book, sources, regions=[region] if region else None,
+                            progress=lambda c, done, total: bar.update(tasks[c], completed=done, total=total))
+    for poll in polls:
+        err_console.print(poll.line, highlight=False, markup=False)
+        for note in poll.notes:
+            err_console.print(f"  {note}", highlight=False, markup=False)
+    return polls
+
+
+def _rows(quotes: list[Any], spot: bool, on_demand: bool, max_price: float | None) -> list[Row]:
+    now = datetime.now(UTC)
+    rows = []
+    for q in quotes:
+        price = q.on_demand_price if on_demand else q.spot_price
+        if price is None and not (spot or on_demand):
+            price = q.on_demand_price
+        if price is None or q.gpus_per_node <= 0:
+            continue
+        per_gpu = price / q.gpus_per_node
+        if max_price is not None and per_gpu > max_price:
+            continue
+        saving = (1 - q.spot_price / q.on_demand_price
+                  if q.spot_price is not None and q.on_demand_price else None)
+        rows.append(Row(q, price, per_gpu, saving, (now - q.observed_at).total_seconds()))
+    rows.sort(key=lambda r: (r.per_gpu, r.quote.cloud, r.quote.zone, r.quote.instance_type))
+    return rows
+
+
+def _table(rows: list[Row], on_demand: bool) -> Any:
+    from rich.table import Table
+
+    table = Table(box=None, header_style="bold", pad_edge=False)
+    for name, justify in (("cloud", "left"), ("zone", "left"), ("instance type", "left"), ("GPUs", "left"),
+                          ("$/GPU-h", "right"), ("spot $/h", "right"), ("on-demand $/h", "right"),
+                          ("saving", "right"), ("capacity", "right"), ("age", "right")):
+        table.add_column(name, justify=justify, no_wrap=True)  # type: ignore[arg-type]
+    for r in rows:
+        q = r.quote
+        age = _age(r.age_seconds) + (" [red]stale[/red]" if q.stale else "")
+        table.add_row(
+            q.cloud, q.zone, q.instance_type, f"{q.gpus_per_node}x{q.accelerator}",
+            f"{r.per_gpu:.3f}" + ("" if on_demand or q.spot_price is not None else " od"),
+            _money(q.spot_price), _money(q.on_demand_price),
+            f"{r.saving:.0%}" if r.saving is not None else "-",
+            f"{q.capacity_score:g}/10" if q.capacity_score is not None else "-", age,
+        )
+    return table
+
+
+def _money(value: float | None) -> str:
+    return f"{value:.4f}" if value is not None else "-"
+
+
+def _age(seconds: float) -> str:
+    seconds = max(0.0, seconds)
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.0f}{unit}"
+    return f"{seconds:.0f}s"
+
+
+def _row_json(r: Row) -> dict[str, Any]:
+    q = r.quote
+    return {
+        "cloud": q.cloud, "region": q.region, "zone": q.zone, "instance_type": q.instance_type,
+        "accelerator": q.accelerator, "gpus_per_node": q.gpus_per_node, "gpu_memory_gb": q.gpu_memory_gb,
+        "spot_price": q.spot_price, "on_demand_price": q.on_demand_price, "price_per_gpu_hour": round(r.per_gpu, 6),
+        "saving": round(r.saving, 4) if r.saving is not None else None, "capacity_score": q.capacity_score,
+        "observed_at": q.observed_at.isoformat(), "age_seconds": round(r.age_seconds, 1), "stale": q.stale,
+    }
+
+
+def _poll_json(p: Any) -> dict[str, Any]:
+    return {"cloud": p.cloud, "status": p.status, "quotes": p.quotes, "seconds": round(p.seconds, 2),
+            "message": p.line, "notes": p.notes}

@@ -1,0 +1,278 @@
+"""The price book: every quote the pollers bring back, with history, in the store.
+
+A row is a run of unchanged quotes for one offer (cloud, zone, instance type): a poll that sees
+the same prices moves the row's ``confirmed_at`` forward, a change starts a new row. From that:
+the latest quote per offer, the quote in force at a time, the series of changes in a window, and
+a window exported as a market trace (evenly spaced ticks, forward-filled) for ``broker simulate``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterator, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any, TypeVar
+
+import numpy as np
+from sqlalchemy import Select, and_, func, select
+from sqlalchemy.orm import Session
+
+from broker.store import Store
+from broker.store.tables import PriceQuoteRow
+from providers.base import OfferKey, SpotQuote
+from providers.trace import write_trace
+
+# An AWS spot placement score below this says a launch is unlikely: exported as no capacity.
+LIKELY_SCORE = 4.0
+
+Q = TypeVar("Q", bound="Select[*tuple[Any, ...]]")
+OfferId = tuple[str, str, str]  # (cloud, zone, instance_type): unique, as zones are per cloud
+
+
+@dataclass(frozen=True, slots=True)
+class QuoteFilter:
+    """Which offers a query covers; None means any."""
+
+    clouds: tuple[str, ...] | None = None
+    accelerator: str | None = None
+    min_gpus: int | None = None
+    regions: tuple[str, ...] | None = None
+
+    def apply(self, query: Q) -> Q:
+        if self.clouds:
+            query = query.where(PriceQuoteRow.cloud.in_(self.clouds))
+        if self.accelerator:
+            query = query.where(func.lower(PriceQuoteRow.accelerator) == self.accelerator.lower())
+        if self.min_gpus:
+            query = query.where(PriceQuoteRow.gpus_per_node >= self.min_gpus)
+        if self.regions:
+            query = query.where(PriceQuoteRow.region.in_(self.regions))
+        return query
+
+
+ANY = QuoteFilter()
+
+
+@dataclass(frozen=True, slots=True)
+class Recorded:
+    inserted: int  # new rows: a new offer or a changed quote
+    confirmed: int  # unchanged quotes seen again
+    gone: int  # offers the poll no longer lists, now marked stale
+
+
+@dataclass(frozen=True, slots=True)
+class TraceExport:
+    path: Path
+    rows: int
+    zones: int
+    ticks: int
+    start: datetime
+    tick_seconds: float
+
+
+class NoQuotes(LookupError):
+    """The price book has nothing for the asked window and filter."""
+
+
+def _offer(q: SpotQuote | PriceQuoteRow) -> OfferId:
+    return (q.cloud, q.zone, q.instance_type)
+
+
+def _same(row: PriceQuoteRow, q: SpotQuote) -> bool:
+    return (row.spot_price, row.on_demand_price, row.capacity_score, row.available_nodes, row.accelerator,
+            row.gpus_per_node) == (q.spot_price, q.on_demand_price, q.capacity_score, q.available_nodes,
+                                   q.accelerator, q.gpus_per_node)
+
+
+def _quote(row: PriceQuoteRow, observed_at: datetime | None = None, stale: bool | None = None) -> SpotQuote:
+    return SpotQuote(
+        cloud=row.cloud, region=row.region, zone=row.zone, instance_type=row.instance_type,
+        accelerator=row.accelerator, gpus_per_node=row.gpus_per_node, gpu_memory_gb=row.gpu_memory_gb,
+        spot_price=row.spot_price, on_demand_price=row.on_demand_price, capacity_score=row.capacity_score,
+        available_nodes=row.available_nodes, observed_at=observed_at or row.confirmed_at,
+        stale=row.stale if stale is None else stale,
+    )
+
+
+class PriceBook:
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    # -- writing -----------------------------------------------------------------------------------
+
+    def record(self, cloud: str, quotes: Sequence[SpotQuote], at: datetime | None = None,
+               regions: Collection[str] | None = None) -> Recorded:
+        """Store one successful poll of ``cloud``. Offers in the polled ``regions`` (None: all) that
+        the poll no longer lists are marked stale: the cloud stopped quoting them."""
+        at = at or datetime.now(UTC)
+        wrong = [q for q in quotes if q.cloud != cloud]
+        if wrong:
+            raise ValueError(f"record({cloud!r}): got a quote for cloud {wrong[0].cloud!r}")
+        inserted = confirmed = gone = 0
+        with self.store.transaction() as s:
+            latest = self._latest_rows(s, QuoteFilter(clouds=(cloud,)))
+            seen: set[OfferId] = set()
+            for q in quotes:
+                key = _offer(q)
+                if key in seen:
+                    continue
+                seen.add(key)
+                row = latest.get(key)
+                if row is not None and not row.stale and _same(row, q) and row.confirmed_at <= at:
+                    row.confirmed_at = at
+                    row.region, row.gpu_memory_gb = q.region, q.gpu_memory_gb
+                    confirmed += 1
+                    continue
+                s.add(PriceQuoteRow(
+                    cloud=q.cloud, region=q.region, zone=q.zone, instance_type=q.instance_type,
+                    accelerator=q.accelerator, gpus_per_node=q.gpus_per_node, gpu_memory_gb=q.gpu_memory_gb,
+                    spot_price=q.spot_price, on_demand_price=q.on_demand_price, capacity_score=q.capacity_score,
+                    available_nodes=q.available_nodes, stale=False, observed_at=at, confirmed_at=at,
+                ))
+                inserted += 1
+            for key, row in latest.items():
+                if key not in seen and not row.stale and (regions is None or row.region in regions):
+                    row.stale = True
+                    gone += 1
+        return Recorded(inserted, confirmed, gone)
+
+    def mark_stale(self, cloud: str, regions: Collection[str] | None = None) -> int:
+        """A poll of ``cloud`` failed: its latest quotes stay, marked stale. Returns how many are kept."""
+        with self.store.transaction() as s:
+            kept = 0
+            for row in self._latest_rows(s, QuoteFilter(clouds=(cloud,))).values():
+                if regions is None or row.region in regions:
+                    row.stale = True
+                    kept += 1
+            return kept
+
+    # -- reading -----------------------------------------------------------------------------------
+
+    def latest(self, where: QuoteFilter = ANY) -> list[SpotQuote]:
+        """The newest quote of every offer; ``observed_at`` is when the cloud last confirmed it."""
+        with self.store.transaction() as s:
+            return [_quote(row) for row in self._latest_rows(s, where).values()]
+
+    def accelerators(self) -> list[str]:
+        """Every accelerator name the book has a quote for."""
+        with self.store.transaction() as s:
+            return sorted(s.scalars(select(PriceQuoteRow.accelerator).distinct()))
+
+    def at(self, when: datetime, where: QuoteFilter = ANY) -> list[SpotQuote]:
+        """The quote of every offer in force at ``when`` (offers first seen later are left out)."""
+        with self.store.transaction() as s:
+            return [_quote(row, observed_at=min(row.confirmed_at, when), stale=row.stale and when > row.confirmed_at)
+                    for row in self._latest_rows(s, where, until=when).values()]
+
+    def series(self, key: OfferKey, since: datetime, until: datetime | None = None) -> list[SpotQuote]:
+        """Every change of one offer's quote in ``[since, until]``, led by the one in force at ``since``;
+        each quote's ``observed_at`` is when it took effect."""
+        until = until or datetime.now(UTC)
+        where = QuoteFilter(clouds=(key.cloud,))
+        with self.store.transaction() as s:
+            rows = self._window_rows(s, where, since, until, offer=(key.cloud, key.zone, key.instance_type))
+            return [_quote(row, observed_at=row.observed_at, stale=False) for row in rows]
+
+    def export_trace(self, path: str | Path, since: datetime, until: datetime | None = None,
+                     tick_seconds: float = 300.0, where: QuoteFilter = ANY,
+                     nodes_when_offered: int = 1) -> TraceExport:
+        """Write ``[since, until]`` as a market trace: one row per (tick, zone), every zone on the
+        same evenly spaced ticks, each tick carrying the quote in force then (forward fill).
+
+        A zone not yet seen at a tick, a stale quote past its last confirmation, a missing spot
+        price or an AWS placement score below ``LIKELY_SCORE`` count as no spot capacity (0
+        nodes); otherwise ``available_nodes`` is the quote's own figure or ``nodes_when_offered``.
+        """
+        if tick_seconds <= 0:
+            raise ValueError("tick_seconds must be positive")
+        until = until or datetime.now(UTC)
+        with self.store.transaction() as s:
+            rows = self._window_rows(s, where, since, until)
+        by_offer: dict[OfferId, list[PriceQuoteRow]] = {}
+        for row in rows:
+            by_offer.setdefault(_offer(row), []).append(row)
+        # An offer never quoted on-demand cannot be replayed (the fallback price is unknown).
+        offers = {k: v for k, v in by_offer.items() if any(r.on_demand_price is not None for r in v)}
+        if not offers:
+            raise NoQuotes(f"no quotes with an on-demand price between {since:%Y-%m-%d %H:%M} and "
+                           f"{until:%Y-%m-%d %H:%M} UTC")
+        first_seen = min(r[0].observed_at for r in offers.values())
+        last_seen = max(max(r.confirmed_at for r in v) for v in offers.values())
+        start = max(since, first_seen)
+        end = min(until, last_seen)
+        ticks = int((end - start).total_seconds() // tick_seconds) + 1 if end >= start else 1
+        tick_times = [start + timedelta(seconds=tick_seconds * i) for i in range(ticks)]
+        tick_epochs = np.array([t.timestamp() for t in tick_times])
+        columns = [self._column(rows, tick_epochs, nodes_when_offered) for rows in offers.values()]
+        keys = [rows[0] for rows in offers.values()]
+
+        def quotes() -> Iterator[SpotQuote]:
+            for t, when in enumerate(tick_times):
+                for head, (spot, on_demand, nodes) in zip(keys, columns, strict=True):
+                    yield SpotQuote(
+                        cloud=head.cloud, region=head.region, zone=head.zone, instance_type=head.instance_type,
+                        accelerator=head.accelerator, gpus_per_node=head.gpus_per_node,
+                        spot_price=float(spot[t]), on_demand_price=float(on_demand[t]), observed_at=when,
+                        available_nodes=int(nodes[t]),
+                    )
+
+        written = write_trace(path, quotes())
+        return TraceExport(Path(path), written, len(offers), ticks, start, tick_seconds)
+
+    @staticmethod
+    def _column(rows: list[PriceQuoteRow], ticks: np.ndarray,
+                nodes_when_offered: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Spot price, on-demand price and spot nodes of one offer at every tick."""
+        first_on_demand = next(r.on_demand_price for r in rows if r.on_demand_price is not None)
+        spot, on_demand, nodes, confirmed = [], [], [], []
+        last_on_demand = first_on_demand
+        for r in rows:
+            last_on_demand = r.on_demand_price if r.on_demand_price is not None else last_on_demand
+            on_demand.append(last_on_demand)
+            spot.append(r.spot_price if r.spot_price is not None else last_on_demand)
+            offered = r.spot_price is not None and (r.capacity_score is None or r.capacity_score >= LIKELY_SCORE)
+            nodes.append(r.available_nodes if r.available_nodes is not None else
+                         (nodes_when_offered if offered else 0))
+            confirmed.append(r.confirmed_at.timestamp() if r.stale else np.inf)
+        starts = np.array([r.observed_at.timestamp() for r in rows])
+        index = np.searchsorted(starts, ticks, side="right") - 1
+        seen = index >= 0
+        index = np.maximum(index, 0)
+        spot_at, on_demand_at = np.array(spot)[index], np.array(on_demand)[index]
+        nodes_at = np.where(seen & (ticks <= np.array(confirmed)[index]), np.array(nodes)[index], 0)
+        return spot_at, on_demand_at, nodes_at
+
+    # -- queries -----------------------------------------------------------------------------------
+
+    @staticmethod
+    def _latest_rows(s: Session, where: QuoteFilter, until: datetime | None = None) -> dict[OfferId, PriceQuoteRow]:
+        newest = select(PriceQuoteRow.cloud, PriceQuoteRow.zone, PriceQuoteRow.instance_type,
+                        func.max(PriceQuoteRow.observed_at).label("observed_at"))
+        newest = where.apply(newest)
+        if until is not None:
+            newest = newest.where(PriceQuoteRow.observed_at <= until)
+        sub = newest.group_by(PriceQuoteRow.cloud, PriceQuoteRow.zone, PriceQuoteRow.instance_type).subquery()
+        query = select(PriceQuoteRow).join(sub, and_(
+            PriceQuoteRow.cloud == sub.c.cloud, PriceQuoteRow.zone == sub.c.zone,
+            PriceQuoteRow.instance_type == sub.c.instance_type, PriceQuoteRow.observed_at == sub.c.observed_at,
+        )).order_by(PriceQuoteRow.id)
+        return {_offer(row): row for row in s.scalars(query)}  # ties: the last inserted wins
+
+    @classmethod
+    def _window_rows(cls, s: Session, where: QuoteFilter, since: datetime, until: datetime,
+                     offer: OfferId | None = None) -> list[PriceQuoteRow]:
+        """Rows that took effect in ``[since, until]`` plus the row of each offer in force at ``since``,
+        ordered by offer then time."""
+        query = where.apply(select(PriceQuoteRow)).where(
+            PriceQuoteRow.observed_at >= since, PriceQuoteRow.observed_at <= until)
+        if offer is not None:
+            query = query.where(PriceQuoteRow.zone == offer[1], PriceQuoteRow.instance_type == offer[2])
+        rows = list(s.scalars(query))
+        before = cls._latest_rows(s, where, until=since)
+        if offer is not None:
+            before = {k: v for k, v in before.items() if k == offer}
+        ids = {r.id for r in rows}
+        rows.extend(r for r in before.values() if r.id not in ids)
+        rows.sort(key=lambda r: (r.cloud, r.zone, r.instance_type, r.observed_at, r.id))
+        return rows

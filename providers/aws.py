@@ -1,0 +1,282 @@
+"""AWS: the GPU catalog, spot and on-demand prices and spot placement scores (and, below, room for
+the node-side preemption-notice reader).
+
+Sources: EC2 ``DescribeInstanceTypes`` (``GpuInfo``) and ``DescribeInstanceTypeOfferings`` (which
+zones sell a type), ``DescribeSpotPriceHistory`` (Linux/UNIX, the price in force now per zone),
+``GetSpotPlacementScores`` (1-10 per zone) and the Price List ``GetProducts`` (on-demand, Linux,
+shared tenancy). Endpoints follow boto3's own ``AWS_ENDPOINT_URL_EC2``/``AWS_ENDPOINT_URL_PRICING``
+or are passed in. boto3 is imported only inside functions.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from providers import catalog
+from providers.base import CloudUnavailable, SpotQuote
+from providers.fetching import Backoff, Progress, fan_out, with_retries
+
+# ---------------------------------------------------------------------------------------------
+# Prices and catalog
+# ---------------------------------------------------------------------------------------------
+
+DEFAULT_REGIONS: tuple[str, ...] = (
+    "us-east-1", "us-east-2", "us-west-2", "eu-west-1", "eu-central-1", "ap-northeast-1",
+)
+# Instance families that carry NVIDIA GPUs; types found there without GpuInfo are completed from
+# the built-in catalog.
+GPU_FAMILIES: tuple[str, ...] = ("p3", "p3dn", "p4d", "p4de", "p5", "p5e", "p5en", "g4dn", "g5", "g6", "g6e")
+THROTTLING_CODES = frozenset({
+    "RequestLimitExceeded", "Throttling", "ThrottlingException", "TooManyRequestsException",
+    "RequestThrottled", "RequestThrottledException", "InternalError", "InternalFailure",
+    "ServiceUnavailable", "Unavailable",
+})
+PRICING_REGION = "us-east-1"  # the Price List API answers only from a few regions
+
+
+@dataclass(frozen=True, slots=True)
+class AwsGpuType:
+    name: str
+    accelerator: str
+    gpus: int
+    gpu_memory_gb: float | None
+
+
+def gpu_types(instance_types: Iterable[dict[str, Any]]) -> dict[str, AwsGpuType]:
+    """GPU instance types from ``DescribeInstanceTypes`` records; the catalog fills missing GpuInfo."""
+    found: dict[str, AwsGpuType] = {}
+    for record in instance_types:
+        name = record.get("InstanceType", "")
+        known = catalog.find("aws", name)
+        gpus = (record.get("GpuInfo") or {}).get("Gpus") or []
+        if known is not None:
+            found[name] = AwsGpuType(name, known.accelerator, known.gpus, known.gpu_memory_gb)
+        elif gpus:
+            gpu = gpus[0]
+            memory_mib = (gpu.get("MemoryInfo") or {}).get("SizeInMiB")
+            found[name] = AwsGpuType(name, str(gpu.get("Name", "?")), int(gpu.get("Count", 0)),
+                                     round(memory_mib / 1024, 1) if memory_mib else None)
+    return {k: v for k, v in found.items() if v.gpus > 0}
+
+
+def latest_spot_prices(history: Iterable[dict[str, Any]]) -> dict[tuple[str, str], float]:
+    """The newest ``SpotPrice`` per (instance type, availability zone)."""
+    newest: dict[tuple[str, str], tuple[datetime, float]] = {}
+    for item in history:
+        key = (item["InstanceType"], item["AvailabilityZone"])
+        stamp = item["Timestamp"]
+        if key not in newest or stamp > newest[key][0]:
+            newest[key] = (stamp, float(item["SpotPrice"]))
+    return {key: price for key, (_, price) in newest.items()}
+
+
+def on_demand_prices(price_list: Iterable[str | dict[str, Any]]) -> dict[str, float]:
+    """Hourly Linux on-demand price per instance type from Price List ``GetProducts`` entries."""
+    prices: dict[str, float] = {}
+    for entry in price_list:
+        product = json.loads(entry) if isinstance(entry, str) else entry
+        attributes = product.get("product", {}).get("attributes", {})
+        if (attributes.get("operatingSystem") != "Linux" or attributes.get("tenancy") != "Shared"
+                or attributes.get("preInstalledSw", "NA") != "NA"
+                or attributes.get("capacitystatus", "Used") != "Used"):
+            continue
+        for term in product.get("terms", {}).get("OnDemand", {}).values():
+            for dimension in term.get("priceDimensions", {}).values():
+                usd = dimension.get("pricePerUnit", {}).get("USD")
+                if dimension.get("unit") == "Hrs" and usd is not None and float(usd) > 0:
+                    prices[attributes["instanceType"]] = float(usd)
+    return prices
+
+
+def scores_by_zone(scores: Iterable[dict[str, Any]], zone_names: dict[str, str]) -> dict[str, float]:
+    """Placement scores keyed by zone name (the API answers with zone ids, which differ per account)."""
+    return {zone_names[s["AvailabilityZoneId"]]: float(s["Score"])
+            for s in scores if s.get("AvailabilityZoneId") in zone_names}
+
+
+@dataclass
+class RegionFacts:
+    region: str
+    types: dict[str, AwsGpuType]
+    zones_of: dict[str, list[str]]
+    spot: dict[tuple[str, str], float]
+    on_demand: dict[str, float]
+    zone_names: dict[str, str]
+    scores: dict[tuple[str, str], float] = field(default_factory=dict)
+
+
+def region_quotes(facts: RegionFacts, observed_at: datetime) -> list[SpotQuote]:
+    quotes = []
+    for name, gpu in sorted(facts.types.items()):
+        for zone in sorted(facts.zones_of.get(name, [])):
+            spot = facts.spot.get((name, zone))
+            on_demand = facts.on_demand.get(name)
+            if spot is None and on_demand is None:
+                continue
+            quotes.append(SpotQuote(
+                cloud="aws", region=facts.region, zone=zone, instance_type=name,
+                accelerator=gpu.accelerator, gpus_per_node=gpu.gpus, gpu_memory_gb=gpu.gpu_memory_gb,
+                spot_price=spot, on_demand_price=on_demand, observed_at=observed_at,
+                capacity_score=facts.scores.get((name, zone)),
+            ))
+    return quotes
+
+
+def aws_retryable(exc: BaseException) -> bool:
+    from botocore.exceptions import ClientError, ConnectionClosedError, EndpointConnectionError, ReadTimeoutError
+
+    if isinstance(exc, ClientError):
+        status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
+        return exc.response.get("Error", {}).get("Code") in THROTTLING_CODES or status == 429 or status >= 500
+    return isinstance(exc, (EndpointConnectionError, ConnectionClosedError, ReadTimeoutError))
+
+
+class AwsPriceSource:
+    """Polls every GPU offer in the given regions; implements ``providers.base.PriceSource``."""
+
+    cloud = "aws"
+
+    def __init__(self, regions: Iterable[str] = DEFAULT_REGIONS, ec2_endpoint: str | None = None,
+                 pricing_endpoint: str | None = None, backoff: Backoff | None = None,
+                 placement_scores: bool = True, max_workers: int = 16) -> None:
+        self.regions = list(regions)
+        self.ec2_endpoint = ec2_endpoint
+        self.pricing_endpoint = pricing_endpoint
+        self.backoff = backoff or Backoff()
+        self.placement_scores = placement_scores
+        self.max_workers = max_workers
+        self.notes: list[str] = []
+        self._session: Any = None
+        self._client_lock = threading.Lock()
+
+    def fetch_quotes(self, regions: list[str] | None = None, progress: Progress | None = None) -> list[SpotQuote]:
+        self.notes = []
+        self._session = self._new_session()
+        wanted = regions or self.regions
+        observed_at = datetime.now(UTC)
+        total = len(wanted) + 1
+        done = 0
+
+        def region_done(_: int, __: int) -> None:
+            nonlocal done
+            done += 1
+            if progress:
+                progress(done, total)
+
+        facts = fan_out(self._region_facts, wanted, self.max_workers, region_done)
+        if self.placement_scores:
+            self._add_placement_scores(facts)
+        if progress:
+            progress(total, total)
+        return [q for f in facts for q in region_quotes(f, observed_at)]
+
+    # -- one region --------------------------------------------------------------------------
+
+    def _region_facts(self, region: str) -> RegionFacts:
+        ec2 = self._client("ec2", region)
+        types = gpu_types(self._pages(ec2.describe_instance_types, "InstanceTypes", Filters=[
+            {"Name": "instance-type", "Values": [f"{family}.*" for family in GPU_FAMILIES]}]))
+        if not types:
+            return RegionFacts(region, {}, {}, {}, {}, {})
+        names = sorted(types)
+        zones_of: dict[str, list[str]] = {}
+        for offering in self._pages(ec2.describe_instance_type_offerings, "InstanceTypeOfferings",
+                                    LocationType="availability-zone",
+                                    Filters=[{"Name": "instance-type", "Values": names}]):
+            zones_of.setdefault(offering["InstanceType"], []).append(offering["Location"])
+        zone_names = {z["ZoneId"]: z["ZoneName"] for z in self._call(ec2.describe_availability_zones)
+                      .get("AvailabilityZones", []) if "ZoneId" in z}
+        history = self._pages(ec2.describe_spot_price_history, "SpotPriceHistory", InstanceTypes=names,
+                              ProductDescriptions=["Linux/UNIX"], StartTime=datetime.now(UTC), MaxResults=1000)
+        return RegionFacts(region, types, zones_of, latest_spot_prices(history),
+                           self._on_demand(region, names), zone_names)
+
+    def _on_demand(self, region: str, names: list[str]) -> dict[str, float]:
+        pricing = self._client("pricing", PRICING_REGION)
+        filters = [{"Type": "TERM_MATCH", "Field": k, "Value": v} for k, v in (
+            ("regionCode", region), ("operatingSystem", "Linux"), ("tenancy", "Shared"),
+            ("preInstalledSw", "NA"), ("capacitystatus", "Used"), ("instanceFamily", "GPU instance"))]
+        entries = self._pages(pricing.get_products, "PriceList", ServiceCode="AmazonEC2", Filters=filters,
+                              FormatVersion="aws_v1", MaxResults=100)
+        wanted = set(names)
+        return {k: v for k, v in on_demand_prices(entries).items() if k in wanted}
+
+    # -- placement scores: one request per instance type across all regions -------------------
+
+    def _add_placement_scores(self, facts: list[RegionFacts]) -> None:
+        from botocore.exceptions import ClientError
+
+        # Only types with a spot market somewhere are worth a score (and a request).
+        regions_of: dict[str, list[str]] = {}
+        for f in facts:
+            priced = {name for name, _ in f.spot}
+            for name in f.types:
+                if f.zones_of.get(name) and name in priced:
+                    regions_of.setdefault(name, []).append(f.region)
+        if not regions_of:
+            return
+        by_region = {f.region: f for f in facts}
+        ec2 = self._client("ec2", facts[0].region)
+
+        def scores_for(name: str) -> list[dict[str, Any]]:
+            return self._pages(ec2.get_spot_placement_scores, "SpotPlacementScores", InstanceTypes=[name],
+                               TargetCapacity=1, SingleAvailabilityZone=True, RegionNames=regions_of[name],
+                               MaxResults=1000)
+
+        try:
+            answers = fan_out(scores_for, sorted(regions_of), self.max_workers)
+        except ClientError as exc:
+            # Scores are a bonus: a quota or permission refusal must not lose the prices.
+            self.notes.append(f"aws: spot placement scores unavailable ({exc.response['Error'].get('Code')})")
+            return
+        for name, scores in zip(sorted(regions_of), answers, strict=True):
+            for score in scores:
+                region_facts = by_region.get(score.get("Region", ""))
+                if region_facts is None:
+                    continue
+                for zone, value in scores_by_zone([score], region_facts.zone_names).items():
+                    region_facts.scores[(name, zone)] = value
+
+    # -- plumbing ------------------------------------------------------------------------------
+
+    def _new_session(self) -> Any:
+        try:
+            import boto3
+        except ImportError as exc:
+            raise CloudUnavailable("aws: boto3 is not installed; skipped") from exc
+        session = boto3.session.Session()
+        if session.get_credentials() is None:
+            raise CloudUnavailable("aws: no credentials found (environment, ~/.aws or instance role); skipped")
+        return session
+
+    def _client(self, service: str, region: str) -> Any:
+        from botocore.config import Config
+
+        endpoint = self.ec2_endpoint if service == "ec2" else self.pricing_endpoint
+        # Our own retry loop (backoff with jitter, counted the same on every cloud) replaces botocore's.
+        config = Config(retries={"total_max_attempts": 1, "mode": "standard"}, max_pool_connections=32)
+        with self._client_lock:  # creating clients from one session is not thread-safe
+            return self._session.client(service, region_name=region, endpoint_url=endpoint, config=config)
+
+    def _call(self, method: Any, **kwargs: Any) -> dict[str, Any]:
+        return with_retries(lambda: method(**kwargs), aws_retryable, self.backoff)
+
+    def _pages(self, method: Any, key: str, **kwargs: Any) -> list[Any]:
+        items: list[Any] = []
+        token: str | None = None
+        while True:
+            page = self._call(method, **kwargs, **({"NextToken": token} if token else {}))
+            items.extend(page.get(key, []))
+            token = page.get("NextToken") or None
+            if not token:
+                return items
+
+
+# ---------------------------------------------------------------------------------------------
+# Preemption notices (node side): the instance metadata reader goes here.
+# ---------------------------------------------------------------------------------------------

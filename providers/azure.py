@@ -1,0 +1,237 @@
+"""Azure: GPU VM sizes and spot/on-demand prices per region and zone (and, below, room for the
+node-side preemption-notice reader).
+
+Sources: the Retail Prices API (public, no credentials: ``serviceName eq 'Virtual Machines'`` per
+region and size, following ``NextPageLink``; spot meters have ``skuName`` ending `` Spot``; Low
+Priority and Windows meters are dropped) and, when a subscription and credentials are at hand,
+the Compute resource SKUs (zones per region, and the restrictions a subscription has). Without
+credentials the sizes come from the built-in catalog and each offer is region-wide.
+azure-mgmt-compute and azure-identity are imported only inside functions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from providers import catalog
+from providers.base import SpotQuote
+from providers.fetching import Backoff, JsonHttp, Progress, fan_out, with_retries
+
+# ---------------------------------------------------------------------------------------------
+# Prices and catalog
+# ---------------------------------------------------------------------------------------------
+
+DEFAULT_PRICES_URL = "https://prices.azure.com/api/retail/prices"
+DEFAULT_REGIONS: tuple[str, ...] = (
+    "eastus", "eastus2", "southcentralus", "westus2", "westus3", "westeurope", "northeurope",
+    "uksouth", "swedencentral", "japaneast",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class RetailPrices:
+    spot: float | None
+    on_demand: float | None
+
+
+def retail_prices(items: Iterable[dict[str, Any]]) -> dict[tuple[str, str], RetailPrices]:
+    """Linux spot and on-demand hourly prices per (region, size) from Retail Prices ``Items``.
+
+    Windows meters (``productName`` ending ``Windows``), Low Priority meters, reservations and
+    dev/test rates are dropped; where a meter has several rates, the newest one counts.
+    """
+    newest: dict[tuple[str, str, bool], tuple[str, float]] = {}
+    for item in items:
+        sku_name = item.get("skuName", "")
+        if (item.get("type") != "Consumption" or item.get("currencyCode", "USD") != "USD"
+                or item.get("productName", "").endswith("Windows") or "Low Priority" in sku_name
+                or "Low Priority" in item.get("meterName", "") or item.get("unitOfMeasure") != "1 Hour"):
+            continue
+        spot = sku_name.endswith(" Spot")
+        key = (item["armRegionName"], item["armSkuName"], spot)
+        started = item.get("effectiveStartDate", "")
+        if key not in newest or started > newest[key][0]:
+            newest[key] = (started, float(item["retailPrice"]))
+    prices: dict[tuple[str, str], RetailPrices] = {}
+    for region, size in {(r, s) for r, s, _ in newest}:
+        spot_rate = newest.get((region, size, True))
+        on_demand_rate = newest.get((region, size, False))
+        prices[(region, size)] = RetailPrices(spot_rate[1] if spot_rate else None,
+                                              on_demand_rate[1] if on_demand_rate else None)
+    return prices
+
+
+@dataclass(frozen=True, slots=True)
+class SizeAvailability:
+    """Where a size can be had in a region for this subscription: zones ("1", "2", ...) or region-wide."""
+
+    zones: tuple[str, ...]
+
+
+def availability(skus: Iterable[Any], region: str) -> dict[str, SizeAvailability]:
+    """Offered sizes in ``region`` from resource SKUs, minus the subscription's restrictions."""
+    found: dict[str, SizeAvailability] = {}
+    for sku in skus:
+        if _get(sku, "resource_type", "resourceType") != "virtualMachines":
+            continue
+        if region.lower() not in [loc.lower() for loc in _get(sku, "locations") or []]:
+            continue
+        zones: set[str] = set()
+        for info in _get(sku, "location_info", "locationInfo") or []:
+            if str(_get(info, "location")).lower() == region.lower():
+                zones.update(_get(info, "zones") or [])
+        blocked = False
+        for restriction in _get(sku, "restrictions") or []:
+            kind = _get(restriction, "type")
+            kind = getattr(kind, "value", kind)
+            details = _get(restriction, "restriction_info", "restrictionInfo") or {}
+            if kind == "Location" and region.lower() in [v.lower() for v in _get(restriction, "values") or []]:
+                blocked = True
+            elif kind == "Zone":
+                zones.difference_update(_get(details, "zones") or [])
+        if not blocked:
+            found[str(_get(sku, "name"))] = SizeAvailability(tuple(sorted(zones)))
+    return found
+
+
+def _get(obj: Any, *names: str) -> Any:
+    """A field of a resource SKU given as an SDK model or as plain JSON."""
+    for name in names:
+        # azure-mgmt-compute's models are mappings of the wire (camelCase) names as well
+        value = obj.get(name) if isinstance(obj, Mapping) else getattr(obj, name, None)
+        if value is not None and not callable(value):
+            return value
+    return None
+
+
+def azure_quotes(region: str, prices: dict[tuple[str, str], RetailPrices],
+                 sizes: dict[str, SizeAvailability] | None, observed_at: datetime) -> list[SpotQuote]:
+    """One quote per catalog GPU size priced in ``region``: per zone where the resource SKUs say so,
+    region-wide (zone = region) without them."""
+    quotes = []
+    for size in catalog.instance_types("azure"):
+        price = prices.get((region, size.name))
+        if price is None:
+            continue
+        if sizes is None:
+            zones = [region]
+        elif size.name not in sizes:
+            continue
+        else:
+            zones = [f"{region}-{z}" for z in sizes[size.name].zones] or [region]
+        for zone in zones:
+            quotes.append(SpotQuote(
+                cloud="azure", region=region, zone=zone, instance_type=size.name, accelerator=size.accelerator,
+                gpus_per_node=size.gpus, gpu_memory_gb=size.gpu_memory_gb, spot_price=price.spot,
+                on_demand_price=price.on_demand, observed_at=observed_at,
+            ))
+    return quotes
+
+
+def retail_filter(region: str, sizes: Iterable[str]) -> str:
+    names = " or ".join(f"armSkuName eq '{s}'" for s in sizes)
+    return f"serviceName eq 'Virtual Machines' and armRegionName eq '{region}' and ({names})"
+
+
+def azure_retryable(exc: BaseException) -> bool:
+    from azure.core.exceptions import HttpResponseError, ServiceRequestError, ServiceResponseError
+
+    if isinstance(exc, HttpResponseError):
+        return exc.status_code in (429, 500, 502, 503, 504)
+    return isinstance(exc, (ServiceRequestError, ServiceResponseError))
+
+
+class AzurePriceSource:
+    """Polls the Retail Prices API per region, with resource SKUs when a subscription is set."""
+
+    cloud = "azure"
+
+    def __init__(self, regions: Iterable[str] = DEFAULT_REGIONS, prices_url: str = DEFAULT_PRICES_URL,
+                 rm_endpoint: str | None = None, subscription_id: str | None = None, credential: Any = None,
+                 backoff: Backoff | None = None, max_workers: int = 16) -> None:
+        self.regions = list(regions)
+        self.prices_url = prices_url
+        self.rm_endpoint = rm_endpoint
+        self.subscription_id = subscription_id
+        self.credential = credential
+        self.backoff = backoff or Backoff()
+        self.max_workers = max_workers
+        self.notes: list[str] = []
+
+    def fetch_quotes(self, regions: list[str] | None = None, progress: Progress | None = None) -> list[SpotQuote]:
+        self.notes = []
+        wanted = regions or self.regions
+        observed_at = datetime.now(UTC)
+        compute = self._compute_client()
+        http = JsonHttp(self.backoff)
+        try:
+            sizes = [t.name for t in catalog.instance_types("azure")]
+
+            def one_region(region: str) -> list[SpotQuote]:
+                prices = retail_prices(self._retail_items(http, region, sizes))
+                available = self._availability(compute, region) if compute is not None else None
+                return azure_quotes(region, prices, available, observed_at)
+
+            return [q for quotes in fan_out(one_region, wanted, self.max_workers, progress) for q in quotes]
+        finally:
+            http.close()
+
+    def _retail_items(self, http: JsonHttp, region: str, sizes: list[str]) -> list[dict[str, Any]]:
+        items: list[dict[str, Any]] = []
+        page = http.get(self.prices_url, params={"$filter": retail_filter(region, sizes)})
+        while True:
+            items.extend(page.get("Items", []))
+            next_link = page.get("NextPageLink")
+            if not next_link:
+                return items
+            page = http.get(next_link)
+
+    def _availability(self, compute: Any, region: str) -> dict[str, SizeAvailability] | None:
+        from azure.core.exceptions import ClientAuthenticationError
+
+        def listing() -> list[Any]:
+            # enforce_https=False lets an http:// proxy or emulator endpoint carry the bearer token.
+            return list(compute.resource_skus.list(filter=f"location eq '{region}'",
+                                                   enforce_https=not self._plain_http()))
+
+        try:
+            return availability(with_retries(listing, azure_retryable, self.backoff), region)
+        except ClientAuthenticationError as exc:
+            # The prices are public: lose only the zones, not the cloud.
+            note = f"azure: no usable credentials for resource SKUs ({type(exc).__name__}); zones not checked"
+            if note not in self.notes:
+                self.notes.append(note)
+            return None
+
+    def _plain_http(self) -> bool:
+        return bool(self.rm_endpoint and self.rm_endpoint.startswith("http://"))
+
+    def _compute_client(self) -> Any:
+        if not self.subscription_id:
+            self.notes.append("azure: no subscription set; public list prices, region-wide, zones not checked")
+            return None
+        try:
+            from azure.mgmt.compute import ComputeManagementClient
+        except ImportError:
+            self.notes.append("azure: azure-mgmt-compute not installed; zones not checked")
+            return None
+        credential = self.credential
+        if credential is None:
+            try:
+                from azure.identity import DefaultAzureCredential
+            except ImportError:
+                self.notes.append("azure: azure-identity not installed; zones not checked")
+                return None
+            credential = DefaultAzureCredential()
+        kwargs: dict[str, Any] = {"retry_total": 0}  # our retry loop replaces azure-core's
+        if self.rm_endpoint:
+            kwargs["base_url"] = self.rm_endpoint
+        return ComputeManagementClient(credential, self.subscription_id, **kwargs)
+
+
+# ---------------------------------------------------------------------------------------------
+# Preemption notices (node side): the Scheduled Events reader goes here.
+# ---------------------------------------------------------------------------------------------

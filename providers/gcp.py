@@ -1,0 +1,365 @@
+"""GCP: the GPU catalog and spot/on-demand prices per zone (and, below, room for the node-side
+preemption-notice reader).
+
+Sources: the Cloud Billing Catalog (``services/6F81-5844-456A/skus``: GPU, vCPU and RAM SKUs per
+region, ``usageType`` ``OnDemand`` and ``Preemptible`` = spot, price ``units + nanos/1e9``) and
+Compute Engine ``machineTypes``/``acceleratorTypes`` aggregated lists (which zone has what). A GPU
+machine type costs its GPUs plus its vCPUs plus its memory: a2, a3 and g2 types bundle their GPUs,
+n1 types take attached GPUs. google-cloud-compute and google-auth are imported only inside functions.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from providers import catalog
+from providers.base import CloudUnavailable, SpotQuote
+from providers.fetching import Backoff, JsonHttp, Progress, fan_out, with_retries
+
+# ---------------------------------------------------------------------------------------------
+# Prices and catalog
+# ---------------------------------------------------------------------------------------------
+
+COMPUTE_SERVICE = "services/6F81-5844-456A"
+DEFAULT_BILLING_ENDPOINT = "https://cloudbilling.googleapis.com"
+SPOT, ON_DEMAND = "Preemptible", "OnDemand"
+
+# Compute Engine accelerator type -> (catalog name, GPU memory GB, words naming it in SKU descriptions).
+ACCELERATORS: dict[str, tuple[str, float, str]] = {
+    "nvidia-h100-80gb": ("H100", 80, "H100 80GB GPU"),
+    "nvidia-h100-mega-80gb": ("H100-MEGA", 80, "H100 80GB Mega GPU"),
+    "nvidia-a100-80gb": ("A100-80GB", 80, "A100 80GB GPU"),
+    "nvidia-tesla-a100": ("A100", 40, "Tesla A100 GPU"),
+    "nvidia-l4": ("L4", 24, "L4 GPU"),
+    "nvidia-tesla-v100": ("V100", 16, "Tesla V100 GPU"),
+    "nvidia-tesla-t4": ("T4", 16, "Tesla T4 GPU"),
+    "nvidia-tesla-p100": ("P100", 16, "Tesla P100 GPU"),
+}
+# Machine series -> the words naming its vCPU ("... Core") and memory ("... Ram") SKUs.
+SERIES: dict[str, str] = {
+    "a3-megagpu": "A3Plus Instance",
+    "a3": "A3 Instance",
+    "a2": "A2 Instance",
+    "g2": "G2 Instance",
+    "n1": "N1 Predefined Instance",
+}
+# Words that mark a SKU for another way of buying the same resource (commitments, sole tenancy,
+# Dynamic Workload Scheduler, workstation licences): not the spot or on-demand list price.
+EXCLUDED_WORDS = ("custom", "premium", "reserved", "sole tenancy", "commitment", "dws", "calendar",
+                  "flex", "virtual workstation", "extended")
+
+
+def sku_price(sku: dict[str, Any]) -> float | None:
+    """The hourly unit price of a SKU: its last tier's ``units + nanos / 1e9``."""
+    infos = sku.get("pricingInfo") or []
+    if not infos:
+        return None
+    tiers = infos[0].get("pricingExpression", {}).get("tieredRates") or []
+    if not tiers:
+        return None
+    price = tiers[-1].get("unitPrice", {})
+    return int(price.get("units") or 0) + int(price.get("nanos") or 0) / 1e9
+
+
+@dataclass(frozen=True, slots=True)
+class SkuPrices:
+    """Unit prices by (usage type, region, kind, name): kind is gpu (name = accelerator type) or
+    core/ram (name = machine series)."""
+
+    prices: dict[tuple[str, str, str, str], float]
+
+    def get(self, usage: str, region: str, kind: str, name: str) -> float | None:
+        return self.prices.get((usage, region, kind, name))
+
+
+def index_skus(skus: Iterable[dict[str, Any]]) -> SkuPrices:
+    prices: dict[tuple[str, str, str, str], float] = {}
+    for sku in skus:
+        category = sku.get("category", {})
+        usage = category.get("usageType")
+        if usage not in (SPOT, ON_DEMAND) or category.get("resourceFamily") != "Compute":
+            continue
+        description = sku.get("description", "")
+        lowered = description.lower()
+        if any(word in lowered for word in EXCLUDED_WORDS):
+            continue
+        match = _classify(category.get("resourceGroup", ""), description)
+        price = sku_price(sku)
+        if match is None or price is None:
+            continue
+        for region in sku.get("serviceRegions", []):
+            prices[(usage, region, *match)] = price
+    return SkuPrices(prices)
+
+
+def _classify(group: str, description: str) -> tuple[str, str] | None:
+    if group == "GPU":
+        for name, (_, _, words) in ACCELERATORS.items():
+            if re.search(rf"(^|\s){re.escape(words)}(\s|$)", description):
+                return "gpu", name
+        return None
+    for series, words in SERIES.items():
+        if f"{words} Core" in description:
+            return "core", series
+        if f"{words} Ram" in description:
+            return "ram", series
+    return None
+
+
+def series_of(machine_type: str) -> str | None:
+    for series in SERIES:  # longest prefixes first, as SERIES is ordered
+        if machine_type.startswith(series + "-"):
+            return series
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class MachineType:
+    name: str
+    zone: str
+    vcpus: int
+    memory_gib: float
+    accelerator: str | None  # Compute Engine accelerator type bundled with it
+    gpus: int
+
+    @property
+    def region(self) -> str:
+        return self.zone.rsplit("-", 1)[0]
+
+
+def machine_type_from_record(record: dict[str, Any], zone: str) -> MachineType:
+    accelerators = record.get("accelerators") or []
+    first = accelerators[0] if accelerators else {}
+    return MachineType(
+        name=record["name"], zone=zone, vcpus=int(record["guestCpus"]),
+        memory_gib=float(record["memoryMb"]) / 1024,
+        accelerator=first.get("guestAcceleratorType") or first.get("guest_accelerator_type"),
+        gpus=int(first.get("guestAcceleratorCount") or first.get("guest_accelerator_count") or 0),
+    )
+
+
+def node_price(prices: SkuPrices, usage: str, machine: MachineType, accelerator: str, gpus: int) -> float | None:
+    """GPUs + vCPUs + memory of one node, or None when any of the three SKUs is missing."""
+    series = series_of(machine.name)
+    if series is None:
+        return None
+    gpu = prices.get(usage, machine.region, "gpu", accelerator)
+    core = prices.get(usage, machine.region, "core", series)
+    ram = prices.get(usage, machine.region, "ram", series)
+    if gpu is None or core is None or ram is None:
+        return None
+    return gpus * gpu + machine.vcpus * core + machine.memory_gib * ram
+
+
+def gcp_quotes(prices: SkuPrices, machines: Iterable[MachineType], zone_accelerators: dict[str, dict[str, int]],
+               observed_at: datetime) -> list[SpotQuote]:
+    """One quote per GPU offer in each zone: bundled a2/a3/g2 types, and n1 types with the GPUs the
+    built-in catalog attaches to them where the zone has that accelerator."""
+    quotes = []
+    for machine in machines:
+        offers: list[tuple[str, int]] = []
+        if machine.accelerator and machine.gpus:
+            offers.append((machine.accelerator, machine.gpus))
+        else:
+            for entry in catalog.instance_types("gcp"):
+                if entry.name != machine.name or not entry.attached:
+                    continue
+                accelerator = _accelerator_type(entry.accelerator)
+                if accelerator and zone_accelerators.get(machine.zone, {}).get(accelerator, 0) >= entry.gpus:
+                    offers.append((accelerator, entry.gpus))
+        for accelerator, gpus in offers:
+            label, memory, _ = ACCELERATORS.get(accelerator, (accelerator, 0.0, ""))
+            spot = node_price(prices, SPOT, machine, accelerator, gpus)
+            on_demand = node_price(prices, ON_DEMAND, machine, accelerator, gpus)
+            if spot is None and on_demand is None:
+                continue
+            quotes.append(SpotQuote(
+                cloud="gcp", region=machine.region, zone=machine.zone, instance_type=machine.name,
+                accelerator=label, gpus_per_node=gpus, gpu_memory_gb=memory or None,
+                spot_price=_round(spot), on_demand_price=_round(on_demand), observed_at=observed_at,
+            ))
+    return quotes
+
+
+def _accelerator_type(label: str) -> str | None:
+    for name, (known, _, _) in ACCELERATORS.items():
+        if known == label:
+            return name
+    return None
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 6)
+
+
+def machine_type_filter() -> str:
+    """A Compute Engine list filter (RE2 on the name) for the GPU machine types worth pricing."""
+    bundled = [f"{series}-.*" for series in ("a2", "a3", "g2")]
+    attached = sorted({t.name for t in catalog.instance_types("gcp") if t.attached})
+    return f'name eq "({"|".join(bundled + attached)})"'
+
+
+def gcp_retryable(exc: BaseException) -> bool:
+    from google.api_core import exceptions
+
+    retryable = (exceptions.TooManyRequests, exceptions.InternalServerError, exceptions.BadGateway,
+                 exceptions.ServiceUnavailable, exceptions.GatewayTimeout)
+    if isinstance(exc, retryable):
+        return True
+    import requests
+
+    return isinstance(exc, requests.ConnectionError)
+
+
+class GcpPriceSource:
+    """Polls the billing catalog and the zone listings side by side; implements ``PriceSource``."""
+
+    cloud = "gcp"
+
+    def __init__(self, project: str | None = None, regions: Iterable[str] | None = None,
+                 compute_endpoint: str | None = None, billing_endpoint: str | None = None,
+                 api_key: str | None = None, credentials: Any = None, backoff: Backoff | None = None) -> None:
+        self.project = project
+        self.regions = list(regions) if regions else None
+        self.compute_endpoint = compute_endpoint
+        self.billing_endpoint = (billing_endpoint or DEFAULT_BILLING_ENDPOINT).rstrip("/")
+        self.api_key = api_key
+        self.credentials = credentials
+        self.backoff = backoff or Backoff()
+        self.notes: list[str] = []
+
+    def fetch_quotes(self, regions: list[str] | None = None, progress: Progress | None = None) -> list[SpotQuote]:
+        self.notes = []
+        credentials, project = self._credentials()
+        wanted = set(regions or self.regions or [])
+        observed_at = datetime.now(UTC)
+        # The three listings are global (every region in one paginated answer): they run side by side.
+        jobs: list[Callable[[], Any]] = [
+            lambda: self._skus(credentials),
+            lambda: self._machine_types(credentials, project),
+            lambda: self._accelerator_types(credentials, project),
+        ]
+        skus, machines, accelerators = fan_out(lambda job: job(), jobs, progress=progress)
+        if wanted:
+            machines = [m for m in machines if m.region in wanted]
+        return gcp_quotes(index_skus(skus), machines, accelerators, observed_at)
+
+    # -- listings ------------------------------------------------------------------------------
+
+    def _skus(self, credentials: Any) -> list[dict[str, Any]]:
+        http = JsonHttp(self.backoff, headers=self._billing_headers(credentials))
+        url = f"{self.billing_endpoint}/v1/{COMPUTE_SERVICE}/skus"
+        skus: list[dict[str, Any]] = []
+        token = ""
+        try:
+            while True:
+                params = {"pageSize": "5000", "currencyCode": "USD"}
+                if self.api_key:
+                    params["key"] = self.api_key
+                if token:
+                    params["pageToken"] = token
+                page = http.get(url, params=params)
+                skus.extend(page.get("skus", []))
+                token = page.get("nextPageToken", "")
+                if not token:
+                    return skus
+        finally:
+            http.close()
+
+    def _machine_types(self, credentials: Any, project: str) -> list[MachineType]:
+        from google.cloud import compute_v1
+
+        client = compute_v1.MachineTypesClient(credentials=credentials, transport="rest",
+                                               client_options=self._client_options())
+        request = compute_v1.AggregatedListMachineTypesRequest(project=project, filter=machine_type_filter(),
+                                                               max_results=500)
+        machines = []
+        for scope, listed in self._aggregated(client, request):
+            zone = scope.removeprefix("zones/")
+            for record in listed.machine_types:
+                machines.append(machine_type_from_record(_machine_record(record), zone))
+        return machines
+
+    def _accelerator_types(self, credentials: Any, project: str) -> dict[str, dict[str, int]]:
+        from google.cloud import compute_v1
+
+        client = compute_v1.AcceleratorTypesClient(credentials=credentials, transport="rest",
+                                                   client_options=self._client_options())
+        request = compute_v1.AggregatedListAcceleratorTypesRequest(project=project, max_results=500)
+        zones: dict[str, dict[str, int]] = {}
+        for scope, listed in self._aggregated(client, request):
+            zone = scope.removeprefix("zones/")
+            for accelerator in listed.accelerator_types:
+                zones.setdefault(zone, {})[accelerator.name] = int(accelerator.maximum_cards_per_instance)
+        return zones
+
+    def _aggregated(self, client: Any, request: Any) -> list[tuple[str, Any]]:
+        """Every (scope, scoped list) of an aggregated listing, one retried request per page."""
+        scopes: list[tuple[str, Any]] = []
+        while True:
+            # retry=None: the SDK's own retry would stack under ours.
+            page = with_retries(lambda: client.aggregated_list(request=request, retry=None), gcp_retryable,
+                                self.backoff)
+            scopes.extend(page.items.items())
+            if not page.next_page_token:
+                return scopes
+            request.page_token = page.next_page_token
+
+    # -- credentials -----------------------------------------------------------------------------
+
+    def _credentials(self) -> tuple[Any, str]:
+        credentials = self.credentials
+        project = self.project or os.environ.get("GOOGLE_CLOUD_PROJECT")
+        if credentials is None:
+            try:
+                import google.auth
+                from google.auth.exceptions import DefaultCredentialsError
+            except ImportError as exc:
+                raise CloudUnavailable("gcp: google-cloud-compute is not installed; skipped") from exc
+            try:
+                credentials, default_project = google.auth.default(
+                    scopes=["https://www.googleapis.com/auth/cloud-platform"])
+                project = project or default_project
+            except DefaultCredentialsError:
+                if not self.compute_endpoint:
+                    raise CloudUnavailable(
+                        "gcp: no application default credentials (run `gcloud auth application-default "
+                        "login` or set GOOGLE_APPLICATION_CREDENTIALS); skipped") from None
+                # An overridden endpoint is a proxy or emulator that does its own authentication.
+                from google.auth.credentials import AnonymousCredentials
+
+                credentials = AnonymousCredentials()
+        if not project:
+            raise CloudUnavailable("gcp: no project (set BROKER_GCP_PROJECT or GOOGLE_CLOUD_PROJECT); skipped")
+        return credentials, project
+
+    def _billing_headers(self, credentials: Any) -> dict[str, str]:
+        from google.auth.credentials import AnonymousCredentials
+
+        if self.api_key or isinstance(credentials, AnonymousCredentials):
+            return {}
+        import google.auth.transport.requests
+
+        credentials.refresh(google.auth.transport.requests.Request())
+        return {"Authorization": f"Bearer {credentials.token}"}
+
+    def _client_options(self) -> dict[str, str]:
+        return {"api_endpoint": self.compute_endpoint} if self.compute_endpoint else {}
+
+
+def _machine_record(record: Any) -> dict[str, Any]:
+    return {
+        "name": record.name, "guestCpus": record.guest_cpus, "memoryMb": record.memory_mb,
+        "accelerators": [{"guestAcceleratorType": a.guest_accelerator_type,
+                          "guestAcceleratorCount": a.guest_accelerator_count} for a in record.accelerators],
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# Preemption notices (node side): the metadata-server reader goes here.
+# ---------------------------------------------------------------------------------------------
