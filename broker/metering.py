@@ -121,7 +121,8 @@ def meter_cluster(s: Session, row: ClusterRow, now: datetime, market: PriceAt) -
                 job_id=share.job.id if share.job else None, team=share.job.team if share.job else None,
                 usage=share.usage.value, cloud=row.cloud, region=row.region, zone=row.zone,
                 instance_type=row.instance_type, accelerator=row.accelerator, nodes=row.num_nodes,
-                gpus=share.gpus, spot=row.spot, price_per_node_hour=price, on_demand_price_per_node_hour=on_demand,
+                gpus=share.gpus, seconds=hours * 3600.0, spot=row.spot, price_per_node_hour=price,
+                on_demand_price_per_node_hour=on_demand,
                 cost=price * row.num_nodes * hours * fraction,
                 on_demand_cost=on_demand * row.num_nodes * hours * fraction,
             ))

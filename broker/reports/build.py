@@ -196,7 +196,8 @@ def _ledger_facts(session: Any, dialect: str, window: Window, clusters: dict[str
             LedgerRow.cloud, LedgerRow.region, LedgerRow.zone, LedgerRow.accelerator, LedgerRow.instance_type,
             LedgerRow.spot, day)
     stmt = (
-        select(*keys, func.sum(LedgerRow.gpus), func.sum(LedgerRow.cost), func.sum(LedgerRow.on_demand_cost),
+        select(*keys, func.sum(LedgerRow.gpus * LedgerRow.seconds / 60.0), func.sum(LedgerRow.cost),
+               func.sum(LedgerRow.on_demand_cost),
                func.count())
         .where(LedgerRow.minute >= window.start, LedgerRow.minute < window.end)
         .group_by(*keys)

@@ -177,6 +177,8 @@ class LedgerRow(Base):
     accelerator: Mapped[str | None] = mapped_column(String(50), nullable=True)
     nodes: Mapped[int] = mapped_column(Integer)
     gpus: Mapped[float] = mapped_column(Float)  # GPUs of the cluster this row covers
+    # The part of the minute this row covers: less than 60 only at a cluster's first and last minute.
+    seconds: Mapped[float] = mapped_column(Float, default=60.0, server_default="60")
     spot: Mapped[bool] = mapped_column()
     price_per_node_hour: Mapped[float] = mapped_column(Float)
     on_demand_price_per_node_hour: Mapped[float] = mapped_column(Float)

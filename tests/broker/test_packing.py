@@ -12,8 +12,10 @@ from sqlalchemy import select
 
 from broker.config import load_settings
 from broker.engine import Engine
+from broker.reports.build import Window, build_report
 from broker.runtime import EmbeddedBroker
 from broker.spec import parse_job_spec
+from broker.store import open_store
 from broker.store.tables import AllocationRow, ClusterRow, JobEventRow, JobRow, LedgerRow
 from providers.base import SpotQuote
 from providers.topology import NVLINK, topology
@@ -114,3 +116,18 @@ def test_gangs_share_a_cluster_and_a_higher_priority_gang_preempts(tmp_path: Pat
         per_minute[row.minute] += row.gpus
     assert per_minute and all(total == pytest.approx(4.0) for total in per_minute.values())
     assert {r.holder for r in ledger} >= {f"job:{a}", f"job:{b}", f"job:{c}"}
+
+    # The cost report built from this ledger: its totals are the ledger's, and the idle breakdown is
+    # exactly the GPU-hours allocated but not spent running.
+    store = open_store(settings.database_url)
+    report = build_report(store, Window(min(r.minute for r in ledger), max(r.minute for r in ledger)
+                                        + timedelta(minutes=1)))
+    store.dispose()
+    gpu_hours = sum(r.gpus * r.seconds for r in ledger) / 3600
+    running = sum(r.gpus * r.seconds for r in ledger if r.usage == "running") / 3600
+    assert report.totals.spend == pytest.approx(sum(r.cost for r in ledger))
+    assert report.totals.on_demand == pytest.approx(sum(r.on_demand_cost for r in ledger))
+    assert report.totals.gpu_hours == pytest.approx(gpu_hours)
+    assert report.totals.idle_total_gpu_hours == pytest.approx(gpu_hours - running)
+    assert report.totals.idle_gpu_hours.get("restarting", 0) > 0  # the victims' checkpoint-and-requeue
+    assert report.totals.preemptions == 2

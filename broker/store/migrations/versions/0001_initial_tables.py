@@ -141,6 +141,7 @@ def upgrade() -> None:
     sa.Column('accelerator', sa.String(length=50), nullable=True),
     sa.Column('nodes', sa.Integer(), nullable=False),
     sa.Column('gpus', sa.Float(), nullable=False),
+    sa.Column('seconds', sa.Float(), server_default='60', nullable=False),
     sa.Column('spot', sa.Boolean(), nullable=False),
     sa.Column('price_per_node_hour', sa.Float(), nullable=False),
     sa.Column('on_demand_price_per_node_hour', sa.Float(), nullable=False),
