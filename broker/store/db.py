@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -64,6 +65,8 @@ class Store:
         return self.engine.dialect.name
 
     def migrate(self) -> None:
+        # Alembic reports every step at INFO; a command's output is not the place for it.
+        logging.getLogger("alembic").setLevel(logging.WARNING)
         with _migrate_lock, self.engine.begin() as conn:
             config = alembic_config(self.url)
             config.attributes["connection"] = conn
