@@ -53,7 +53,8 @@ def test_detach_status_logs_cancel(broker_home: Path) -> None:
     assert _status(broker_home, job_id)["state"] == "CANCELLED"
     deadline = time.time() + 30
     while time.time() < deadline:
-        states = [json.loads(p.read_text())["state"] for p in (broker_home / "local" / "clusters").glob("*/status.json")]
+        clusters = (broker_home / "local" / "clusters").glob("*/status.json")
+        states = [json.loads(p.read_text())["state"] for p in clusters]
         if states and all(s in ("TERMINATED", "FAILED") for s in states):
             break
         time.sleep(0.5)
