@@ -294,7 +294,7 @@ class Engine:
         if per_node >= row.gpus_per_node:
             return GangPlacement.whole_nodes(row.id, row.num_nodes, row.gpus_per_node)
         empty = packing.ClusterSnapshot.empty(row.id, packing.node_topology(row), row.num_nodes)
-        placement = self.placement(packing.gang_request(job, per_node), empty)
+        placement = self.placement(packing.gang_request(job, self.spec_of(job), per_node), empty)
         assert placement is not None, "a gang always fits an empty cluster launched for it"
         return placement  # type: ignore[no-any-return]
 
@@ -405,7 +405,7 @@ class Engine:
             per_node = packing.hosts(row, spec, job)
             if per_node is None or self._open_notice(s, row.id, any_state=True) is not None:
                 continue
-            placement = self.placement(packing.gang_request(job, per_node), packing.snapshot(s, row))
+            placement = self.placement(packing.gang_request(job, self.spec_of(job), per_node), packing.snapshot(s, row))
             if placement is None:
                 continue
             job.target_cluster_id, job.target_gpus = row.id, placement.to_json()
@@ -425,7 +425,7 @@ class Engine:
             if per_node is None:
                 continue
             running = packing.running_gangs(s, row.id, now, self.options.restart_overhead_s)
-            request = PreemptionRequest(packing.gang_request(job, per_node), job.priority,
+            request = PreemptionRequest(packing.gang_request(job, self.spec_of(job), per_node), job.priority,
                                         self._wait_avoided(s, running))
             plan = self.preemption(request, packing.snapshot(s, row), running)
             if plan is None:

@@ -52,8 +52,10 @@ def snapshot(s: Session, row: ClusterRow) -> ClusterSnapshot:
     return snap
 
 
-def gang_request(job: JobRow, gpus_per_node: int) -> PlacementRequest:
-    return PlacementRequest(job.id, gpus=job.num_nodes * gpus_per_node, num_nodes=job.num_nodes)
+def gang_request(job: JobRow, spec: JobSpec, gpus_per_node: int) -> PlacementRequest:
+    topology = spec.broker.topology
+    return PlacementRequest(job.id, gpus=job.num_nodes * gpus_per_node, num_nodes=job.num_nodes,
+                            level=topology.level, required=topology.required)
 
 
 def hosts(row: ClusterRow, spec: JobSpec, job: JobRow) -> int | None:

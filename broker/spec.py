@@ -69,6 +69,12 @@ class CloudScope:
 
 
 @dataclass(frozen=True, slots=True)
+class TopologySpec:
+    level: str = "any"  # node | placement_group | any
+    required: bool = False
+
+
+@dataclass(frozen=True, slots=True)
 class BrokerSection:
     priority: int = PRIORITY_CLASSES["training"]
     deadline: datetime | timedelta | None = None  # absolute (UTC-aware), or a duration after submission
@@ -77,6 +83,7 @@ class BrokerSection:
     clouds: tuple[CloudScope, ...] = ()  # empty: any cloud
     team: str = "default"
     checkpoint: CheckpointSpec = CheckpointSpec()
+    topology: TopologySpec = TopologySpec()
 
     def deadline_at(self, submitted: datetime) -> datetime | None:
         if self.deadline is None:
@@ -225,5 +232,6 @@ def _section(model: BrokerModel) -> BrokerSection:
         clouds=tuple(CloudScope(cloud, region) for cloud, region in model.clouds),
         team=model.team,
         checkpoint=CheckpointSpec(model.checkpoint.dir, model.checkpoint.signal, model.checkpoint.grace),
+        topology=TopologySpec(model.topology.level, model.topology.required),
     )
 

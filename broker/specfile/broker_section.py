@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import difflib
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError, ValidationInfo, field_validator
 
@@ -38,6 +38,13 @@ class CheckpointModel(_Section):
         return values.duration(value)
 
 
+class TopologyModel(_Section):
+    """Where a gang's GPUs must (``required``) or should sit: one node, one placement group, anywhere."""
+
+    level: Literal["node", "placement_group", "any"] = "any"
+    required: bool = False
+
+
 class BrokerModel(_Section):
     priority: int = values.PRIORITY_CLASSES["training"]
     deadline: datetime | timedelta | None = None
@@ -46,6 +53,7 @@ class BrokerModel(_Section):
     clouds: tuple[tuple[str, str | None], ...] = ()
     team: str = "default"
     checkpoint: CheckpointModel = CheckpointModel()
+    topology: TopologyModel = TopologyModel()
 
     @field_validator("priority", mode="before")
     @classmethod
@@ -100,7 +108,8 @@ class _ItemError(ValueError):
         self.index = index
 
 
-_MODELS_AT: dict[tuple[str, ...], type[BaseModel]] = {(): BrokerModel, ("checkpoint",): CheckpointModel}
+_MODELS_AT: dict[tuple[str, ...], type[BaseModel]] = {(): BrokerModel, ("checkpoint",): CheckpointModel,
+                                                      ("topology",): TopologyModel}
 SECTION_KEYS: tuple[str, ...] = tuple(BrokerModel.model_fields)
 
 

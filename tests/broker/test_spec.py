@@ -433,3 +433,15 @@ def test_catalog_that_never_answers_does_not_hang_validation(catalog_results: li
     assert f"no answer from SkyPilot's catalog for gcp within {SILENT:g}s" in result["error"]
     assert result["seconds"] < SILENT + 2
 
+
+
+def test_topology_requirement_is_read() -> None:
+    spec = parse("run: x\nresources: {accelerators: V100:4}\nbroker:\n  topology: {level: node, required: true}\n")
+    assert (spec.broker.topology.level, spec.broker.topology.required) == ("node", True)
+    assert parse("run: x\n").broker.topology.level == "any"
+
+
+def test_unknown_topology_level_names_field_and_choices() -> None:
+    error = refused("run: x\nbroker:\n  topology:\n    level: rack\n")
+    assert error.field == "broker.topology.level" and error.line == 4
+    assert "node" in str(error) and "placement_group" in str(error)
