@@ -70,6 +70,8 @@ class EngineOptions:
     selection_policy: str | None = None
     broker_url: str | None = None
     restart_overhead_s: float = 720.0
+    # A gate a PENDING job must pass before it is planned (the service's capacity shares); None: all pass.
+    admit: Callable[[Session, JobRow], bool] | None = None
 
 
 class Engine:
@@ -276,6 +278,8 @@ class Engine:
                 return
             state = JobState(job.state)
             if state is JobState.PENDING:
+                if self.options.admit is not None and not self.options.admit(s, job):
+                    return
                 launched = self._from_pending(s, job)
             elif state in (JobState.PROVISIONING, JobState.MIGRATING):
                 launched = self._from_provisioning(s, job)

@@ -19,6 +19,7 @@ from broker.engine import ACTIVE_STATES, Engine, EngineOptions
 from broker.provision.local import LocalProvisioner, LocalWorld
 from broker.store import Store, open_store
 from broker.store.tables import JobRow
+from broker.tokens import SharedAgentTokens
 
 BUNDLED_MARKET = Path(__file__).parent / "data" / "quickstart-market.csv"
 
@@ -86,7 +87,8 @@ class EmbeddedBroker:
         self.provisioner = LocalProvisioner(self.home, self.world, settings.local_provision_seconds)
         self.server: BackgroundServer | None = None
         self.engine: Engine | None = None
-        self.tokens = AgentTokens(self.home)
+        # Kept in the store, so every `broker serve` replica derives the same agent tokens.
+        self.tokens = SharedAgentTokens(self.store, self.home)
 
     def _world(self, fresh: bool) -> LocalWorld:
         existing = LocalWorld.load(self.home)
