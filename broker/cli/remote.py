@@ -98,12 +98,25 @@ def launch(settings: Settings, job_file: Path, detach: bool, as_json: bool) -> N
                 if JobState(summary["state"]).terminal:
                     break
                 time.sleep(settings.poll_seconds)
+        summary = _settled(client, summary)
     if as_json:
         print(json.dumps(summary))
     else:
         _print_summary(summary)
     if summary["state"] != JobState.SUCCEEDED.value:
         raise typer.Exit(1)
+
+
+def _settled(client: BrokerClient, summary: dict[str, Any], timeout: float = 15.0) -> dict[str, Any]:
+    """The summary once teardown is metered: the cost stops moving (what embedded launch waits for too)."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        time.sleep(1.0)
+        again = client.job(summary["job_id"])
+        if again == summary:
+            break
+        summary = again
+    return summary
 
 
 def summaries(settings: Settings, job_id: str | None) -> list[dict[str, Any]]:
