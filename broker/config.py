@@ -72,6 +72,7 @@ class Settings(BaseSettings):
     report_check_seconds: float = Field(60.0, gt=0, description="how often due report schedules are looked for")
     report_runner: str = Field("broker.service.hooks:run_due_reports", description="module:function sending reports")
     capacity_gpus: int | None = Field(None, ge=1, description="GPUs running jobs may hold; shares are fractions of it")
+    offline_catalog: bool = Field(False, description="validate submitted job files against the built-in catalog only")
     policy_schedules: list[PolicySchedule] = Field(default_factory=list, description="time-based policy changes")
 
     @property

@@ -34,6 +34,8 @@ class JobIntake:
     backend: str
     # (accelerator, GPUs per node) the market offers; None when any may be asked for.
     offered: frozenset[tuple[str, int]] | None = None
+    # Validate against the built-in catalog only (an air-gapped service: SkyPilot's cannot be fetched).
+    offline: bool = False
 
 
 class JobSubmission(BaseModel):
@@ -93,7 +95,7 @@ def jobs_router(store: Store, clock: Clock, intake: JobIntake, team_of: Any) -> 
     def submit(body: JobSubmission, team: str = Depends(team_of)) -> Any:
         """Validate a job file and queue it as PENDING for the caller's team."""
         try:
-            spec = parse_job_spec(body.spec, source=body.source or "job file")
+            spec = parse_job_spec(body.spec, source=body.source or "job file", offline=intake.offline)
         except SpecError as exc:
             return spec_error_response(exc)
         problem = _market_problem(spec, intake.offered)
