@@ -90,6 +90,8 @@ def test_leader_killed_mid_migration_the_other_replica_finishes(tmp_path: Path, 
             assert all(b.second == 0 and b.microsecond == 0 and timedelta(0) < b - a <= timedelta(minutes=1)
                        for a, b in itertools.pairwise(minutes))
             assert cluster.metered_until == cluster.terminated_at
+        for replica in replicas:  # no secret in any log line
+            assert token not in replica.log.read_text()
         events = [line.get("event") for line in follower.lines()]
         assert "leader_acquired" in events
         assert "leader_acquired" in [line.get("event") for line in leader.lines()]
