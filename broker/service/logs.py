@@ -56,5 +56,7 @@ def configure_logging(replica: str, level: str = "INFO", as_json: bool | None = 
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)
-    for noisy in ("apscheduler.scheduler", "apscheduler.executors.default", "alembic.runtime.migration"):
+    # An engine step outlasting its interval is skipped by design; APScheduler would warn on each.
+    logging.getLogger("apscheduler.scheduler").setLevel(logging.ERROR)
+    for noisy in ("apscheduler.executors.default", "alembic.runtime.migration"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
