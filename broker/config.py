@@ -14,6 +14,7 @@ from pydantic import AliasChoices, Field, SecretStr, ValidationError, field_vali
 from pydantic_settings import BaseSettings, NoDecode, PydanticBaseSettingsSource, SettingsConfigDict
 
 from broker.reports.settings import BudgetSettings, ReportSchedule
+from broker.service.schedule_config import PolicySchedule
 
 
 def default_home() -> Path:
@@ -106,6 +107,23 @@ class Settings(BaseSettings):
         if isinstance(value, str):
             return [part.strip() for part in value.split(",") if part.strip()]
         return value
+
+    # --- serve: the long-running service, its API, leader election and schedules (broker serve) ---
+    serve_host: str = Field("127.0.0.1", description="address `broker serve` listens on")
+    serve_port: int = Field(8470, ge=0, lt=65536, description="port `broker serve` listens on (0: any free)")
+    public_url: str | None = Field(None, description="URL agents reach the service at; default http://host:port")
+    token: SecretStr | None = Field(None, description="API token the CLI sends to --server")
+    leader_check_seconds: float = Field(3.0, gt=0, description="how often leadership is tried or re-checked")
+    reconcile_seconds: float = Field(30.0, gt=0, description="interval of the reconcile pass")
+    price_poll_seconds: dict[str, float] = Field(
+        default_factory=lambda: {"aws": 300.0, "gcp": 300.0, "azure": 300.0},
+        description="cloud -> seconds between price polls")
+    price_poller: str = Field("broker.service.hooks:poll_prices", description="module:function polling one cloud")
+    report_check_seconds: float = Field(60.0, gt=0, description="how often due report schedules are looked for")
+    report_runner: str = Field("broker.service.hooks:run_due_reports", description="module:function sending reports")
+    capacity_gpus: int | None = Field(None, ge=1, description="GPUs running jobs may hold; shares are fractions of it")
+    offline_catalog: bool = Field(False, description="validate submitted job files against the built-in catalog only")
+    policy_schedules: list[PolicySchedule] = Field(default_factory=list, description="time-based policy changes")
 
     @property
     def database_url(self) -> str:

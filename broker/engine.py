@@ -80,6 +80,8 @@ class EngineOptions:
     broker_url: str | None = None
     restart_overhead_s: float = 720.0
     max_gpus: int | None = None  # GPUs the broker may hold across all its clusters
+    # A gate a PENDING job must pass before it is planned (the service's capacity shares); None: all pass.
+    admit: Callable[[Session, JobRow], bool] | None = None
 
 
 @dataclass
@@ -156,6 +158,8 @@ class Engine:
                 return
             state = JobState(job.state)
             if state is JobState.PENDING:
+                if self.options.admit is not None and not self.options.admit(s, job):
+                    return
                 self._from_pending(s, job, after)
             elif state in (JobState.PROVISIONING, JobState.MIGRATING):
                 self._from_provisioning(s, job, after)

@@ -4,10 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import hashlib
-import hmac
-import os
-import secrets
 from pathlib import Path
 from typing import IO
 
@@ -19,28 +15,9 @@ from broker.engine import ACTIVE_STATES, Engine, EngineOptions
 from broker.provision.local import LocalProvisioner, LocalWorld
 from broker.store import Store, open_store
 from broker.store.tables import JobRow
+from broker.tokens import SharedAgentTokens
 
 BUNDLED_MARKET = Path(__file__).parent / "data" / "quickstart-market.csv"
-
-
-class AgentTokens:
-    """Per-cluster agent tokens derived from a key kept in the broker's home (never in the store).
-
-    Deriving instead of remembering means an engine restarted mid-launch can still hand the same
-    token to the agents it starts, while the store holds only the tokens' hashes.
-    """
-
-    def __init__(self, home: Path) -> None:
-        path = home / "agent.key"
-        if not path.exists():
-            home.mkdir(parents=True, exist_ok=True)
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            with os.fdopen(fd, "w") as handle:
-                handle.write(secrets.token_hex(32))
-        self._key = bytes.fromhex(path.read_text().strip())
-
-    def __call__(self, cluster_id: str) -> str:
-        return hmac.new(self._key, cluster_id.encode(), hashlib.sha256).hexdigest()
 
 
 class EngineLock:
@@ -86,7 +63,8 @@ class EmbeddedBroker:
         self.provisioner = LocalProvisioner(self.home, self.world, settings.local_provision_seconds)
         self.server: BackgroundServer | None = None
         self.engine: Engine | None = None
-        self.tokens = AgentTokens(self.home)
+        # Kept in the store, so every `broker serve` replica derives the same agent tokens.
+        self.tokens = SharedAgentTokens(self.store, self.home)
 
     def _world(self, fresh: bool) -> LocalWorld:
         existing = LocalWorld.load(self.home)

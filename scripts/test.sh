@@ -3,6 +3,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh dev
+# checkov (tests/terraform) pins versions that conflict with ours: it gets a venv of its own.
+if [ ! -x .venv-checkov/bin/checkov ]; then
+  .venv/bin/uv venv -q --python .venv/bin/python .venv-checkov
+  .venv/bin/uv pip install -q --python .venv-checkov/bin/python checkov==3.3.30
+fi
 .venv/bin/ruff check .
 .venv/bin/mypy
 set +e

@@ -4,23 +4,37 @@ from __future__ import annotations
 
 import socket
 import threading
+from collections.abc import Callable
 
 import uvicorn
 from fastapi import FastAPI
 
+from broker.api.auth import team_dependency
+from broker.api.jobs import JobIntake, jobs_router
+from broker.api.metrics import install_metrics
 from broker.api.notices import notices_router
+from broker.api.prices import prices_router
+from broker.api.reports import reports_router
 from broker.clock import Clock
 from broker.store import Store
 
 
-def create_app(store: Store, clock: Clock) -> FastAPI:
+def create_app(store: Store, clock: Clock, intake: JobIntake | None = None,
+               is_leader: Callable[[], bool] | None = None) -> FastAPI:
+    """The notice API alone (the embedded broker), or with ``intake`` the whole service API."""
     app = FastAPI(title="spot broker", version="1", docs_url=None, redoc_url=None)
     app.include_router(notices_router(store, clock))
 
     @app.get("/v1/health")
-    def health() -> dict[str, str]:
-        return {"status": "ok"}
+    def health() -> dict[str, object]:
+        return {"status": "ok", "leader": bool(is_leader()) if is_leader is not None else None}
 
+    if intake is not None:
+        team = team_dependency(store)
+        app.include_router(jobs_router(store, clock, intake, team))
+        app.include_router(prices_router(store, team))
+        app.include_router(reports_router(store, team))
+        install_metrics(app, store, is_leader)
     return app
 
 

@@ -14,9 +14,11 @@ from rich.live import Live
 from rich.table import Table
 from sqlalchemy import select
 
+from broker.cli import remote
 from broker.cli.app import ConfigOption, JsonOption, UsageError, app, console
 from broker.config import Settings, load_settings
 from broker.engine import cancel_job, submit_job
+from broker.joblogs import print_chunks, read_new
 from broker.model import JobState
 from broker.runtime import EmbeddedBroker, EngineLock
 from broker.spec import JobSpec, load_job_spec
@@ -109,8 +111,11 @@ def launch(
     detach: Annotated[bool, typer.Option("--detach", help="submit, print the job id and return")] = False,
     config: ConfigOption = None,
     as_json: JsonOption = False,
+    server: remote.ServerOption = None,
 ) -> None:
     """Validate a job file, run it on the cheapest spot capacity, and follow it to the end."""
+    if (served := remote.server_settings(config, server)) is not None:
+        return remote.launch(served, job_file, detach, as_json)
     settings = load_settings(config, backend=backend, market=market, speed=speed)
     if settings.backend != "local":
         raise UsageError(f"--backend {settings.backend}: this build runs the local backend; expected local")
@@ -168,22 +173,29 @@ def _open(config: Path | None) -> tuple[Settings, Store]:
     return settings, open_store(settings.database_url)
 
 
+def _local_summaries(config: Path | None, job_id: str | None) -> list[dict[str, Any]]:
+    _, store = _open(config)
+    try:
+        if job_id is not None:
+            return [_summary(store, job_id)]
+        with store.transaction() as s:
+            return [job_summary(s, j) for j in s.scalars(select(JobRow).order_by(JobRow.created_at))]
+    finally:
+        store.dispose()
+
+
 @app.command()
 def status(
     job_id: Annotated[str | None, typer.Argument(help="a job id; all jobs when omitted")] = None,
     config: ConfigOption = None,
     as_json: JsonOption = False,
+    server: remote.ServerOption = None,
 ) -> None:
     """Show one job, or every job, with cost, preemptions and where it runs."""
-    _, store = _open(config)
-    try:
-        if job_id is not None:
-            summaries = [_summary(store, job_id)]
-        else:
-            with store.transaction() as s:
-                summaries = [job_summary(s, j) for j in s.scalars(select(JobRow).order_by(JobRow.created_at))]
-    finally:
-        store.dispose()
+    if (served := remote.server_settings(config, server)) is not None:
+        summaries = remote.summaries(served, job_id)
+    else:
+        summaries = _local_summaries(config, job_id)
     if as_json:
         print(json.dumps(summaries[0] if job_id else summaries))
         return
@@ -198,8 +210,12 @@ def status(
 
 
 @app.command()
-def cancel(job_id: Annotated[str, typer.Argument()], config: ConfigOption = None) -> None:
+def cancel(job_id: Annotated[str, typer.Argument()], config: ConfigOption = None,
+           server: remote.ServerOption = None) -> None:
     """Cancel a job; its clusters are torn down by the engine's next step."""
+    if (served := remote.server_settings(config, server)) is not None:
+        console.print(f"{job_id}: {remote.cancel(served, job_id)}")
+        return
     _, store = _open(config)
     try:
         state = cancel_job(store, job_id)
@@ -213,24 +229,20 @@ def logs(
     job_id: Annotated[str, typer.Argument()],
     follow: Annotated[bool, typer.Option("--follow", "-f", help="keep printing until the job ends")] = False,
     config: ConfigOption = None,
+    server: remote.ServerOption = None,
 ) -> None:
     """Print a job's output, every attempt and node in order."""
+    if (served := remote.server_settings(config, server)) is not None:
+        return remote.logs(served, job_id, follow)
     settings, store = _open(config)
     try:
         _summary(store, job_id)
-        directory = settings.home / "logs" / job_id
-        offsets: dict[Path, int] = {}
+        offsets: dict[str, int] = {}
         while True:
-            for path in sorted(directory.glob("attempt-*.log"),
-                               key=lambda p: (int(p.name.split("-")[1]), p.name)):
-                with path.open("rb") as handle:
-                    handle.seek(offsets.get(path, 0))
-                    chunk = handle.read()
-                    offsets[path] = handle.tell()
-                if chunk:
-                    label = path.stem
-                    for line in chunk.decode(errors="replace").splitlines():
-                        print(f"[{label}] {line}")
+            chunks = read_new(settings.home, job_id, offsets)
+            print_chunks(chunks, offsets)
+            if chunks:
+                continue
             if not follow or JobState(_summary(store, job_id)["state"]).terminal:
                 break
             time.sleep(0.5)

@@ -271,3 +271,40 @@ class PriceQuoteRow(Base):
     __table_args__ = (
         Index("ix_price_quotes_offer_time", "cloud", "zone", "instance_type", "observed_at"),
     )
+
+
+# --- serve: API tokens, secrets every replica shares, active policy overrides ---
+
+
+class ApiTokenRow(Base):
+    """A team's API token; only its SHA-256 is kept (the token itself is printed once)."""
+
+    __tablename__ = "api_tokens"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    team: Mapped[str] = mapped_column(String(100), index=True)
+    token_hash: Mapped[str] = mapped_column(String(128), unique=True)
+    created_at: Mapped[datetime] = mapped_column(UtcDateTime)
+    revoked_at: Mapped[datetime | None] = mapped_column(UtcDateTime, nullable=True)
+
+
+class BrokerSecretRow(Base):
+    """A secret every replica must share, created once by whichever replica needs it first."""
+
+    __tablename__ = "broker_secrets"
+
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    value: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(UtcDateTime)
+
+
+class PolicyOverrideRow(Base):
+    """A policy value set by a time-based schedule (``queue_priority:<queue>``, ``capacity_share:<queue>``)."""
+
+    __tablename__ = "policy_overrides"
+
+    key: Mapped[str] = mapped_column(String(100), primary_key=True)
+    value: Mapped[float] = mapped_column(Float)
+    schedule: Mapped[str] = mapped_column(String(100))
+    fire_time: Mapped[datetime] = mapped_column(UtcDateTime)  # the schedule fire that set it
+    applied_at: Mapped[datetime] = mapped_column(UtcDateTime)

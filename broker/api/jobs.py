@@ -1,0 +1,157 @@
+"""``/v1/jobs``: submit, list, status, cancel and logs, each limited to the caller's team.
+
+Any replica serves these: a submission only writes a PENDING job (the leader's engine takes it
+from there) and a cancel only marks the job (the leader tears its clusters down).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, HTTPException, Query, status
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, Field
+from sqlalchemy import select
+
+from broker.clock import Clock
+from broker.engine import cancel_job, submit_job
+from broker.joblogs import read_new
+from broker.service.timepolicy import priority_for, queue_of
+from broker.spec import JobSpec, SpecError, parse_job_spec
+from broker.store import Store
+from broker.store.tables import JobRow
+from broker.summary import job_summary
+
+
+@dataclass(frozen=True)
+class JobIntake:
+    """What the job routes need to know about the broker they submit to."""
+
+    home: Path
+    backend: str
+    # (accelerator, GPUs per node) the market offers; None when any may be asked for.
+    offered: frozenset[tuple[str, int]] | None = None
+    # Validate against the built-in catalog only (an air-gapped service: SkyPilot's cannot be fetched).
+    offline: bool = False
+
+
+class JobSubmission(BaseModel):
+    spec: str = Field(min_length=1, max_length=1_000_000, description="the job file's text (YAML)")
+    source: str | None = Field(None, max_length=4096,
+                               description="the job file's path; a relative workdir is resolved against it")
+
+
+class CancelResult(BaseModel):
+    job_id: str
+    state: str
+
+
+class LogChunkOut(BaseModel):
+    file: str
+    start: int
+    end: int
+    text: str
+
+
+class JobLogs(BaseModel):
+    job_id: str
+    state: str
+    chunks: list[LogChunkOut]
+
+
+def spec_error_response(exc: SpecError) -> JSONResponse:
+    field = exc.field or "spec"
+    return JSONResponse(status_code=status.HTTP_422_UNPROCESSABLE_CONTENT, content={"detail": [{
+        "loc": ["body", "spec", *field.split(".")], "msg": exc.detail, "type": "job_file", "line": exc.line,
+    }], "message": str(exc)})
+
+
+def _market_problem(spec: JobSpec, offered: frozenset[tuple[str, int]] | None) -> SpecError | None:
+    if offered is None or not spec.accelerators:
+        return None
+    if any((a.name.lower(), a.count) in {(n.lower(), c) for n, c in offered} for a in spec.accelerators):
+        return None
+    wanted = ", ".join(f"{a.name}:{a.count}" for a in spec.accelerators)
+    have = ", ".join(sorted(f"{n}:{c}" for n, c in offered))
+    return SpecError(f"no zone of the market offers {wanted} per node (the market has {have})",
+                     field="resources.accelerators")
+
+
+def jobs_router(store: Store, clock: Clock, intake: JobIntake, team_of: Any) -> APIRouter:
+    router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
+
+    def owned(s: Any, job_id: str, team: str) -> JobRow:
+        job = s.get(JobRow, job_id)
+        if job is None:
+            raise HTTPException(status.HTTP_404_NOT_FOUND, f"no job {job_id!r}")
+        if job.team != team:
+            raise HTTPException(status.HTTP_403_FORBIDDEN, f"job {job_id!r} belongs to another team")
+        return job  # type: ignore[no-any-return]
+
+    @router.post("", status_code=status.HTTP_201_CREATED, responses={422: {"description": "invalid job file"}})
+    def submit(body: JobSubmission, team: str = Depends(team_of)) -> Any:
+        """Validate a job file and queue it as PENDING for the caller's team."""
+        try:
+            spec = parse_job_spec(body.spec, source=body.source or "job file", offline=intake.offline)
+        except SpecError as exc:
+            return spec_error_response(exc)
+        problem = _market_problem(spec, intake.offered)
+        if problem is not None:
+            return spec_error_response(problem)
+        if "team" in spec.broker_config and spec.broker.team != team:
+            raise HTTPException(status.HTTP_403_FORBIDDEN,
+                                f"broker.team: the job file names team {spec.broker.team!r}, the token is {team!r}'s")
+        with store.transaction() as s:
+            priority = priority_for(s, queue_of(spec.to_data()))
+        section = dataclasses.replace(spec.broker, team=team,
+                                      priority=spec.broker.priority if priority is None else priority)
+        job_id = submit_job(store, clock, dataclasses.replace(spec, broker=section), intake.home, intake.backend)
+        with store.transaction() as s:
+            return job_summary(s, owned(s, job_id, team))
+
+    @router.get("")
+    def list_jobs(team: str = Depends(team_of),
+                  state: Annotated[str | None, Query(description="only jobs in this state")] = None,
+                  ) -> list[dict[str, Any]]:
+        """The caller's team's jobs, oldest first."""
+        with store.transaction() as s:
+            query = select(JobRow).where(JobRow.team == team).order_by(JobRow.created_at)
+            if state is not None:
+                query = query.where(JobRow.state == state.upper())
+            return [job_summary(s, job) for job in s.scalars(query)]
+
+    @router.get("/{job_id}")
+    def get_job(job_id: str, team: str = Depends(team_of)) -> dict[str, Any]:
+        """One job: the fields of `broker status JOB --json`."""
+        with store.transaction() as s:
+            return job_summary(s, owned(s, job_id, team))
+
+    @router.post("/{job_id}/cancel", response_model=CancelResult)
+    def cancel(job_id: str, team: str = Depends(team_of)) -> CancelResult:
+        """Cancel a job; the leader's engine tears its clusters down on its next step."""
+        with store.transaction() as s:
+            owned(s, job_id, team)
+        return CancelResult(job_id=job_id, state=cancel_job(store, job_id))
+
+    @router.get("/{job_id}/logs", response_model=JobLogs)
+    def logs(job_id: str, team: str = Depends(team_of),
+             offset: Annotated[list[str] | None, Query(description="FILE:BYTES already read, repeatable")] = None,
+             ) -> JobLogs:
+        """New output of every attempt and node, past the offsets the caller already has."""
+        offsets: dict[str, int] = {}
+        for item in offset or []:
+            name, _, number = item.rpartition(":")
+            if not name or not number.isdigit():
+                raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT,
+                                    f"offset: expected FILE:BYTES like attempt-1-node-0:1024, got {item!r}")
+            offsets[name] = int(number)
+        with store.transaction() as s:
+            job = owned(s, job_id, team)
+            state = job.state
+        chunks = read_new(intake.home, job_id, offsets)
+        return JobLogs(job_id=job_id, state=state, chunks=[LogChunkOut(**dataclasses.asdict(c)) for c in chunks])
+
+    return router

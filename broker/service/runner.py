@@ -1,0 +1,233 @@
+"""``broker serve``: the API on every replica; the scheduler and the engine on the leader only.
+
+Every replica serves the whole API (a submission writes a PENDING job, a notice is recorded by
+whichever replica gets it). One replica at a time holds the leader lock; it starts an APScheduler
+``BackgroundScheduler`` whose jobs live in the store (``apscheduler_jobs``) and run the engine's
+step, reconcile, price polls, report schedules and time-based policy changes. A replica that
+loses the lock stops its scheduler at once and goes back to trying for it.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import signal
+import socket
+import threading
+from datetime import UTC, datetime
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import uvicorn
+
+from broker.api.app import create_app
+from broker.api.jobs import JobIntake
+from broker.config import ConfigError, Settings
+from broker.engine import Engine, EngineOptions
+from broker.provision.local import LocalProvisioner, LocalWorld
+from broker.runtime import BUNDLED_MARKET, active_job_count
+from broker.service import tasks
+from broker.service.hooks import resolve
+from broker.service.leader import LeaderLock, leader_lock
+from broker.service.reconcile import reconcile_local
+from broker.service.schedule_config import policy_cron_trigger
+from broker.service.timepolicy import admission_check, apply_due_policies
+from broker.store import Store, open_store
+from broker.tokens import SharedAgentTokens
+
+log = logging.getLogger("broker.service")
+SCHEDULER_TABLE = "apscheduler_jobs"
+
+
+def shared_world(home: Path, trace: str, speed: float, store: Store) -> LocalWorld:
+    """The local market replay all replicas on this broker home share, begun by the first of them.
+
+    An existing replay is kept when it plays the same trace at the same speed, or while jobs are
+    active (their clusters run on its clock); otherwise a new one begins. A file lock makes
+    replicas starting together agree on one.
+    """
+    (home / "local").mkdir(parents=True, exist_ok=True)
+    with open(home / "local" / "world.lock", "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            existing = LocalWorld.load(home)
+            wanted = str(Path(trace).resolve())
+            if existing is not None and (
+                    (existing.trace_path == wanted and existing.clock.speed == speed) or active_job_count(store) > 0):
+                return existing
+            return LocalWorld.begin(home, trace, speed)
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+class Service:
+    def __init__(self, settings: Settings, store: Store | None = None) -> None:
+        if settings.backend != "local":
+            raise ConfigError(f"backend: this build serves the local backend; expected local, got {settings.backend!r}")
+        self.settings = settings
+        self.home = settings.home
+        self.price_poller = resolve(settings.price_poller, "price_poller")
+        self.report_runner = resolve(settings.report_runner, "report_runner")
+        self.store = store or open_store(settings.database_url)
+        self.world = shared_world(self.home, str(settings.market or BUNDLED_MARKET), settings.speed, self.store)
+        self.market = self.world.market()
+        self.clock = self.world.clock
+        self.provisioner = LocalProvisioner(self.home, self.world, settings.local_provision_seconds)
+        self.tokens = SharedAgentTokens(self.store, self.home)
+        self.lock: LeaderLock = leader_lock(settings.database_url, self.home)
+        self.leading = False
+        self.engine: Engine | None = None
+        self.scheduler: Any = None
+        self._stop = threading.Event()
+        self._leadership = threading.Lock()
+        self.socket = self._bind(settings.serve_host, settings.serve_port)
+        host, port = self.socket.getsockname()[:2]
+        self.url = f"http://{host}:{port}"
+        self.public_url = settings.public_url or f"http://{'127.0.0.1' if host == '0.0.0.0' else host}:{port}"
+        offered = frozenset((z.accelerator, z.gpus_per_node) for z in self.market.trace.zones)
+        self.app = create_app(self.store, self.clock, JobIntake(self.home, self.provisioner.name, offered,
+                                                                 offline=settings.offline_catalog),
+                              is_leader=lambda: self.leading)
+        self.server = uvicorn.Server(uvicorn.Config(self.app, log_config=None, access_log=False, lifespan="off",
+                                                    timeout_graceful_shutdown=5))
+
+    @staticmethod
+    def _bind(host: str, port: int) -> socket.socket:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError as exc:
+            sock.close()
+            raise ConfigError(f"--host/--port: cannot listen on {host}:{port}: {exc.strerror}") from None
+        return sock
+
+    # ----------------------------------------------------------------- leadership
+
+    def confirm_leadership(self) -> bool:
+        """Re-check the lock (before each engine step): a lost session demotes this replica at once."""
+        with self._leadership:
+            if self.leading and not self.lock.check():
+                self._demote("lock session lost")
+            return self.leading
+
+    def _campaign(self) -> None:
+        with self._leadership:
+            if not self.leading:
+                if self.lock.try_acquire():
+                    self._promote()
+            elif not self.lock.check():
+                self._demote("lock session lost")
+
+    def _promote(self) -> None:
+        self.leading = True
+        log.info("leader: acquired the leader lock; starting the scheduler and the engine",
+                 extra={"event": "leader_acquired"})
+        self.engine = Engine(self.store, self.clock, self.market, self.provisioner, EngineOptions(
+            home=self.home, selection_policy=self.settings.selection_policy, broker_url=self.public_url,
+            admit=admission_check(self.settings.capacity_gpus)), tokens=self.tokens)
+        apply_due_policies(self.store, self.settings.policy_schedules, datetime.now(UTC))
+        tasks.bind(self)
+        self.scheduler = build_scheduler(self.store, self.settings)
+        start_scheduler(self.scheduler)
+
+    def _demote(self, reason: str) -> None:
+        self.leading = False
+        log.warning("leader: lost leadership (%s); stopping the scheduler and the engine", reason,
+                    extra={"event": "leader_lost"})
+        self._stop_scheduler()
+        self.engine = None
+
+    def _stop_scheduler(self) -> None:
+        if self.scheduler is not None:
+            try:
+                self.scheduler.shutdown(wait=False)
+            except Exception as exc:
+                log.debug("scheduler shutdown: %s", exc)
+            self.scheduler = None
+
+    def reconcile(self) -> None:
+        reconcile_local(self.store, self.provisioner.root)
+
+    # ----------------------------------------------------------------- running
+
+    def run(self) -> None:
+        """Serve until SIGTERM/SIGINT; campaign for leadership every ``leader_check_seconds``."""
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, self._on_signal)
+        thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.socket]}, daemon=True,
+                                  name="api")
+        thread.start()
+        log.info("serving the API at %s (agents report to %s)", self.url, self.public_url,
+                 extra={"event": "listening", "url": self.url})
+        try:
+            while not self._stop.is_set():
+                try:
+                    self._campaign()
+                except Exception:
+                    log.exception("leader campaign failed")
+                self._stop.wait(self.settings.leader_check_seconds)
+        finally:
+            self.shutdown()
+            self.server.should_exit = True
+            thread.join(timeout=10)
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        log.info("received %s; stopping", signal.Signals(signum).name)
+        self.stop()
+
+    def shutdown(self) -> None:
+        with self._leadership:
+            self._stop_scheduler()
+            if self.leading:
+                self.leading = False
+                self.lock.release()
+                log.info("leader: released the leader lock", extra={"event": "leader_released"})
+            tasks.bind(None)
+        self.store.dispose()
+
+
+def build_scheduler(store: Store, settings: Settings) -> Any:
+    """A BackgroundScheduler with its jobs in the store, holding exactly the jobs the settings call for."""
+    from apscheduler.executors.pool import ThreadPoolExecutor
+    from apscheduler.jobstores.sqlalchemy import SQLAlchemyJobStore
+    from apscheduler.schedulers.background import BackgroundScheduler
+
+    scheduler = BackgroundScheduler(
+        jobstores={"default": SQLAlchemyJobStore(engine=store.engine, tablename=SCHEDULER_TABLE)},
+        executors={"default": ThreadPoolExecutor(4)},
+        job_defaults={"coalesce": True, "max_instances": 1, "misfire_grace_time": 60},
+        timezone=UTC,
+    )
+    wanted: dict[str, dict[str, Any]] = {
+        "engine-step": {"func": "broker.service.tasks:engine_step", "trigger": "interval",
+                        "seconds": settings.poll_seconds},
+        "reconcile": {"func": "broker.service.tasks:reconcile", "trigger": "interval",
+                      "seconds": settings.reconcile_seconds},
+        "reports": {"func": "broker.service.tasks:run_reports", "trigger": "interval",
+                    "seconds": settings.report_check_seconds},
+    }
+    for cloud, seconds in sorted(settings.price_poll_seconds.items()):
+        wanted[f"prices-{cloud}"] = {"func": "broker.service.tasks:poll_prices", "trigger": "interval",
+                                     "seconds": seconds, "args": [cloud]}
+    for schedule in settings.policy_schedules:
+        wanted[f"policy-{schedule.name}"] = {"func": "broker.service.tasks:apply_policies",
+                                             "trigger": policy_cron_trigger(schedule.cron, schedule.timezone)}
+    # Added before start(): on start they replace the copies a previous leader left in the store.
+    for job_id, spec in wanted.items():
+        scheduler.add_job(id=job_id, name=job_id, replace_existing=True, **spec)
+    return scheduler
+
+
+def start_scheduler(scheduler: Any) -> None:
+    """Start, then drop stored jobs a previous leader had that the settings no longer call for."""
+    wanted = {job.id for job in scheduler.get_jobs()}
+    scheduler.start()
+    for job in scheduler.get_jobs():
+        if job.id not in wanted:
+            scheduler.remove_job(job.id)
+            log.info("scheduler: removed job %s, no longer in the settings", job.id)

@@ -1,0 +1,91 @@
+"""The CLI against a running `broker serve` prints what it prints embedded, and refuses what the API refuses."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from broker.cli import main
+from broker.config import load_settings
+from broker.store import open_store
+from broker.tokens import create_api_token
+from tests.broker.service.replicas import ROOT, Replica, start_replica, two_zone_trace
+
+JOB = """\
+name: remote
+num_nodes: 1
+resources:
+  accelerators: V100:1
+workdir: {workdir}
+run: python train.py --steps 40 --step-seconds 0.05 --checkpoint-every 20
+broker:
+  team: {team}
+"""
+
+
+def _run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    try:
+        main(argv)
+        code = 0
+    except SystemExit as exc:
+        code = int(exc.code or 0)
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+@pytest.fixture
+def replica(tmp_path: Path, broker_home: Path) -> object:
+    env = {"BROKER_HOME": str(broker_home), "BROKER_SPEED": "60", "BROKER_LOCAL_PROVISION_SECONDS": "60",
+           "BROKER_MARKET": str(two_zone_trace(tmp_path / "market.csv", cheap_lost_from=1000)),
+           "BROKER_LEADER_CHECK_SECONDS": "1"}
+    started = start_replica("only", env, tmp_path)
+    yield started
+    started.stop()
+
+
+@pytest.mark.slow
+def test_remote_commands_print_what_embedded_ones_do(tmp_path: Path, replica: Replica,
+                                                     monkeypatch: pytest.MonkeyPatch,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    store = open_store(load_settings().database_url)
+    monkeypatch.setenv("BROKER_TOKEN", create_api_token(store, "research").token)
+    other_team = create_api_token(store, "vision").token
+    store.dispose()
+    job_file = tmp_path / "job.yaml"
+    job_file.write_text(JOB.format(workdir=ROOT / "examples", team="research"))
+    server = ["--server", replica.url]
+
+    code, out, err = _run(["launch", str(job_file), "--json", *server], capsys)
+    assert code == 0, err
+    summary = json.loads(out)
+    job_id = summary["job_id"]
+    assert summary["state"] == "SUCCEEDED" and summary["team"] == "research"
+
+    for argv in (["status", job_id, "--json"], ["status", "--json"], ["status"], ["logs", job_id]):
+        remote = _run([*argv, *server], capsys)
+        embedded = _run(argv, capsys)
+        assert remote == embedded and remote[0] == 0, argv
+    assert json.loads(_run(["status", job_id, "--json", *server], capsys)[1]) == summary
+    assert "done: 40 steps" in _run(["logs", job_id, *server], capsys)[1]
+
+    code, out, _ = _run(["launch", str(job_file), "--detach", *server], capsys)
+    detached = out.split()[1].rstrip(";")
+    assert code == 0 and out.startswith(f"submitted {detached}; follow it with `broker logs {detached} --follow`")
+    assert _run(["cancel", detached, *server], capsys) == (0, f"{detached}: CANCELLED\n", "")
+    assert _run(["cancel", detached], capsys) == (0, f"{detached}: CANCELLED\n", "")
+
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: t\nresources:\n  accelerators: V100:1\n")
+    remote_bad = _run(["launch", str(bad), *server], capsys)
+    embedded_bad = _run(["launch", str(bad)], capsys)
+    assert remote_bad[0] == embedded_bad[0] == 2
+    assert remote_bad[2] == embedded_bad[2] and "run: required" in remote_bad[2]
+
+    monkeypatch.setenv("BROKER_TOKEN", other_team)
+    code, _, err = _run(["status", job_id, *server], capsys)
+    assert code == 2 and "belongs to another team" in err
+    monkeypatch.delenv("BROKER_TOKEN")
+    code, _, err = _run(["status", *server], capsys)
+    assert code == 2 and "BROKER_TOKEN" in err
