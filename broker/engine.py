@@ -439,6 +439,9 @@ class Engine:
                 assert victim is not None
                 victim.preempted_by = job.id
                 victim.checkpoint_requested_at = now
+                victim_alloc = self._current_allocation(s, victim)
+                if victim_alloc is not None:
+                    victim_alloc.stopping_at = now
                 self._transition(s, victim, JobState.CHECKPOINTING, reason=f"preempted by {job.id}",
                                  cluster=row.id)
                 signal = self.spec_of(victim).broker.checkpoint.signal
@@ -479,6 +482,7 @@ class Engine:
         notice = self._open_notice(s, cluster.id)
         if notice is not None:
             notice.handled_at = self.clock.now()
+            alloc.stopping_at = notice.received_at
             job.preemptions += 1
             self._record_checkpoint(job, notice)
             self._transition(s, job, JobState.CHECKPOINTING, cluster=cluster.id, zone=cluster.zone,

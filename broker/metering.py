@@ -17,7 +17,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from broker.model import JobState, Usage
-from broker.store.tables import AllocationRow, ClusterRow, JobRow, LedgerRow, NoticeRow
+from broker.store.tables import AllocationRow, ClusterRow, JobRow, LedgerRow
 from providers.base import OfferKey, SpotQuote
 
 TERMINATE_KINDS = ("terminate", "stop", "hibernate", "maintenance")
@@ -41,7 +41,6 @@ class ClusterHistory:
 
     row: ClusterRow
     allocations: list[AllocationRow]
-    notice_at: datetime | None
     jobs: dict[str, JobRow]
     launched_for: JobRow | None
     migrated_in: bool
@@ -51,8 +50,6 @@ class ClusterHistory:
     def read(cls, s: Session, row: ClusterRow) -> ClusterHistory:
         allocations = list(s.scalars(select(AllocationRow).where(AllocationRow.cluster_id == row.id)
                                      .order_by(AllocationRow.started_at)))
-        notice_at = s.scalar(select(NoticeRow.received_at).where(NoticeRow.cluster_id == row.id,
-                                                                 NoticeRow.kind.in_(TERMINATE_KINDS)))
         ids = {a.job_id for a in allocations} | ({row.job_id} if row.job_id else set())
         jobs = {j.id: j for j in s.scalars(select(JobRow).where(JobRow.id.in_(ids)))} if ids else {}
         launched_for = jobs.get(row.job_id) if row.job_id else None
@@ -60,7 +57,7 @@ class ClusterHistory:
             select(AllocationRow.id).where(AllocationRow.job_id == launched_for.id,
                                            AllocationRow.started_at < row.created_at)) is not None
         queue_waiting = s.scalar(select(JobRow.id).where(JobRow.state == JobState.PENDING.value)) is not None
-        return cls(row, allocations, notice_at, jobs, launched_for, migrated_in, queue_waiting)
+        return cls(row, allocations, jobs, launched_for, migrated_in, queue_waiting)
 
     def shares(self, minute: datetime) -> list[Share]:
         row = self.row
@@ -76,7 +73,7 @@ class ClusterHistory:
             if alloc.started_at <= minute and (alloc.ended_at is None or minute < alloc.ended_at):
                 gpus = float(sum(len(v) for v in alloc.gpus.values())) or total
                 job = self.jobs.get(alloc.job_id)
-                checkpointing = self.notice_at is not None and minute >= self.notice_at
+                checkpointing = alloc.stopping_at is not None and minute >= alloc.stopping_at
                 usage = Usage.RESTARTING if checkpointing else Usage.RUNNING
                 shares.append(Share(f"job:{alloc.job_id}", usage, gpus, job))
                 held += gpus

@@ -132,6 +132,8 @@ class AllocationRow(Base):
     gpus: Mapped[dict[str, list[int]]] = mapped_column(JSON)
     started_at: Mapped[datetime] = mapped_column(UtcDateTime)
     running_at: Mapped[datetime | None] = mapped_column(UtcDateTime, nullable=True)
+    # When the gang was told to checkpoint before losing these GPUs (a notice, or a preemptor).
+    stopping_at: Mapped[datetime | None] = mapped_column(UtcDateTime, nullable=True)
     ended_at: Mapped[datetime | None] = mapped_column(UtcDateTime, nullable=True)
     outcome: Mapped[str | None] = mapped_column(String(20), nullable=True)
 

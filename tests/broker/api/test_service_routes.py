@@ -5,23 +5,13 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from sqlalchemy import Boolean, Column, Float, Integer, MetaData, String, Table, func, select
+from sqlalchemy import func, select
 
-from broker.api.reports import REPORTS_MISSING, reports_available
 from broker.engine import hash_token
-from broker.store.tables import ClusterRow, JobRow, LedgerRow, NoticeRow, UtcDateTime
+from broker.market import PriceBook
+from broker.store.tables import ClusterRow, JobRow, LedgerRow, NoticeRow
+from providers.base import SpotQuote
 from tests.broker.api.conftest import Api
-
-# The price book's table as the price pollers' migration creates it (their branch's PriceQuoteRow).
-PRICE_TABLE = Table(
-    "price_quotes", MetaData(),
-    Column("id", Integer, primary_key=True), Column("cloud", String(20)), Column("region", String(64)),
-    Column("zone", String(64)), Column("instance_type", String(64)), Column("accelerator", String(50)),
-    Column("gpus_per_node", Integer), Column("gpu_memory_gb", Float, nullable=True),
-    Column("spot_price", Float, nullable=True), Column("on_demand_price", Float, nullable=True),
-    Column("capacity_score", Float, nullable=True), Column("available_nodes", Integer, nullable=True),
-    Column("stale", Boolean), Column("observed_at", UtcDateTime), Column("confirmed_at", UtcDateTime),
-)
 
 
 def test_prices_are_empty_without_a_price_book(api: Api) -> None:
@@ -37,24 +27,38 @@ def test_prices_are_the_latest_quote_per_offer(api: Api) -> None:
         ("aws", "us-east-1a", "p3.2xlarge", "V100", 1, 0.91, t0 + timedelta(minutes=5)),
         ("gcp", "us-central1-a", "a2-highgpu-8g", "A100", 8, 9.5, t0),
     ]
-    PRICE_TABLE.create(api.store.engine)
-    with api.store.engine.begin() as conn:
-        for cloud, zone, itype, acc, gpus, spot, at in rows:
-            conn.execute(PRICE_TABLE.insert().values(
-                cloud=cloud, region="r", zone=zone, instance_type=itype, accelerator=acc, gpus_per_node=gpus,
-                spot_price=spot, on_demand_price=3.0, available_nodes=2, stale=False, observed_at=at,
-                confirmed_at=at))
+    book = PriceBook(api.store)
+    for cloud, zone, itype, acc, gpus, spot, at in rows:
+        book.record(cloud, [SpotQuote(cloud, "r", zone, itype, acc, gpus, spot, 3.0, at, available_nodes=2)], at=at)
     quotes = api.client.get("/v1/prices", headers=api.beta).json()
     assert [(q["cloud"], q["zone"], q["spot_price"]) for q in quotes] == [
-        ("gcp", "us-central1-a", 9.5), ("aws", "us-east-1a", 0.91)]
+        ("aws", "us-east-1a", 0.91), ("gcp", "us-central1-a", 9.5)]  # cheapest per GPU-hour first
     only = api.client.get("/v1/prices", params={"accelerator": "v100"}, headers=api.beta).json()
     assert [(q["instance_type"], q["on_demand_price"], q["available_nodes"]) for q in only] == [("p3.2xlarge", 3.0, 2)]
 
 
-@pytest.mark.skipif(reports_available(), reason="the report builder is part of this build")
-def test_reports_say_the_builder_is_absent(api: Api) -> None:
-    response = api.client.get("/v1/reports", headers=api.alpha)
-    assert response.status_code == 404 and response.json()["detail"] == REPORTS_MISSING
+def test_reports_cover_only_the_callers_team(api: Api) -> None:
+    now = datetime.now(UTC).replace(second=0, microsecond=0)
+    alpha_job = api.submit(api.alpha)
+    with api.store.transaction() as s:
+        s.add(ClusterRow(id="c9", launch_key="c9", job_id=alpha_job, backend="local", cloud="aws", region="r",
+                         zone="z", instance_type="p3.2xlarge", gpus_per_node=1, num_nodes=1, spot=True,
+                         price_per_node_hour=0.9, on_demand_price_per_node_hour=3.06, state="UP", handle={},
+                         created_at=now - timedelta(minutes=5)))
+        s.flush()
+        team = s.get(JobRow, alpha_job).team  # type: ignore[union-attr]
+        for minute in range(3):
+            s.add(LedgerRow(cluster_id="c9", minute=now - timedelta(minutes=3 - minute), holder=f"job:{alpha_job}",
+                            job_id=alpha_job, team=team, usage="running", cloud="aws", region="r", zone="z",
+                            instance_type="p3.2xlarge", accelerator="V100", nodes=1, gpus=1, spot=True,
+                            price_per_node_hour=0.9, on_demand_price_per_node_hour=3.06, cost=0.015,
+                            on_demand_cost=0.051))
+    mine = api.client.get("/v1/reports", params={"since": "1h"}, headers=api.alpha)
+    theirs = api.client.get("/v1/reports", params={"since": "1h"}, headers=api.beta)
+    assert mine.status_code == 200 and theirs.status_code == 200
+    assert mine.json()["totals"]["spend"] == pytest.approx(0.045)
+    assert theirs.json()["totals"]["spend"] == 0
+    assert api.client.get("/v1/reports", params={"since": "soon"}, headers=api.alpha).status_code == 422
     assert api.client.get("/v1/reports").status_code == 401
 
 

@@ -115,6 +115,7 @@ def upgrade() -> None:
     sa.Column('gpus', sa.JSON(), nullable=False),
     sa.Column('started_at', broker.store.tables.UtcDateTime(timezone=True), nullable=False),
     sa.Column('running_at', broker.store.tables.UtcDateTime(timezone=True), nullable=True),
+    sa.Column('stopping_at', broker.store.tables.UtcDateTime(timezone=True), nullable=True),
     sa.Column('ended_at', broker.store.tables.UtcDateTime(timezone=True), nullable=True),
     sa.Column('outcome', sa.String(length=20), nullable=True),
     sa.ForeignKeyConstraint(['cluster_id'], ['clusters.id'], ),
