@@ -1,0 +1,1 @@
+"""The simulator: replay a market trace and account for what selection policies do with a job."""
