@@ -76,6 +76,9 @@ class MarketSeries:
         self.available_nodes = _frozen(available_nodes)
         self.column = {loc: i for i, loc in enumerate(locations)}
         self._gangs: dict[int, GangSeries] = {}
+        # Derived facts policies compute from this series (pure functions of it), kept so that the
+        # next tick's call does not redo them. Keys are chosen by the policy module that fills them.
+        self.memo: dict[object, object] = {}
 
     @classmethod
     def from_trace(cls, trace: Any) -> MarketSeries:

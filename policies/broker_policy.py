@@ -1,0 +1,289 @@
+"""``broker``: the default selection policy: the cheapest progress that still meets the deadline.
+
+Each step it prices every zone that can take the gang as *expected dollars per step of progress*:
+the zone's spot price projected along its recent trend, times the restart overhead amortised over
+the run the zone is expected to give (learned from the lengths of that zone's past availability
+runs, given how long the current one has lasted already), plus checkpoint egress when the zone is
+in another region than the checkpoint. Short-lived capacity is expensive by that measure, so the
+policy skips blips that would mostly pay for restarts.
+
+How much waiting it can afford comes from the slack (steps left minus work left) against a
+reserve: the smaller of (a) the slack a spot-only job is expected to burn for the remaining work
+in this market (waiting for capacity, restarts, lost preemption steps), learned by replaying a
+simple spot-only job over the recent history, and (b) the slack that spending it evenly until the
+deadline would keep (Uniform Progress's line: when spot cannot cover the work, the cheapest plan
+uses every stretch of spot until the end, so slack must not run out early). With slack to spare
+it waits for good spot and stays put; short of it, it runs on-demand while no spot is worth it and
+returns once the slack is back.
+
+A hard floor keeps the deadline whenever on-demand can still meet it: off spot, spot is entered
+only with ``slack >= 2 x overhead + 2`` steps (a restart plus a preemption still leave room to
+finish on on-demand), and on spot the job leaves for on-demand before a preemption could make the
+deadline unreachable.
+"""
+
+from __future__ import annotations
+
+import math
+from bisect import bisect_left, bisect_right
+from dataclasses import dataclass
+
+import numpy as np
+
+from policies.history import MarketHistory
+from policies.registry import register
+from policies.selection import (
+    ON_DEMAND,
+    Budget,
+    Location,
+    Plan,
+    SelectionRequest,
+    ZoneOffer,
+    current_offer,
+    eligible_offers,
+    on_demand_plan,
+    spot_ok,
+)
+
+RUN_WINDOW_S = 4 * 86400.0  # availability runs that finished this recently describe a zone
+RESERVE_WINDOW_S = 2 * 86400.0  # how far back the spot-only replay measures slack burn
+TREND_WINDOW_S = 6 * 3600.0
+MIN_RUNS = 6  # fewer runs of its own: a zone is judged on the runs of every zone
+PRIOR_BURN = 0.5  # slack per progress step assumed before the history says otherwise ...
+PRIOR_WEIGHT_STEPS = 24  # ... weighted like this many steps of observed progress
+PICKINESS = 0.15  # with slack to spare, enter spot costing at most this much over the cheapest spot
+SWITCH_GAIN = 0.08  # move between zones only for this much cheaper progress
+LEAVE_ON_DEMAND = 0.75  # leave on-demand for spot that costs at most this fraction of it
+NO_HISTORY_RUN_S = 4 * 3600.0  # without history, a zone's capacity is expected to last this long
+
+
+@dataclass(frozen=True, slots=True)
+class _Option:
+    offer: ZoneOffer
+    cost: float  # expected USD per node-step of progress, restarts and egress included
+    progress: float = math.inf  # expected steps of progress before capacity goes
+
+
+@register("selection", "broker", default=True)
+def broker(request: SelectionRequest) -> Plan:
+    """Cheapest expected progress among spot zones, waiting or on-demand as the slack allows."""
+    budget = Budget.of(request)
+    k, slack, work = budget.overhead, budget.slack, max(budget.work, 1)
+    n = request.job.num_nodes
+    here = current_offer(request)
+    on_spot = here is not None and spot_ok(here, n)
+    floor = (k + 1 + (budget.overhead_left > 0)) if on_spot else 2 * k + 2
+    if slack < floor:
+        return on_demand_plan(request, "deadline floor: only on-demand still meets the deadline")
+
+    offers = eligible_offers(request)
+    od_price = min((o.on_demand_price for o in offers), default=math.inf)
+    cheapest = min((_projected(request, o, budget) for o in offers), default=math.inf)
+    spare = slack - (2 * k + 2) - min(work * _burn(request.history, n, k), _paced(request, budget))
+    # A step of slack is worth nothing while there is slack to spare; short of it, every step
+    # lost now is a step of on-demand later instead of spot.
+    worth = 0.0 if spare >= 0 else max(od_price - cheapest, 0.0)
+    options = sorted((_price(request, budget, o, worth) for o in offers if spot_ok(o, n) and o is not here),
+                     key=lambda opt: (opt.cost, opt.offer.location))
+    best = options[0] if options else None
+
+    if on_spot and here is not None:
+        stay = _price(request, budget, here, worth, restart=budget.overhead_left)
+        if best is not None and spare >= k + 1 and best.cost < stay.cost * (1 - SWITCH_GAIN):
+            return _go(best, "cheaper progress elsewhere is worth a restart")
+        return _go(stay, "stay: no cheaper progress worth a restart")
+
+    if request.current.kind == ON_DEMAND:
+        if best is not None and best.cost + k * (od_price + worth) / best.progress <= od_price * LEAVE_ON_DEMAND:
+            return _go(best, "spot pays for the restarts there and back: leave on-demand")
+        return on_demand_plan(request, "stay on on-demand: no spot worth two restarts")
+
+    if spare >= 0:
+        if best is not None and best.cost <= cheapest * (1 + PICKINESS):
+            return _go(best, "good spot: expected progress near the cheapest price")
+        return Plan((), reason="slack to spare: wait for good spot")
+    if best is not None and best.cost < od_price:
+        return _go(best, "short of slack: spot cheaper than on-demand, slack counted")
+    if _capacity_wait(request, budget, horizon=k + 1) <= k:
+        return Plan((), reason="short of slack, but capacity is likely back sooner than a restart")
+    return on_demand_plan(request, "short of slack and no spot worth it: on-demand")
+
+
+def _paced(request: SelectionRequest, budget: Budget) -> float:
+    """Slack to keep if it is spent evenly until the deadline (Uniform Progress's line)."""
+    job = request.job
+    if job.total_work_s is None or job.started_at is None or job.deadline is None:
+        return math.inf
+    span = (job.deadline - job.started_at).total_seconds() / budget.step_s
+    total = job.total_work_s / budget.step_s
+    return budget.left * max(span - total, 0.0) / max(span, 1e-9)
+
+
+def _go(first: _Option, reason: str) -> Plan:
+    return Plan((Location("spot", first.offer),), reason=reason)
+
+
+def _price(request: SelectionRequest, budget: Budget, offer: ZoneOffer, worth: float,
+           restart: int | None = None) -> _Option:
+    """Expected USD per node-step of progress if the job runs in ``offer``'s zone from now.
+
+    ``restart`` is the overhead still to pay (default: a full restart, as when entering); the
+    steps it and the eventual preemption take from the slack are charged at ``worth`` each.
+    """
+    k = budget.overhead if restart is None else restart
+    work = max(budget.work, 1)
+    history = request.history
+    column = history.column(offer.location) if history is not None else None
+    if history is None or column is None:
+        mean = NO_HISTORY_RUN_S / budget.step_s / (1 + _recent_preemptions(request, offer))
+        paid = min(mean, k + work)
+        progress = max(paid - k, 1e-9)
+    else:
+        age = int(history.age(request.job.num_nodes)[column])
+        runs = _runs(history, request.job.num_nodes, column, round(RUN_WINDOW_S / budget.step_s))
+        paid, progress = runs.expected(age, k, work)
+    price = _projected(request, offer, budget, horizon=min(paid, work))
+    egress = 0.0
+    if (request.checkpoint_region is not None and offer.region_key != request.checkpoint_region
+            and restart is None):
+        steps = progress * request.job.num_nodes * budget.step_s / 3600.0
+        egress = request.job.checkpoint_gb * request.egress_per_gb / max(steps, 1e-9)
+    return _Option(offer, (price * paid + worth * (k + 1)) / progress + egress, progress)
+
+
+def _projected(request: SelectionRequest, offer: ZoneOffer, budget: Budget, horizon: float = 0.0) -> float:
+    """The spot price along its recent trend, averaged over the next ``horizon`` steps."""
+    history = request.history
+    column = history.column(offer.location) if history is not None else None
+    if history is None or column is None or horizon <= 0:
+        return offer.spot_price
+    window = max(1, round(TREND_WINDOW_S / budget.step_s))
+    slope = history.price_change(column, window) / window
+    ahead = min(horizon, window) / 2
+    return max(offer.spot_price + slope * ahead, 0.0)
+
+
+def _capacity_wait(request: SelectionRequest, budget: Budget, horizon: int) -> float:
+    """Expected steps until some eligible zone can take the gang again, capped at ``horizon``,
+    from how long the zones' past outages lasted given how long the current ones have."""
+    history = request.history
+    if history is None:
+        return float(horizon)
+    n = request.job.num_nodes
+    window = round(RUN_WINDOW_S / budget.step_s)
+    ages = history.age(n)
+    still_down = np.ones(horizon)
+    for offer in eligible_offers(request):
+        column = history.column(offer.location)
+        if column is None:
+            continue
+        outages = _runs(history, n, column, window, down=True)
+        still_down *= outages.survival(int(ages[column]), horizon)
+    return float(still_down.sum())
+
+
+def _recent_preemptions(request: SelectionRequest, offer: ZoneOffer) -> int:
+    record = request.record.get(offer.location)
+    if record is None:
+        return 0
+    return sum(1 for t in record.preemptions if (request.now - t).total_seconds() < 86400)
+
+
+class _RunLengths:
+    """Finished availability-run lengths, sorted, with prefix sums for O(log n) expectations."""
+
+    def __init__(self, lengths: np.ndarray) -> None:
+        ordered = np.sort(lengths)
+        self.x = ordered.tolist()
+        self.prefix = np.concatenate([[0], np.cumsum(ordered)]).tolist()
+
+    def _sum_min(self, age: int, cap: float, first: int) -> float:
+        """Sum over runs at least ``age`` long of min(steps left in the run from now, cap)."""
+        count = len(self.x) - first
+        top = cap + age - 1
+        last = bisect_right(self.x, top)
+        return (self.prefix[last] - self.prefix[first]) + (len(self.x) - last) * top - (age - 1) * count
+
+    def expected(self, age: int, restart: int, work: int) -> tuple[float, float]:
+        """(steps paid, steps of progress) per entry now, for a run that has lasted ``age`` steps."""
+        first = bisect_left(self.x, age)
+        count = len(self.x) - first
+        if count == 0:  # longer than any run seen: expect it to last about as long again
+            paid = float(min(age, restart + work))
+            return paid, max(paid - min(age, restart), 1e-9)
+        paid = self._sum_min(age, restart + work, first)
+        lost = self._sum_min(age, restart, first) if restart > 0 else 0.0
+        return paid / count, max(paid - lost, 1e-9) / count
+
+    def survival(self, age: int, horizon: int) -> np.ndarray:
+        """P(the run that has lasted ``age`` steps still goes on after j more steps), j < horizon."""
+        first = bisect_left(self.x, age)
+        count = len(self.x) - first
+        if count == 0:
+            return np.ones(horizon)
+        return np.array([(len(self.x) - bisect_left(self.x, age + j)) / count for j in range(horizon)])
+
+
+def _runs(history: MarketHistory, n: int, zone: int, window: int, down: bool = False) -> _RunLengths:
+    """The zone's finished up-runs (or outages) of the last ``window`` steps; every zone's when it
+    has too few of its own."""
+    gang = history.series.gang(n)
+    all_ends = gang.down_end if down else gang.run_end
+    all_lengths = gang.down_length if down else gang.run_length
+    bounds = tuple((int(np.searchsorted(ends, history.now - window, side="right")),
+                    int(np.searchsorted(ends, history.now, side="right"))) for ends in all_ends)
+    lo, hi = bounds[zone]
+    pooled = hi - lo < MIN_RUNS
+    key = ("broker.runs", n, down, bounds) if pooled else ("broker.runs", n, down, zone, lo, hi)
+    memo = history.series.memo
+    found = memo.get(key)
+    if found is None:
+        if pooled:
+            lengths = np.concatenate([all_lengths[z][a:b] for z, (a, b) in enumerate(bounds)])
+        else:
+            lengths = all_lengths[zone][lo:hi]
+        found = memo[key] = _RunLengths(lengths)
+    assert isinstance(found, _RunLengths)
+    return found
+
+
+def _burn(history: MarketHistory | None, n: int, k: int) -> float:
+    """Slack a spot-only job burns per step of progress here lately (waits, restarts, lost steps)."""
+    if history is None:
+        return PRIOR_BURN
+    key = ("broker.spot-only", n, k)
+    memo = history.series.memo
+    found = memo.get(key)
+    if found is None:
+        found = memo[key] = _spot_only_replay(history, n, k)
+    assert isinstance(found, np.ndarray)
+    window = round(RESERVE_WINDOW_S / history.tick_seconds)
+    lo, hi = max(0, history.now + 1 - window), history.now + 1
+    progress = int(found[hi] - found[lo])
+    lost = (hi - lo) - progress
+    return (lost + PRIOR_BURN * PRIOR_WEIGHT_STEPS) / (progress + PRIOR_WEIGHT_STEPS)
+
+
+def _spot_only_replay(history: MarketHistory, n: int, k: int) -> np.ndarray:
+    """A never-ending spot-only job over the whole series: stay until preempted, then take the zone
+    whose capacity has lasted longest. Returns its cumulative progress steps; tick t depends on
+    ticks <= t only, so any prefix is what a job could have measured by then."""
+    gang = history.series.gang(n)
+    up, age = gang.up, gang.age
+    ticks = up.shape[0]
+    progress = np.zeros(ticks, dtype=np.int64)
+    where, restart = -1, 0
+    for t in range(ticks):
+        if where >= 0 and not up[t, where]:
+            where = -1
+            continue
+        if where < 0:
+            row = up[t]
+            if not row.any():
+                continue
+            where, restart = int(np.argmax(np.where(row, age[t], 0))), k
+        if restart > 0:
+            restart -= 1
+        else:
+            progress[t] = 1
+    return np.concatenate([[0], np.cumsum(progress)])
