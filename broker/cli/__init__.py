@@ -8,6 +8,7 @@ from broker.cli.app import UsageError, app, err_console
 
 
 def _register() -> None:
+    import broker.cli.simulate  # noqa: F401
     from broker.cli import jobs  # noqa: F401
 
 
