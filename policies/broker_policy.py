@@ -158,7 +158,14 @@ def _projected(request: SelectionRequest, offer: ZoneOffer, budget: Budget, hori
     if history is None or column is None or horizon <= 0:
         return offer.spot_price
     window = max(1, round(TREND_WINDOW_S / budget.step_s))
-    slope = history.price_change(column, window) / window
+    key = ("broker.slope", window)
+    slopes = history.series.memo.get(key)
+    if slopes is None:  # price change per step over the trailing window, every tick at once
+        price = history.series.spot_price
+        before = price[np.maximum(np.arange(len(price)) - window, 0)]
+        slopes = history.series.memo[key] = ((price - before) / window).tolist()
+    assert isinstance(slopes, list)
+    slope = slopes[history.now][column]
     ahead = min(horizon, window) / 2
     return max(offer.spot_price + slope * ahead, 0.0)
 
@@ -230,12 +237,20 @@ def _runs(history: MarketHistory, n: int, zone: int, window: int, down: bool = F
     gang = history.series.gang(n)
     all_ends = gang.down_end if down else gang.run_end
     all_lengths = gang.down_length if down else gang.run_length
-    bounds = tuple((int(np.searchsorted(ends, history.now - window, side="right")),
-                    int(np.searchsorted(ends, history.now, side="right"))) for ends in all_ends)
+    memo = history.series.memo
+    table_key = ("broker.run-bounds", n, down, window)
+    table = memo.get(table_key)
+    if table is None:  # for every tick at once: which finished runs fall in its window
+        now = np.arange(history.series.num_ticks)
+        table = memo[table_key] = [
+            tuple(zip(*(np.searchsorted(ends, edge, side="right").tolist() for ends in all_ends), strict=True))
+            for edge in (now - window, now)
+        ]
+    assert isinstance(table, list)
+    bounds = tuple(zip(table[0][history.now], table[1][history.now], strict=True))
     lo, hi = bounds[zone]
     pooled = hi - lo < MIN_RUNS
     key = ("broker.runs", n, down, bounds) if pooled else ("broker.runs", n, down, zone, lo, hi)
-    memo = history.series.memo
     found = memo.get(key)
     if found is None:
         if pooled:
