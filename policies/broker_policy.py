@@ -2,24 +2,28 @@
 
 Each step it prices every zone that can take the gang as *expected dollars per step of progress*:
 the zone's spot price projected along its recent trend, times the restart overhead amortised over
-the run the zone is expected to give (learned from the lengths of that zone's past availability
-runs, given how long the current one has lasted already), plus checkpoint egress when the zone is
-in another region than the checkpoint. Short-lived capacity is expensive by that measure, so the
-policy skips blips that would mostly pay for restarts.
+the run the zone is expected to give, plus checkpoint egress when the zone is in another region
+than the checkpoint. The expected run comes from the lengths of the zone's past availability runs
+(its hazard, learned from the market history; every zone's runs when it has too few), given how
+long the current one has lasted already, so capacity that tends to vanish young is priced high.
 
-How much waiting it can afford comes from the slack (steps left minus work left) against a
-reserve: the smaller of (a) the slack a spot-only job is expected to burn for the remaining work
-in this market (waiting for capacity, restarts, lost preemption steps), learned by replaying a
-simple spot-only job over the recent history, and (b) the slack that spending it evenly until the
-deadline would keep (Uniform Progress's line: when spot cannot cover the work, the cheapest plan
-uses every stretch of spot until the end, so slack must not run out early). With slack to spare
-it waits for good spot and stays put; short of it, it runs on-demand while no spot is worth it and
-returns once the slack is back.
+Slack (steps left minus work left) is spent against a reserve that would spend it evenly until the
+deadline (Uniform Progress's line: when spot cannot cover the work, the cheapest plans use spot
+until the end, so slack must not run out early). Its *pressure* sets what a step of slack is
+worth: nothing with slack to spare, a step of on-demand instead of spot when short. Then:
+
+- on spot: stay, unless another zone gives progress much cheaper, restart and egress included;
+- idle with slack to spare: enter spot whose expected cost is near the cheapest price, else wait;
+- idle under pressure: enter spot cheaper than on-demand (slack it risks counted), unless
+  letting young capacity prove itself is cheaper; with no such spot, wait if the outage is likely
+  shorter than on-demand's two restarts would justify (time to capacity learned from the zones'
+  past outages), else run on-demand;
+- on on-demand: leave for spot when the expected saving beats the restarts there and back.
 
 A hard floor keeps the deadline whenever on-demand can still meet it: off spot, spot is entered
-only with ``slack >= 2 x overhead + 2`` steps (a restart plus a preemption still leave room to
-finish on on-demand), and on spot the job leaves for on-demand before a preemption could make the
-deadline unreachable.
+only with ``slack >= 2 x overhead + 1`` steps (a restart plus a preemption still leave room to
+finish on on-demand); on spot the job leaves for on-demand before a preemption could make the
+deadline unreachable. The policy reads nothing but its request and is deterministic.
 """
 
 from __future__ import annotations
@@ -46,14 +50,14 @@ from policies.selection import (
 )
 
 RUN_WINDOW_S = 4 * 86400.0  # availability runs that finished this recently describe a zone
-RESERVE_WINDOW_S = 2 * 86400.0  # how far back the spot-only replay measures slack burn
 TREND_WINDOW_S = 6 * 3600.0
 MIN_RUNS = 6  # fewer runs of its own: a zone is judged on the runs of every zone
-PRIOR_BURN = 0.5  # slack per progress step assumed before the history says otherwise ...
-PRIOR_WEIGHT_STEPS = 24  # ... weighted like this many steps of observed progress
 PICKINESS = 0.15  # with slack to spare, enter spot costing at most this much over the cheapest spot
 SWITCH_GAIN = 0.08  # move between zones only for this much cheaper progress
-LEAVE_ON_DEMAND = 0.75  # leave on-demand for spot that costs at most this fraction of it
+LEAVE_MARGIN = 1.0  # leave on-demand when spot saves this many times the restarts it risks
+WAITS = (1, 2, 3, 4, 6)
+RELAXED = 1.5  # slack at this multiple of the reserve or more: slack is worth nothing
+PRESSED = 0.5  # at this multiple or less: a step of slack is worth a step of on-demand
 NO_HISTORY_RUN_S = 4 * 3600.0  # without history, a zone's capacity is expected to last this long
 
 
@@ -62,6 +66,9 @@ class _Option:
     offer: ZoneOffer
     cost: float  # expected USD per node-step of progress, restarts and egress included
     progress: float = math.inf  # expected steps of progress before capacity goes
+    price: float = 0.0  # the spot price expected over that run
+    runs: _RunLengths | None = None  # the runs it was judged on, and how long its current one has lasted
+    age: int = 0
 
 
 @register("selection", "broker", default=True)
@@ -72,41 +79,77 @@ def broker(request: SelectionRequest) -> Plan:
     n = request.job.num_nodes
     here = current_offer(request)
     on_spot = here is not None and spot_ok(here, n)
-    floor = (k + 1 + (budget.overhead_left > 0)) if on_spot else 2 * k + 2
+    floor = (k + 1 + (budget.overhead_left > 0)) if on_spot else 2 * k + 1
     if slack < floor:
         return on_demand_plan(request, "deadline floor: only on-demand still meets the deadline")
 
     offers = eligible_offers(request)
     od_price = min((o.on_demand_price for o in offers), default=math.inf)
     cheapest = min((_projected(request, o, budget) for o in offers), default=math.inf)
-    spare = slack - (2 * k + 2) - min(work * _burn(request.history, n, k), _paced(request, budget))
-    # A step of slack is worth nothing while there is slack to spare; short of it, every step
-    # lost now is a step of on-demand later instead of spot.
-    worth = 0.0 if spare >= 0 else max(od_price - cheapest, 0.0)
+    need = _paced(request, budget)
+    have = slack - (2 * k + 1)
+    # How likely the slack is to run out: a step of slack is then worth a step of on-demand
+    # instead of spot later; with plenty to spare it is worth nothing.
+    pressure = 0.0 if need <= 0 else min(1.0, max(0.0, (RELAXED - have / need) / (RELAXED - PRESSED)))
+    worth = pressure * max(od_price - cheapest, 0.0)
     options = sorted((_price(request, budget, o, worth) for o in offers if spot_ok(o, n) and o is not here),
                      key=lambda opt: (opt.cost, opt.offer.location))
     best = options[0] if options else None
 
     if on_spot and here is not None:
         stay = _price(request, budget, here, worth, restart=budget.overhead_left)
-        if best is not None and spare >= k + 1 and best.cost < stay.cost * (1 - SWITCH_GAIN):
+        if best is not None and have - need >= k + 1 and best.cost < stay.cost * (1 - SWITCH_GAIN):
             return _go(best, "cheaper progress elsewhere is worth a restart")
         return _go(stay, "stay: no cheaper progress worth a restart")
 
     if request.current.kind == ON_DEMAND:
-        if best is not None and best.cost + k * (od_price + worth) / best.progress <= od_price * LEAVE_ON_DEMAND:
-            return _go(best, "spot pays for the restarts there and back: leave on-demand")
+        if best is not None:
+            # leaving pays a restart on spot now and, if the capacity goes first, one back here
+            gain = (od_price - best.price) * min(best.progress, work)
+            back = 1.0 if best.progress < work else 0.0
+            if (gain > LEAVE_MARGIN * k * (best.price + worth + back * (od_price + worth))
+                    and _worth_waiting(best, budget, worth) == 0):
+                return _go(best, "spot saves more than the restarts there and back: leave on-demand")
         return on_demand_plan(request, "stay on on-demand: no spot worth two restarts")
 
-    if spare >= 0:
+    if pressure == 0.0:
         if best is not None and best.cost <= cheapest * (1 + PICKINESS):
             return _go(best, "good spot: expected progress near the cheapest price")
         return Plan((), reason="slack to spare: wait for good spot")
     if best is not None and best.cost < od_price:
-        return _go(best, "short of slack: spot cheaper than on-demand, slack counted")
-    if _capacity_wait(request, budget, horizon=k + 1) <= k:
-        return Plan((), reason="short of slack, but capacity is likely back sooner than a restart")
-    return on_demand_plan(request, "short of slack and no spot worth it: on-demand")
+        if have > 1 and _worth_waiting(best, budget, worth) > 0:
+            return Plan((), reason="this capacity often vanishes this young: see if it lasts")
+        return _go(best, "spot cheaper than on-demand, the slack it risks counted")
+    if have - 1 >= need:
+        return Plan((), reason="ahead of the slack reserve: wait for spot")
+    # Waiting out the outage costs its expected length in slack; on-demand costs two restarts.
+    horizon = 4 * k + 2
+    if _capacity_wait(request, budget, horizon) * worth < k * (od_price + worth):
+        return Plan((), reason="capacity is likely back before on-demand would pay off")
+    return on_demand_plan(request, "slack is short and the outage looks long: on-demand")
+
+
+def _worth_waiting(option: _Option, budget: Budget, worth: float) -> int:
+    """Steps to wait before entering ``option`` (0: enter now), by expected USD per progress step
+    with slack at ``worth``: waiting d steps lets blips die first, at d steps of slack."""
+    runs = option.runs
+    if runs is None or worth <= 0:
+        return 0
+    k, work, price = budget.overhead, max(budget.work, 1), option.price
+    paid, progress = runs.expected(option.age, k, work)
+    best_cost, best_wait = (price * paid + worth * (k + 1)) / progress, 0
+    alive = runs.survival(option.age, max(WAITS) + 1)
+    for wait in WAITS:
+        if wait >= budget.slack - (2 * k + 1):
+            break
+        survive = float(alive[wait])
+        if survive <= 0:
+            break
+        paid, progress = runs.expected(option.age + wait, k, work)
+        cost = (survive * (price * paid + worth * (k + 1)) + worth * wait) / (survive * progress)
+        if cost < best_cost:
+            best_cost, best_wait = cost, wait
+    return best_wait
 
 
 def _paced(request: SelectionRequest, budget: Budget) -> float:
@@ -134,6 +177,8 @@ def _price(request: SelectionRequest, budget: Budget, offer: ZoneOffer, worth: f
     work = max(budget.work, 1)
     history = request.history
     column = history.column(offer.location) if history is not None else None
+    runs: _RunLengths | None = None
+    age = 0
     if history is None or column is None:
         mean = NO_HISTORY_RUN_S / budget.step_s / (1 + _recent_preemptions(request, offer))
         paid = min(mean, k + work)
@@ -148,7 +193,9 @@ def _price(request: SelectionRequest, budget: Budget, offer: ZoneOffer, worth: f
             and restart is None):
         steps = progress * request.job.num_nodes * budget.step_s / 3600.0
         egress = request.job.checkpoint_gb * request.egress_per_gb / max(steps, 1e-9)
-    return _Option(offer, (price * paid + worth * (k + 1)) / progress + egress, progress)
+    runs_seen = None if history is None or column is None else runs
+    return _Option(offer, (price * paid + worth * (k + 1)) / progress + egress, progress, price,
+                   runs_seen, 0 if runs_seen is None else age)
 
 
 def _projected(request: SelectionRequest, offer: ZoneOffer, budget: Budget, horizon: float = 0.0) -> float:
@@ -260,45 +307,3 @@ def _runs(history: MarketHistory, n: int, zone: int, window: int, down: bool = F
         found = memo[key] = _RunLengths(lengths)
     assert isinstance(found, _RunLengths)
     return found
-
-
-def _burn(history: MarketHistory | None, n: int, k: int) -> float:
-    """Slack a spot-only job burns per step of progress here lately (waits, restarts, lost steps)."""
-    if history is None:
-        return PRIOR_BURN
-    key = ("broker.spot-only", n, k)
-    memo = history.series.memo
-    found = memo.get(key)
-    if found is None:
-        found = memo[key] = _spot_only_replay(history, n, k)
-    assert isinstance(found, np.ndarray)
-    window = round(RESERVE_WINDOW_S / history.tick_seconds)
-    lo, hi = max(0, history.now + 1 - window), history.now + 1
-    progress = int(found[hi] - found[lo])
-    lost = (hi - lo) - progress
-    return (lost + PRIOR_BURN * PRIOR_WEIGHT_STEPS) / (progress + PRIOR_WEIGHT_STEPS)
-
-
-def _spot_only_replay(history: MarketHistory, n: int, k: int) -> np.ndarray:
-    """A never-ending spot-only job over the whole series: stay until preempted, then take the zone
-    whose capacity has lasted longest. Returns its cumulative progress steps; tick t depends on
-    ticks <= t only, so any prefix is what a job could have measured by then."""
-    gang = history.series.gang(n)
-    up, age = gang.up, gang.age
-    ticks = up.shape[0]
-    progress = np.zeros(ticks, dtype=np.int64)
-    where, restart = -1, 0
-    for t in range(ticks):
-        if where >= 0 and not up[t, where]:
-            where = -1
-            continue
-        if where < 0:
-            row = up[t]
-            if not row.any():
-                continue
-            where, restart = int(np.argmax(np.where(row, age[t], 0))), k
-        if restart > 0:
-            restart -= 1
-        else:
-            progress[t] = 1
-    return np.concatenate([[0], np.cumsum(progress)])
