@@ -183,5 +183,5 @@ def _print_table(job_name: str, job: Any, market: Any, ticks: list[int], report:
                 f"{mean['migrations']:.1f}", f"{mean['finish_hours']:.1f}", f"{mean['deadline_met']:.0%}"]
         table.add_row(*row)
     # Piped output gets rich's default 80 columns, too narrow for ten columns of figures.
-    out = console if console.is_terminal else Console(width=max(console.width, 132))
+    out = console if console.is_terminal else Console(width=max(console.width, 150))
     out.print(table)

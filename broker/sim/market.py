@@ -228,22 +228,28 @@ def _asker(market: Market, job: SimJob, policy: Callable[[SelectionRequest], Pla
     regions = sorted(set(market.series.regions))
     column, up, series = market.column, market.up, market.series
 
+    views: dict[int, JobView] = {}  # by progress: the job's view changes only when it progresses
+    idle = Location(IDLE)
+
     def decide(tick: int, state: RunState) -> int:
         offers = market.offers_at(tick)
         if state.location >= 0:
             current = Location("spot", offers[state.location])
         elif state.location == ON_DEMAND_CODE:
-            current = Location(ON_DEMAND, min(offers, key=lambda o: o.on_demand_price))
+            current = Location(ON_DEMAND, min(offers, key=_on_demand_price))
         else:
-            current = Location(IDLE)
-        request = SelectionRequest(
-            now=market.time_of(tick),
-            job=JobView(
+            current = idle
+        view = views.get(state.progress)
+        if view is None:
+            view = views[state.progress] = JobView(
                 num_nodes=job.num_nodes, gpus_per_node=job.gpus_per_node, accelerator=job.accelerator,
                 remaining_work_s=(ticks.work - state.progress) * tick_s, deadline=deadline,
                 restart_overhead_s=job.restart_overhead_s, checkpoint_gb=job.checkpoint_gb,
                 total_work_s=total_work_s, started_at=started,
-            ),
+            )
+        request = SelectionRequest(
+            now=market.time_of(tick),
+            job=view,
             offers=offers,
             current=current,
             record=state.record,
@@ -268,6 +274,10 @@ def _asker(market: Market, job: SimJob, policy: Callable[[SelectionRequest], Pla
         return IDLE_CODE
 
     return decide
+
+
+def _on_demand_price(offer: ZoneOffer) -> float:
+    return offer.on_demand_price
 
 
 def _note(state: RunState, location: str, preempted_at: datetime | None = None,
