@@ -17,7 +17,7 @@ worth: nothing with slack to spare, a step of on-demand instead of spot when sho
 - idle under pressure: enter spot cheaper than on-demand (slack it risks counted), unless
   letting young capacity prove itself is cheaper; with no such spot, wait if the outage is likely
   shorter than on-demand's two restarts would justify (time to capacity learned from the zones'
-  past outages), else run on-demand;
+  past outages) and waiting keeps the slack near its reserve, else run on-demand;
 - on on-demand: leave for spot when the expected saving beats the restarts there and back.
 
 A hard floor keeps the deadline whenever on-demand can still meet it: off spot, spot is entered
@@ -49,17 +49,17 @@ from policies.selection import (
     spot_ok,
 )
 
-RUN_WINDOW_S = 4 * 86400.0  # availability runs that finished this recently describe a zone
-TREND_WINDOW_S = 6 * 3600.0
+RUN_WINDOW_S = 4 * 86400.0  # availability runs and outages that ended this recently describe a zone
 MIN_RUNS = 6  # fewer runs of its own: a zone is judged on the runs of every zone
+NO_HISTORY_RUN_S = 4 * 3600.0  # without history, a zone's capacity is expected to last this long
+TREND_WINDOW_S = 6 * 3600.0  # the spot price's trend is its change over this window
+RELAXED = 1.5  # slack at this multiple of the reserve or more: slack is worth nothing
+PRESSED = 0.5  # at this multiple or less: a step of slack is worth a step of on-demand
 PICKINESS = 0.15  # with slack to spare, enter spot costing at most this much over the cheapest spot
 SWITCH_GAIN = 0.08  # move between zones only for this much cheaper progress
 LEAVE_MARGIN = 1.0  # leave on-demand when spot saves this many times the restarts it risks
-WAITS = (1, 2, 3, 4, 6)
-RELAXED = 1.5  # slack at this multiple of the reserve or more: slack is worth nothing
-PRESSED = 0.5  # at this multiple or less: a step of slack is worth a step of on-demand
-NO_HISTORY_RUN_S = 4 * 3600.0  # without history, a zone's capacity is expected to last this long
-
+WAITS = (1, 2, 3, 4, 6)  # steps young capacity may be given to prove itself before entering
+WAIT_FLOOR = 0.8  # under pressure, waiting never takes the slack below this fraction of the reserve
 
 @dataclass(frozen=True, slots=True)
 class _Option:
@@ -99,8 +99,8 @@ def broker(request: SelectionRequest) -> Plan:
     if on_spot and here is not None:
         stay = _price(request, budget, here, worth, restart=budget.overhead_left)
         if best is not None and have - need >= k + 1 and best.cost < stay.cost * (1 - SWITCH_GAIN):
-            return _go(best, "cheaper progress elsewhere is worth a restart")
-        return _go(stay, "stay: no cheaper progress worth a restart")
+            return _go(best, options, "cheaper progress elsewhere is worth a restart")
+        return _go(stay, options, "stay: no cheaper progress worth a restart")
 
     if request.current.kind == ON_DEMAND:
         if best is not None:
@@ -109,22 +109,23 @@ def broker(request: SelectionRequest) -> Plan:
             back = 1.0 if best.progress < work else 0.0
             if (gain > LEAVE_MARGIN * k * (best.price + worth + back * (od_price + worth))
                     and _worth_waiting(best, budget, worth) == 0):
-                return _go(best, "spot saves more than the restarts there and back: leave on-demand")
+                return _go(best, options, "spot saves more than the restarts there and back: leave on-demand")
         return on_demand_plan(request, "stay on on-demand: no spot worth two restarts")
 
     if pressure == 0.0:
         if best is not None and best.cost <= cheapest * (1 + PICKINESS):
-            return _go(best, "good spot: expected progress near the cheapest price")
+            return _go(best, options, "good spot: expected progress near the cheapest price")
         return Plan((), reason="slack to spare: wait for good spot")
     if best is not None and best.cost < od_price:
         if have > 1 and _worth_waiting(best, budget, worth) > 0:
             return Plan((), reason="this capacity often vanishes this young: see if it lasts")
-        return _go(best, "spot cheaper than on-demand, the slack it risks counted")
+        return _go(best, options, "spot cheaper than on-demand, the slack it risks counted")
     if have - 1 >= need:
         return Plan((), reason="ahead of the slack reserve: wait for spot")
     # Waiting out the outage costs its expected length in slack; on-demand costs two restarts.
     horizon = 4 * k + 2
-    if _capacity_wait(request, budget, horizon) * worth < k * (od_price + worth):
+    expected = _capacity_wait(request, budget, horizon)
+    if expected * worth < k * (od_price + worth) and have - expected >= need * WAIT_FLOOR:
         return Plan((), reason="capacity is likely back before on-demand would pay off")
     return on_demand_plan(request, "slack is short and the outage looks long: on-demand")
 
@@ -162,8 +163,10 @@ def _paced(request: SelectionRequest, budget: Budget) -> float:
     return budget.left * max(span - total, 0.0) / max(span, 1e-9)
 
 
-def _go(first: _Option, reason: str) -> Plan:
-    return Plan((Location("spot", first.offer),), reason=reason)
+def _go(first: _Option, options: list[_Option], reason: str) -> Plan:
+    """``first``, then the other zones best first, for when a launch fails on a capacity error."""
+    rest = tuple(Location("spot", o.offer) for o in options if o.offer is not first.offer)
+    return Plan((Location("spot", first.offer), *rest), reason=reason)
 
 
 def _price(request: SelectionRequest, budget: Budget, offer: ZoneOffer, worth: float,
