@@ -55,7 +55,7 @@ NO_HISTORY_RUN_S = 4 * 3600.0  # without history, a zone's capacity is expected 
 TREND_WINDOW_S = 6 * 3600.0  # the spot price's trend is its change over this window
 RELAXED = 1.5  # slack at this multiple of the reserve or more: slack is worth nothing
 PRESSED = 0.5  # at this multiple or less: a step of slack is worth a step of on-demand
-PICKINESS = 0.15  # with slack to spare, enter spot costing at most this much over the cheapest spot
+PICKINESS = 0.15  # with slack to spare, enter spot costing at most this much over the best possible
 SWITCH_GAIN = 0.08  # move between zones only for this much cheaper progress
 LEAVE_MARGIN = 1.0  # leave on-demand when spot saves this many times the restarts it risks
 WAITS = (1, 2, 3, 4, 6)  # steps young capacity may be given to prove itself before entering
@@ -113,7 +113,8 @@ def broker(request: SelectionRequest) -> Plan:
         return on_demand_plan(request, "stay on on-demand: no spot worth two restarts")
 
     if pressure == 0.0:
-        if best is not None and best.cost <= cheapest * (1 + PICKINESS):
+        # the best any spot could do: the cheapest price with one restart for all the work left
+        if best is not None and best.cost <= cheapest * (k + work) / work * (1 + PICKINESS):
             return _go(best, options, "good spot: expected progress near the cheapest price")
         return Plan((), reason="slack to spare: wait for good spot")
     if best is not None and best.cost < od_price:
@@ -156,8 +157,10 @@ def _worth_waiting(option: _Option, budget: Budget, worth: float) -> int:
 def _paced(request: SelectionRequest, budget: Budget) -> float:
     """Slack to keep if it is spent evenly until the deadline (Uniform Progress's line)."""
     job = request.job
-    if job.total_work_s is None or job.started_at is None or job.deadline is None:
-        return math.inf
+    if job.deadline is None:
+        return 0.0  # no deadline: slack is never short
+    if job.total_work_s is None or job.started_at is None:
+        return float(budget.slack)  # pace unknown: keep what is left, a middling pressure
     span = (job.deadline - job.started_at).total_seconds() / budget.step_s
     total = job.total_work_s / budget.step_s
     return budget.left * max(span - total, 0.0) / max(span, 1e-9)

@@ -206,3 +206,13 @@ def test_broker_meets_every_deadline_on_the_16_node_trace(shared_traces: Path) -
         run = simulate(market, job, broker, start)
         assert run.deadline_met
         assert run.cost < market.on_demand_cost(job, start)
+
+
+def test_broker_launches_without_history_or_deadline() -> None:
+    """What the live engine may hand it on a fresh price book: no history, no counts, no deadline."""
+    offers = (ZoneOffer("aws", "us-east-1", "us-east-1a", "p3.2xlarge", "V100", 1, 1.2, 3.06, None),
+              ZoneOffer("aws", "us-west-2", "us-west-2a", "p3.2xlarge", "V100", 1, 0.9, 3.06, None))
+    broker = registry.get("selection", "broker")
+    for work in (3600.0, None):
+        plan = broker(SelectionRequest(now=START, job=JobView(1, 1, "V100", work, None), offers=offers))
+        assert [loc.offer.zone for loc in plan.locations if loc.offer] == ["us-west-2a", "us-east-1a"]
