@@ -1,1 +1,1 @@
-"""Simulators: replay traces through the same policies the service runs."""
+"""Simulators: replay market and job traces through the same policies the service runs."""

@@ -1,0 +1,187 @@
+"""``broker simulate``: replay a market trace and compare selection policies on one job."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from datetime import timedelta
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from broker.cli.app import JsonOption, UsageError, app, console
+
+
+@app.command("simulate")
+def simulate_command(
+    job_file: Annotated[Path, typer.Argument(help="job file: a SkyPilot task YAML with a broker: section "
+                                                 "(num_nodes, accelerators NAME:COUNT, broker.work, broker.deadline)")],
+    market: Annotated[Path, typer.Option("--market", help="market trace (.csv or .csv.gz)")],
+    policy: Annotated[str | None, typer.Option("--policy", help="policy names, comma-separated; default: all")] = None,
+    starts: Annotated[int | None, typer.Option("--starts", help="this many random start ticks")] = None,
+    seed: Annotated[int, typer.Option("--seed", help="seed for --starts")] = 0,
+    start: Annotated[str | None, typer.Option("--start", help="one start time (ISO 8601); default: the trace's first "
+                                                          "tick")] = None,
+    restart_overhead: Annotated[str, typer.Option("--restart-overhead", help="time lost at every (re)start")] = "0.2h",
+    checkpoint_gb: Annotated[float, typer.Option("--checkpoint-gb", help="checkpoint size to move")] = 50.0,
+    egress_per_gb: Annotated[float, typer.Option("--egress-per-gb", help="USD per GB moved between regions")] = 0.02,
+    json_output: JsonOption = False,
+    timeline: Annotated[Path | None, typer.Option("--timeline", help="write a JSON line per tick of each run")] = None,
+) -> None:
+    """Compare selection policies on a job over a recorded market: cost, preemptions, deadlines."""
+    from broker.sim.market import Market, SimJob
+    from broker.sim.runs import random_starts, run_all
+    from broker.spec import load_job_spec
+    from policies import registry
+    from providers.trace import parse_time, read_trace
+
+    spec = load_job_spec(job_file)
+    if not spec.accelerators:
+        raise UsageError(f"{job_file}: resources.accelerators: required for simulate, expected NAME:COUNT "
+                         "(e.g. V100:1) to pick the trace's rows")
+    if spec.broker.work is None:
+        raise UsageError(f"{job_file}: broker.work: required for simulate, expected a duration like 48h")
+    if not isinstance(spec.broker.deadline, timedelta):
+        raise UsageError(f"{job_file}: broker.deadline: required for simulate, expected a duration after the "
+                         "start like 60h")
+    names = _policy_names(policy, registry)
+    overhead = _duration("--restart-overhead", restart_overhead)
+    for flag, value in (("--checkpoint-gb", checkpoint_gb), ("--egress-per-gb", egress_per_gb)):
+        if value < 0:
+            raise UsageError(f"{flag}: expected a number >= 0, got {value}")
+    if starts is not None and start is not None:
+        raise UsageError("--starts and --start: give one or the other")
+    if starts is not None and starts < 1:
+        raise UsageError(f"--starts: expected a positive count, got {starts}")
+
+    accelerator = spec.accelerators[0]
+    whole = read_trace(market)
+    trace = whole.select(accelerator.name, accelerator.count)
+    if not trace.zones:
+        have = sorted({f"{z.accelerator}:{z.gpus_per_node}" for z in whole.zones})
+        raise UsageError(f"{market}: no rows for accelerators {accelerator.name}:{accelerator.count}; "
+                         f"the trace has {', '.join(have)}")
+    if spec.num_nodes < 1:
+        raise UsageError(f"{job_file}: num_nodes: expected a positive count, got {spec.num_nodes}")
+    job = SimJob(num_nodes=spec.num_nodes, work_s=spec.broker.work.total_seconds(),
+                 deadline_s=spec.broker.deadline.total_seconds(), restart_overhead_s=overhead,
+                 checkpoint_gb=checkpoint_gb, egress_per_gb=egress_per_gb, accelerator=accelerator.name,
+                 gpus_per_node=accelerator.count)
+    sim_market = Market(trace, spec.num_nodes)
+    latest = sim_market.latest_start(job)
+    if latest < 0:
+        raise UsageError(f"{market}: the trace spans {trace.num_ticks * trace.tick_seconds / 3600:.1f} h, "
+                         f"shorter than the job's deadline {job.deadline_s / 3600:.1f} h")
+    if starts is not None:
+        ticks = random_starts(sim_market, job, starts, seed)
+    elif start is not None:
+        try:
+            when = parse_time(start)
+        except ValueError:
+            raise UsageError(f"--start: expected an ISO 8601 time, got {start!r}") from None
+        tick = round((when - trace.start).total_seconds() / trace.tick_seconds)
+        if not 0 <= tick <= latest:
+            raise UsageError(f"--start: {start} leaves no room for the deadline inside the trace; expected a time "
+                             f"between {_iso(sim_market, 0)} and {_iso(sim_market, latest)}")
+        ticks = [tick]
+    else:
+        ticks = [0]
+
+    summaries = run_all(sim_market, job, names, ticks)
+    if timeline is not None:
+        _write_timeline(timeline, sim_market, summaries)
+    report = {name: {"runs": [r.to_json() for r in s.runs], "mean": _rounded(s.mean)}
+              for name, s in summaries.items()}
+    if json_output:
+        console.print_json(json.dumps(report))
+        return
+    _print_table(spec.name, job, sim_market, ticks, report)
+
+
+def _policy_names(option: str | None, registry: Any) -> list[str]:
+    known = registry.names("selection")
+    if option is None:
+        return [n for n in known if n != "optimal"] + (["optimal"] if "optimal" in known else [])
+    names = [n.strip() for n in option.split(",") if n.strip()]
+    unknown = [n for n in names if n not in known]
+    if unknown or not names:
+        raise UsageError(f"--policy: unknown policy {', '.join(unknown) or '(none given)'}; "
+                         f"expected one or more of {', '.join(known)}")
+    return list(dict.fromkeys(names))
+
+
+def _duration(flag: str, text: str) -> float:
+    from broker.spec import SpecError, parse_duration
+
+    if text.strip() in ("0", "0s", "0h", "0m"):
+        return 0.0
+    try:
+        return parse_duration(text, flag).total_seconds()
+    except SpecError:
+        raise UsageError(f"{flag}: expected a duration like 0.2h, 12m or 720s, got {text!r}") from None
+
+
+def _iso(market: Any, tick: int) -> str:
+    from providers.trace import format_time
+
+    return format_time(market.time_of(tick))
+
+
+def _rounded(mean: dict[str, float]) -> dict[str, float]:
+    return {k: round(v, 6) for k, v in mean.items()}
+
+
+def _write_timeline(path: Path, market: Any, summaries: dict[str, Any]) -> None:
+    """All of it or nothing: written beside the target, then moved over it."""
+    from providers.trace import format_time
+
+    path = path.expanduser()
+    directory = path.parent if str(path.parent) else Path(".")
+    if not directory.is_dir():
+        raise UsageError(f"--timeline: no such directory {directory}")
+    handle, temp = tempfile.mkstemp(dir=directory, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(handle, "w", encoding="utf-8") as out:
+            for name, summary in summaries.items():
+                for run in summary.runs:
+                    for i, code in enumerate(run.locations.tolist()):
+                        tick = run.start + i
+                        line: dict[str, Any] = {"policy": name, "start": run.start, "tick": tick,
+                                                "time": format_time(market.trace.time_of(tick)),
+                                                "location": market.label(code)}
+                        if run.zone is not None:
+                            line["zone"] = run.zone
+                        out.write(json.dumps(line) + "\n")
+        os.replace(temp, path)
+    except BaseException:
+        Path(temp).unlink(missing_ok=True)
+        raise
+
+
+def _print_table(job_name: str, job: Any, market: Any, ticks: list[int], report: dict[str, Any]) -> None:
+    from rich import box
+    from rich.console import Console
+    from rich.table import Table
+
+    zones = ", ".join(market.labels)
+    title = (f"{job_name}: {job.num_nodes} x {job.accelerator}:{job.gpus_per_node}, work {job.work_s / 3600:g} h, "
+             f"deadline {job.deadline_s / 3600:g} h, {len(ticks)} start(s) over {zones}")
+    table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD)
+    with_optimal = any("cost_vs_optimal" in r["mean"] for r in report.values())
+    columns = ["policy", "cost $", "vs on-demand"] + (["vs optimal"] if with_optimal else []) + [
+        "spot h", "on-demand h", "preemptions", "migrations", "finish h", "deadline met"]
+    for column in columns:
+        table.add_column(column, justify="left" if column == "policy" else "right", no_wrap=True)
+    for name, entry in report.items():
+        mean = entry["mean"]
+        row = [name, f"{mean['cost']:.2f}", f"{mean['cost_vs_on_demand']:.3f}"]
+        if with_optimal:
+            row.append(f"{mean['cost_vs_optimal']:.3f}")
+        row += [f"{mean['spot_hours']:.1f}", f"{mean['on_demand_hours']:.1f}", f"{mean['preemptions']:.1f}",
+                f"{mean['migrations']:.1f}", f"{mean['finish_hours']:.1f}", f"{mean['deadline_met']:.0%}"]
+        table.add_row(*row)
+    # Piped output gets rich's default 80 columns, too narrow for ten columns of figures.
+    out = console if console.is_terminal else Console(width=max(console.width, 150))
+    out.print(table)

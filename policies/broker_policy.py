@@ -1,0 +1,315 @@
+"""``broker``: the default selection policy: the cheapest progress that still meets the deadline.
+
+Each step it prices every zone that can take the gang as *expected dollars per step of progress*:
+the zone's spot price projected along its recent trend, times the restart overhead amortised over
+the run the zone is expected to give, plus checkpoint egress when the zone is in another region
+than the checkpoint. The expected run comes from the lengths of the zone's past availability runs
+(its hazard, learned from the market history; every zone's runs when it has too few), given how
+long the current one has lasted already, so capacity that tends to vanish young is priced high.
+
+Slack (steps left minus work left) is spent against a reserve that would spend it evenly until the
+deadline (Uniform Progress's line: when spot cannot cover the work, the cheapest plans use spot
+until the end, so slack must not run out early). Its *pressure* sets what a step of slack is
+worth: nothing with slack to spare, a step of on-demand instead of spot when short. Then:
+
+- on spot: stay, unless another zone gives progress much cheaper, restart and egress included;
+- idle with slack to spare: enter spot whose expected cost is near the cheapest price, else wait;
+- idle under pressure: enter spot cheaper than on-demand (slack it risks counted), unless
+  letting young capacity prove itself is cheaper; with no such spot, wait if the outage is likely
+  shorter than on-demand's two restarts would justify (time to capacity learned from the zones'
+  past outages) and waiting keeps the slack near its reserve, else run on-demand;
+- on on-demand: leave for spot when the expected saving beats the restarts there and back.
+
+A hard floor keeps the deadline whenever on-demand can still meet it: off spot, spot is entered
+only with ``slack >= 2 x overhead + 1`` steps (a restart plus a preemption still leave room to
+finish on on-demand); on spot the job leaves for on-demand before a preemption could make the
+deadline unreachable. The policy reads nothing but its request and is deterministic.
+"""
+
+from __future__ import annotations
+
+import math
+from bisect import bisect_left, bisect_right
+from dataclasses import dataclass
+
+import numpy as np
+
+from policies.history import MarketHistory
+from policies.registry import register
+from policies.selection import (
+    ON_DEMAND,
+    Budget,
+    Location,
+    Plan,
+    SelectionRequest,
+    ZoneOffer,
+    current_offer,
+    eligible_offers,
+    on_demand_plan,
+    spot_ok,
+)
+
+RUN_WINDOW_S = 4 * 86400.0  # availability runs and outages that ended this recently describe a zone
+MIN_RUNS = 6  # fewer runs of its own: a zone is judged on the runs of every zone
+NO_HISTORY_RUN_S = 4 * 3600.0  # without history, a zone's capacity is expected to last this long
+TREND_WINDOW_S = 6 * 3600.0  # the spot price's trend is its change over this window
+RELAXED = 1.5  # slack at this multiple of the reserve or more: slack is worth nothing
+PRESSED = 0.5  # at this multiple or less: a step of slack is worth a step of on-demand
+PICKINESS = 0.15  # with slack to spare, enter spot costing at most this much over the best possible
+SWITCH_GAIN = 0.08  # move between zones only for this much cheaper progress
+LEAVE_MARGIN = 1.0  # leave on-demand when spot saves this many times the restarts it risks
+WAITS = (1, 2, 3, 4, 6)  # steps young capacity may be given to prove itself before entering
+WAIT_FLOOR = 0.8  # under pressure, waiting never takes the slack below this fraction of the reserve
+
+@dataclass(frozen=True, slots=True)
+class _Option:
+    offer: ZoneOffer
+    cost: float  # expected USD per node-step of progress, restarts and egress included
+    progress: float = math.inf  # expected steps of progress before capacity goes
+    price: float = 0.0  # the spot price expected over that run
+    runs: _RunLengths | None = None  # the runs it was judged on, and how long its current one has lasted
+    age: int = 0
+
+
+@register("selection", "broker", default=True)
+def broker(request: SelectionRequest) -> Plan:
+    """Cheapest expected progress among spot zones, waiting or on-demand as the slack allows."""
+    budget = Budget.of(request)
+    k, slack, work = budget.overhead, budget.slack, max(budget.work, 1)
+    n = request.job.num_nodes
+    here = current_offer(request)
+    on_spot = here is not None and spot_ok(here, n)
+    floor = (k + 1 + (budget.overhead_left > 0)) if on_spot else 2 * k + 1
+    if slack < floor:
+        return on_demand_plan(request, "deadline floor: only on-demand still meets the deadline")
+
+    offers = eligible_offers(request)
+    od_price = min((o.on_demand_price for o in offers), default=math.inf)
+    cheapest = min((_projected(request, o, budget) for o in offers), default=math.inf)
+    need = _paced(request, budget)
+    have = slack - (2 * k + 1)
+    # How likely the slack is to run out: a step of slack is then worth a step of on-demand
+    # instead of spot later; with plenty to spare it is worth nothing.
+    pressure = 0.0 if need <= 0 else min(1.0, max(0.0, (RELAXED - have / need) / (RELAXED - PRESSED)))
+    worth = pressure * max(od_price - cheapest, 0.0)
+    options = sorted((_price(request, budget, o, worth) for o in offers if spot_ok(o, n) and o is not here),
+                     key=lambda opt: (opt.cost, opt.offer.location))
+    best = options[0] if options else None
+
+    if on_spot and here is not None:
+        stay = _price(request, budget, here, worth, restart=budget.overhead_left)
+        if best is not None and have - need >= k + 1 and best.cost < stay.cost * (1 - SWITCH_GAIN):
+            return _go(best, options, "cheaper progress elsewhere is worth a restart")
+        return _go(stay, options, "stay: no cheaper progress worth a restart")
+
+    if request.current.kind == ON_DEMAND:
+        if best is not None:
+            # leaving pays a restart on spot now and, if the capacity goes first, one back here
+            gain = (od_price - best.price) * min(best.progress, work)
+            back = 1.0 if best.progress < work else 0.0
+            if (gain > LEAVE_MARGIN * k * (best.price + worth + back * (od_price + worth))
+                    and _worth_waiting(best, budget, worth) == 0):
+                return _go(best, options, "spot saves more than the restarts there and back: leave on-demand")
+        return on_demand_plan(request, "stay on on-demand: no spot worth two restarts")
+
+    if pressure == 0.0:
+        # the best any spot could do: the cheapest price with one restart for all the work left
+        if best is not None and best.cost <= cheapest * (k + work) / work * (1 + PICKINESS):
+            return _go(best, options, "good spot: expected progress near the cheapest price")
+        return Plan((), reason="slack to spare: wait for good spot")
+    if best is not None and best.cost < od_price:
+        if have > 1 and _worth_waiting(best, budget, worth) > 0:
+            return Plan((), reason="this capacity often vanishes this young: see if it lasts")
+        return _go(best, options, "spot cheaper than on-demand, the slack it risks counted")
+    if have - 1 >= need:
+        return Plan((), reason="ahead of the slack reserve: wait for spot")
+    # Waiting out the outage costs its expected length in slack; on-demand costs two restarts.
+    horizon = 4 * k + 2
+    expected = _capacity_wait(request, budget, horizon)
+    if expected * worth < k * (od_price + worth) and have - expected >= need * WAIT_FLOOR:
+        return Plan((), reason="capacity is likely back before on-demand would pay off")
+    return on_demand_plan(request, "slack is short and the outage looks long: on-demand")
+
+
+def _worth_waiting(option: _Option, budget: Budget, worth: float) -> int:
+    """Steps to wait before entering ``option`` (0: enter now), by expected USD per progress step
+    with slack at ``worth``: waiting d steps lets blips die first, at d steps of slack."""
+    runs = option.runs
+    if runs is None or worth <= 0:
+        return 0
+    k, work, price = budget.overhead, max(budget.work, 1), option.price
+    paid, progress = runs.expected(option.age, k, work)
+    best_cost, best_wait = (price * paid + worth * (k + 1)) / progress, 0
+    alive = runs.survival(option.age, max(WAITS) + 1)
+    for wait in WAITS:
+        if wait >= budget.slack - (2 * k + 1):
+            break
+        survive = float(alive[wait])
+        if survive <= 0:
+            break
+        paid, progress = runs.expected(option.age + wait, k, work)
+        cost = (survive * (price * paid + worth * (k + 1)) + worth * wait) / (survive * progress)
+        if cost < best_cost:
+            best_cost, best_wait = cost, wait
+    return best_wait
+
+
+def _paced(request: SelectionRequest, budget: Budget) -> float:
+    """Slack to keep if it is spent evenly until the deadline (Uniform Progress's line)."""
+    job = request.job
+    if job.deadline is None:
+        return 0.0  # no deadline: slack is never short
+    if job.total_work_s is None or job.started_at is None:
+        return float(budget.slack)  # pace unknown: keep what is left, a middling pressure
+    span = (job.deadline - job.started_at).total_seconds() / budget.step_s
+    total = job.total_work_s / budget.step_s
+    return budget.left * max(span - total, 0.0) / max(span, 1e-9)
+
+
+def _go(first: _Option, options: list[_Option], reason: str) -> Plan:
+    """``first``, then the other zones best first, for when a launch fails on a capacity error."""
+    rest = tuple(Location("spot", o.offer) for o in options if o.offer is not first.offer)
+    return Plan((Location("spot", first.offer), *rest), reason=reason)
+
+
+def _price(request: SelectionRequest, budget: Budget, offer: ZoneOffer, worth: float,
+           restart: int | None = None) -> _Option:
+    """Expected USD per node-step of progress if the job runs in ``offer``'s zone from now.
+
+    ``restart`` is the overhead still to pay (default: a full restart, as when entering); the
+    steps it and the eventual preemption take from the slack are charged at ``worth`` each.
+    """
+    k = budget.overhead if restart is None else restart
+    work = max(budget.work, 1)
+    history = request.history
+    column = history.column(offer.location) if history is not None else None
+    runs: _RunLengths | None = None
+    age = 0
+    if history is None or column is None:
+        mean = NO_HISTORY_RUN_S / budget.step_s / (1 + _recent_preemptions(request, offer))
+        paid = min(mean, k + work)
+        progress = max(paid - k, 1e-9)
+    else:
+        age = int(history.age(request.job.num_nodes)[column])
+        runs = _runs(history, request.job.num_nodes, column, round(RUN_WINDOW_S / budget.step_s))
+        paid, progress = runs.expected(age, k, work)
+    price = _projected(request, offer, budget, horizon=min(paid, work))
+    egress = 0.0
+    if (request.checkpoint_region is not None and offer.region_key != request.checkpoint_region
+            and restart is None):
+        steps = progress * request.job.num_nodes * budget.step_s / 3600.0
+        egress = request.job.checkpoint_gb * request.egress_per_gb / max(steps, 1e-9)
+    runs_seen = None if history is None or column is None else runs
+    return _Option(offer, (price * paid + worth * (k + 1)) / progress + egress, progress, price,
+                   runs_seen, 0 if runs_seen is None else age)
+
+
+def _projected(request: SelectionRequest, offer: ZoneOffer, budget: Budget, horizon: float = 0.0) -> float:
+    """The spot price along its recent trend, averaged over the next ``horizon`` steps."""
+    history = request.history
+    column = history.column(offer.location) if history is not None else None
+    if history is None or column is None or horizon <= 0:
+        return offer.spot_price
+    window = max(1, round(TREND_WINDOW_S / budget.step_s))
+    key = ("broker.slope", window)
+    slopes = history.series.memo.get(key)
+    if slopes is None:  # price change per step over the trailing window, every tick at once
+        price = history.series.spot_price
+        before = price[np.maximum(np.arange(len(price)) - window, 0)]
+        slopes = history.series.memo[key] = ((price - before) / window).tolist()
+    assert isinstance(slopes, list)
+    slope = slopes[history.now][column]
+    ahead = min(horizon, window) / 2
+    return max(offer.spot_price + slope * ahead, 0.0)
+
+
+def _capacity_wait(request: SelectionRequest, budget: Budget, horizon: int) -> float:
+    """Expected steps until some eligible zone can take the gang again, capped at ``horizon``,
+    from how long the zones' past outages lasted given how long the current ones have."""
+    history = request.history
+    if history is None:
+        return float(horizon)
+    n = request.job.num_nodes
+    window = round(RUN_WINDOW_S / budget.step_s)
+    ages = history.age(n)
+    still_down = np.ones(horizon)
+    for offer in eligible_offers(request):
+        column = history.column(offer.location)
+        if column is None:
+            continue
+        outages = _runs(history, n, column, window, down=True)
+        still_down *= outages.survival(int(ages[column]), horizon)
+    return float(still_down.sum())
+
+
+def _recent_preemptions(request: SelectionRequest, offer: ZoneOffer) -> int:
+    record = request.record.get(offer.location)
+    if record is None:
+        return 0
+    return sum(1 for t in record.preemptions if (request.now - t).total_seconds() < 86400)
+
+
+class _RunLengths:
+    """Finished availability-run lengths, sorted, with prefix sums for O(log n) expectations."""
+
+    def __init__(self, lengths: np.ndarray) -> None:
+        ordered = np.sort(lengths)
+        self.x = ordered.tolist()
+        self.prefix = np.concatenate([[0], np.cumsum(ordered)]).tolist()
+
+    def _sum_min(self, age: int, cap: float, first: int) -> float:
+        """Sum over runs at least ``age`` long of min(steps left in the run from now, cap)."""
+        count = len(self.x) - first
+        top = cap + age - 1
+        last = bisect_right(self.x, top)
+        return (self.prefix[last] - self.prefix[first]) + (len(self.x) - last) * top - (age - 1) * count
+
+    def expected(self, age: int, restart: int, work: int) -> tuple[float, float]:
+        """(steps paid, steps of progress) per entry now, for a run that has lasted ``age`` steps."""
+        first = bisect_left(self.x, age)
+        count = len(self.x) - first
+        if count == 0:  # longer than any run seen: expect it to last about as long again
+            paid = float(min(age, restart + work))
+            return paid, max(paid - min(age, restart), 1e-9)
+        paid = self._sum_min(age, restart + work, first)
+        lost = self._sum_min(age, restart, first) if restart > 0 else 0.0
+        return paid / count, max(paid - lost, 1e-9) / count
+
+    def survival(self, age: int, horizon: int) -> np.ndarray:
+        """P(the run that has lasted ``age`` steps still goes on after j more steps), j < horizon."""
+        first = bisect_left(self.x, age)
+        count = len(self.x) - first
+        if count == 0:
+            return np.ones(horizon)
+        return np.array([(len(self.x) - bisect_left(self.x, age + j)) / count for j in range(horizon)])
+
+
+def _runs(history: MarketHistory, n: int, zone: int, window: int, down: bool = False) -> _RunLengths:
+    """The zone's finished up-runs (or outages) of the last ``window`` steps; every zone's when it
+    has too few of its own."""
+    gang = history.series.gang(n)
+    all_ends = gang.down_end if down else gang.run_end
+    all_lengths = gang.down_length if down else gang.run_length
+    memo = history.series.memo
+    table_key = ("broker.run-bounds", n, down, window)
+    table = memo.get(table_key)
+    if table is None:  # for every tick at once: which finished runs fall in its window
+        now = np.arange(history.series.num_ticks)
+        table = memo[table_key] = [
+            tuple(zip(*(np.searchsorted(ends, edge, side="right").tolist() for ends in all_ends), strict=True))
+            for edge in (now - window, now)
+        ]
+    assert isinstance(table, list)
+    bounds = tuple(zip(table[0][history.now], table[1][history.now], strict=True))
+    lo, hi = bounds[zone]
+    pooled = hi - lo < MIN_RUNS
+    key = ("broker.runs", n, down, bounds) if pooled else ("broker.runs", n, down, zone, lo, hi)
+    found = memo.get(key)
+    if found is None:
+        if pooled:
+            lengths = np.concatenate([all_lengths[z][a:b] for z, (a, b) in enumerate(bounds)])
+        else:
+            lengths = all_lengths[zone][lo:hi]
+        found = memo[key] = _RunLengths(lengths)
+    assert isinstance(found, _RunLengths)
+    return found

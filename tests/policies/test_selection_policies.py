@@ -1,0 +1,218 @@
+"""The registered selection policies: their rules on hand-made markets, deadlines, determinism."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from broker.sim.market import Market, SimJob, simulate
+from broker.sim.runs import random_starts
+from policies import registry
+from policies.history import MarketHistory, MarketSeries
+from policies.selection import (
+    IDLE,
+    ON_DEMAND,
+    JobView,
+    Location,
+    SelectionRequest,
+    ZoneOffer,
+    ZoneRecord,
+)
+from providers.trace import MarketTrace, read_trace
+from tests.markets import START, make_trace
+
+A, B, C = ("us-east-1a", "us-east-1"), ("us-west-2a", "us-west-2"), ("us-east-1b", "us-east-1")
+MINUTE = 60.0
+IDLE_HERE = Location(IDLE)
+
+
+def offers_at(trace: MarketTrace, tick: int) -> tuple[ZoneOffer, ...]:
+    return tuple(ZoneOffer(q.cloud, q.region, q.zone, q.instance_type, q.accelerator, q.gpus_per_node,
+                           float(q.spot_price or 0), float(q.on_demand_price or 0), q.available_nodes)
+                 for q in trace.quotes_at(tick))
+
+
+def request_at(trace: MarketTrace, tick: int, *, work_left: int, deadline: int, total_work: int | None = None,
+               current: Location = IDLE_HERE, in_location: int = 0, overhead: int = 1,
+               series: MarketSeries | None = None, record: dict[str, ZoneRecord] | None = None) -> SelectionRequest:
+    """A request at ``tick`` for a 1-node job started at tick 0 (all counts in one-minute ticks)."""
+    return SelectionRequest(
+        now=trace.time_of(tick),
+        job=JobView(num_nodes=1, gpus_per_node=1, accelerator="V100", remaining_work_s=work_left * MINUTE,
+                    deadline=START + timedelta(minutes=deadline), restart_overhead_s=overhead * MINUTE,
+                    total_work_s=(total_work or work_left) * MINUTE, started_at=START),
+        offers=offers_at(trace, tick),
+        current=current,
+        record=record or {},
+        history=MarketHistory(series or MarketSeries.from_trace(trace), tick),
+        step_s=MINUTE,
+        in_location_s=in_location * MINUTE,
+    )
+
+
+def spot(trace: MarketTrace, tick: int, zone: int) -> Location:
+    return Location("spot", offers_at(trace, tick)[zone])
+
+
+def test_broker_is_the_default_and_cheapest_spot_stays_registered() -> None:
+    assert registry.default_name("selection") == "broker"
+    assert {"broker", "cheapest_spot", "on_demand", "greedy", "uniform_progress", "up_multi", "skypilot_eager",
+            "optimal"} <= set(registry.names("selection"))
+
+
+def test_greedy_waits_with_slack_and_takes_on_demand_for_good_below_two_restarts() -> None:
+    trace = make_trace([[0]] * 40)
+    greedy = registry.get("selection", "greedy")
+    # overhead 2 ticks: the net is at slack < 2*2+1 = 5
+    assert greedy(request_at(trace, 0, work_left=10, deadline=15, overhead=2)).locations == ()
+    plan = greedy(request_at(trace, 1, work_left=10, deadline=15, overhead=2))
+    assert plan.locations[0].kind == ON_DEMAND
+    on_od = Location(ON_DEMAND, offers_at(trace, 2)[0])
+    spot_back = make_trace([[1]] * 40)
+    assert greedy(request_at(spot_back, 2, work_left=5, deadline=30, overhead=2, current=on_od)).locations[0].kind \
+        == ON_DEMAND
+
+
+def test_uniform_progress_catches_up_on_on_demand_only_when_behind() -> None:
+    trace = make_trace([[0]] * 100)
+    up = registry.get("selection", "uniform_progress")
+    # 50 ticks of work in 100: pace 0.5 a tick, so 5 done by tick 10 is on pace, 4 is behind
+    ahead = request_at(trace, 10, work_left=45, deadline=100, total_work=50)
+    behind = request_at(trace, 10, work_left=46, deadline=100, total_work=50)
+    assert up(ahead).locations == ()
+    assert up(behind).locations[0].kind == ON_DEMAND
+    # on on-demand it stays until 2 restarts (2 x 1 tick x 0.5) ahead of pace: 6 done, then waits
+    on_od = Location(ON_DEMAND, offers_at(trace, 10)[0])
+    assert up(request_at(trace, 10, work_left=45, deadline=100, total_work=50, current=on_od,
+                         in_location=5)).locations[0].kind == ON_DEMAND
+    assert up(request_at(trace, 10, work_left=44, deadline=100, total_work=50, current=on_od,
+                         in_location=5)).locations == ()
+
+
+def test_skypilot_eager_relaunches_in_another_region_first() -> None:
+    trace = make_trace([[1, 1, 1]] * 5, spot=[[1.0, 2.0, 1.0]] * 5, zones=(A, B, C))
+    eager = registry.get("selection", "skypilot_eager")
+    fresh = eager(request_at(trace, 1, work_left=5, deadline=50))
+    assert fresh.locations[0].offer is not None and fresh.locations[0].offer.zone == "us-east-1a"  # cheapest
+    record = {"aws/us-east-1a/p3.2xlarge": ZoneRecord(preemptions=(trace.time_of(0),))}
+    after = eager(request_at(trace, 1, work_left=5, deadline=50, record=record))
+    assert [loc.offer.zone for loc in after.locations if loc.offer] == ["us-west-2a", "us-east-1a", "us-east-1b"]
+
+
+def test_broker_leaves_spot_for_on_demand_before_a_preemption_could_break_the_deadline() -> None:
+    trace = make_trace([[1]] * 30)
+    broker = registry.get("selection", "broker")
+    here = spot(trace, 5, 0)
+    # overhead 2: on spot and working it needs slack >= 3 to survive one preemption
+    assert broker(request_at(trace, 5, work_left=10, deadline=18, overhead=2, current=here,
+                             in_location=4)).locations[0].kind == "spot"
+    assert broker(request_at(trace, 5, work_left=10, deadline=17, overhead=2, current=here,
+                             in_location=4)).locations[0].kind == ON_DEMAND
+
+
+def test_broker_skips_capacity_that_tends_to_vanish_before_a_restart_pays_off() -> None:
+    # zone a has come and gone in 1-tick blips all along; zone b's runs last 20 ticks
+    blips = [[t % 2, 1 if (t // 20) % 2 == 0 else 0] for t in range(200)]
+    trace = make_trace(blips, zones=(A, B))
+    broker = registry.get("selection", "broker")
+    tick = next(t for t in range(150, 200) if blips[t] == [1, 0])
+    plan = broker(request_at(trace, tick, work_left=30, deadline=tick + 200, total_work=30, overhead=2))
+    assert plan.locations == ()  # plenty of slack: wait for capacity worth a restart
+    tick_b = next(t for t in range(150, 200) if blips[t][1] == 1 and blips[t - 3][1] == 1)
+    plan = broker(request_at(trace, tick_b, work_left=30, deadline=tick_b + 200, total_work=30, overhead=2))
+    assert plan.locations[0].offer is not None and plan.locations[0].offer.zone == "us-west-2a"
+
+
+def test_broker_moves_to_a_much_cheaper_zone_and_stays_for_a_small_saving() -> None:
+    long_runs = [[1, 1]] * 300
+    broker = registry.get("selection", "broker")
+    for price_b, moves in ((0.5, True), (0.97, False)):
+        trace = make_trace(long_runs, spot=[[1.0, price_b]] * 300, zones=(A, B))
+        # ahead of pace (20 of 40 done with 750 of 1000 ticks left): slack to spend on a restart
+        plan = broker(request_at(trace, 250, work_left=20, deadline=1000, total_work=40,
+                                 current=spot(trace, 250, 0), in_location=10))
+        assert plan.locations[0].offer is not None
+        assert (plan.locations[0].offer.zone == "us-west-2a") is moves
+
+
+def test_broker_depends_only_on_the_request() -> None:
+    trace = make_trace([[int(t % 3 != 0), int(t % 5 != 0)] for t in range(120)], zones=(A, B))
+    broker = registry.get("selection", "broker")
+    for tick in range(60, 120, 7):
+        one = broker(request_at(trace, tick, work_left=20, deadline=150, total_work=30))
+        again = broker(request_at(trace, tick, work_left=20, deadline=150, total_work=30,
+                                  series=MarketSeries.from_trace(trace)))
+        assert one == again
+
+
+def test_history_never_shows_the_future() -> None:
+    rng = np.random.default_rng(7)
+    available = rng.integers(0, 3, size=(80, 3)).tolist()
+    trace = make_trace(available, zones=(A, B, C))
+    whole = MarketSeries.from_trace(trace)
+    for now in (0, 1, 17, 50, 79):
+        cut = MarketSeries(whole.locations, whole.regions, whole.tick_seconds, whole.spot_price[: now + 1],
+                           whole.on_demand_price[: now + 1], whole.available_nodes[: now + 1])
+        seen, known = MarketHistory(whole, now), MarketHistory(cut, now)
+        assert seen.age(2).tolist() == known.age(2).tolist()
+        assert seen.availability(2, 10).tolist() == known.availability(2, 10).tolist()
+        for z in range(3):
+            assert seen.finished_up_runs(2, z, 30).tolist() == known.finished_up_runs(2, z, 30).tolist()
+            assert seen.finished_down_runs(1, z, 80).tolist() == known.finished_down_runs(1, z, 80).tolist()
+        assert seen.available_nodes.shape[0] == now + 1
+
+
+@st.composite
+def markets(draw: st.DrawFn) -> tuple[Market, SimJob]:
+    ticks = draw(st.integers(20, 80))
+    zones = draw(st.integers(1, 3))
+    stay = draw(st.floats(0.5, 0.97))
+    state = [1] * zones
+    rows = []
+    rng = np.random.default_rng(draw(st.integers(0, 2**31)))
+    for _ in range(ticks):
+        state = [s if rng.random() < stay else 1 - s for s in state]
+        rows.append(list(state))
+    spot = rng.choice([0.9, 1.0, 1.3], size=(ticks, zones)).tolist()
+    trace = make_trace(rows, spot=spot, zones=(A, B, C)[:zones], tick_s=300)
+    work = draw(st.integers(1, ticks - 5))
+    overhead = draw(st.integers(0, 4))
+    deadline = draw(st.integers(work + overhead, min(ticks, work + overhead + 30)))  # on-demand can make it
+    job = SimJob(num_nodes=1, work_s=300 * work, deadline_s=300 * deadline,
+                 restart_overhead_s=max(0, 300 * overhead - 10))
+    return Market(trace, 1), job
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(markets())
+def test_no_policy_misses_a_deadline_on_demand_could_meet(case: tuple[Market, SimJob]) -> None:
+    market, job = case
+    for name in ("broker", "greedy", "uniform_progress", "up_multi", "skypilot_eager", "on_demand"):
+        assert simulate(market, job, registry.get("selection", name), start=0).deadline_met, name
+
+
+@pytest.mark.traces
+def test_broker_meets_every_deadline_on_the_16_node_trace(shared_traces: Path) -> None:
+    trace = read_trace(shared_traces / "aws-v100-2023-16node-3zones.csv.gz").select("V100", 1)
+    market = Market(trace, 16)
+    job = SimJob(num_nodes=16, work_s=48 * 3600, deadline_s=60 * 3600, restart_overhead_s=720)
+    broker = registry.get("selection", "broker")
+    for start in random_starts(market, job, 12, seed=3):
+        run = simulate(market, job, broker, start)
+        assert run.deadline_met
+        assert run.cost < market.on_demand_cost(job, start)
+
+
+def test_broker_launches_without_history_or_deadline() -> None:
+    """What the live engine may hand it on a fresh price book: no history, no counts, no deadline."""
+    offers = (ZoneOffer("aws", "us-east-1", "us-east-1a", "p3.2xlarge", "V100", 1, 1.2, 3.06, None),
+              ZoneOffer("aws", "us-west-2", "us-west-2a", "p3.2xlarge", "V100", 1, 0.9, 3.06, None))
+    broker = registry.get("selection", "broker")
+    for work in (3600.0, None):
+        plan = broker(SelectionRequest(now=START, job=JobView(1, 1, "V100", work, None), offers=offers))
+        assert [loc.offer.zone for loc in plan.locations if loc.offer] == ["us-west-2a", "us-east-1a"]
