@@ -48,8 +48,10 @@ class StaticMarket:
         return next(q for q in QUOTES if q.key == key)
 
 
-def _engine(home: Path, store: Store, sky: FakeSky, **options: float) -> tuple[Engine, SkyPilotProvisioner]:
-    provisioner = SkyPilotProvisioner(home, store_specs(store), SkyPilotOptions(refresh_s=0.05, **options), sdk=sky)
+def _engine(home: Path, store: Store, sky: FakeSky, launch_timeout_s: float = 60.0
+            ) -> tuple[Engine, SkyPilotProvisioner]:
+    options = SkyPilotOptions(refresh_s=0.05, launch_timeout_s=launch_timeout_s)
+    provisioner = SkyPilotProvisioner(home, store_specs(store), options, sdk=sky)
     engine = Engine(store, WallClock(), StaticMarket(), provisioner,
                     EngineOptions(home=home, broker_url="http://broker.example:8080"), tokens=AgentTokens(home))
     return engine, provisioner
