@@ -63,15 +63,22 @@ def infra(cluster: ClusterInfo) -> str:
     return f"{cluster.cloud}/{cluster.region}/{cluster.zone}"
 
 
-def storage_source(url: str) -> str:
-    """A checkpoint URL as SkyPilot storage names its source (``az://ACCOUNT/CONTAINER/...`` for Azure)."""
+def split_bucket(url: str) -> tuple[str, str]:
+    """A checkpoint URL as (the bucket as SkyPilot storage names it, the path inside it).
+
+    SkyPilot mounts whole buckets only (MOUNT mode refuses a sub-path), so the bucket is mounted
+    and the job's directory is that path under the mount. Azure is ``az://ACCOUNT/CONTAINER/...``.
+    """
     if url.startswith("az://"):
         parts = url.removeprefix("az://").strip("/").split("/", 2)
         if len(parts) < 2 or not all(parts[:2]):
             raise CheckpointDirError(f"broker.checkpoint.dir: expected az://ACCOUNT/CONTAINER[/PATH], got {url!r}")
-        rest = f"/{parts[2]}" if len(parts) == 3 else ""
-        return f"https://{parts[0]}.blob.core.windows.net/{parts[1]}{rest}"
-    return url.rstrip("/")
+        return f"https://{parts[0]}.blob.core.windows.net/{parts[1]}", parts[2].strip("/") if len(parts) == 3 else ""
+    scheme, rest = url.split("://", 1)
+    bucket, _, path = rest.strip("/").partition("/")
+    if not bucket:
+        raise CheckpointDirError(f"broker.checkpoint.dir: expected {scheme}://BUCKET[/PATH], got {url!r}")
+    return f"{scheme}://{bucket}", path.strip("/")
 
 
 def is_bucket(url: str | None) -> bool:
@@ -79,7 +86,10 @@ def is_bucket(url: str | None) -> bool:
 
 
 def node_checkpoint_dir(checkpoint_dir: str | None, job_id: str) -> str:
-    return CHECKPOINT_MOUNT if is_bucket(checkpoint_dir) else f"{LOCAL_CHECKPOINT_ROOT}/{job_id}"
+    if checkpoint_dir and is_bucket(checkpoint_dir):
+        path = split_bucket(checkpoint_dir)[1]
+        return f"{CHECKPOINT_MOUNT}/{path}" if path else CHECKPOINT_MOUNT
+    return f"{LOCAL_CHECKPOINT_ROOT}/{job_id}"
 
 
 def _accelerators(spec: JobSpec, cluster: ClusterInfo) -> dict[str, int] | None:
@@ -125,7 +135,7 @@ def cluster_task(spec: JobSpec, cluster: ClusterInfo, agent: AgentPackage | None
     file_mounts: dict[str, Any] = copy.deepcopy(written.get("file_mounts") or {})
     checkpoint = checkpoint_dir if checkpoint_dir is not None else spec.broker.checkpoint.dir
     if is_bucket(checkpoint):
-        file_mounts[CHECKPOINT_MOUNT] = {"source": storage_source(str(checkpoint)), "mode": "MOUNT"}
+        file_mounts[CHECKPOINT_MOUNT] = {"source": split_bucket(str(checkpoint))[0], "mode": "MOUNT"}
     setup_parts: list[str] = []
     if agent is not None:
         file_mounts[agent.remote] = str(agent.wheel)

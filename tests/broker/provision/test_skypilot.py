@@ -102,7 +102,7 @@ def test_launch_returns_at_once_and_the_gang_runs_under_the_agent(broker_home: P
     assert (resources["infra"], resources["instance_type"], resources["use_spot"]) == \
         ("aws/us-east-1/us-east-1a", "p3.2xlarge", True)
     assert resources["disk_size"] == 200 and launched.task["num_nodes"] == 2
-    assert launched.task["file_mounts"]["/broker-checkpoint"] == {"source": "s3://ckpt-bucket/train", "mode": "MOUNT"}
+    assert launched.task["file_mounts"]["/broker-checkpoint"] == {"source": "s3://ckpt-bucket", "mode": "MOUNT"}
     assert "uv pip install" in launched.task["setup"] and "--no-deps" in launched.task["setup"]
 
     _until(engine, lambda: bool(launched.jobs))
@@ -112,7 +112,7 @@ def test_launch_returns_at_once_and_the_gang_runs_under_the_agent(broker_home: P
     assert "-m broker.agent --cloud auto" in run and '--node "$SKYPILOT_NODE_RANK"' in run
     assert "--broker-url http://broker.example:8080" in run and '--token "$BROKER_AGENT_TOKEN"' in run
     assert job["task"]["secrets"]["BROKER_AGENT_TOKEN"] == AgentTokens(broker_home)(f"{job_id}-c1")
-    assert job["task"]["envs"]["BROKER_CHECKPOINT_DIR"] == "/broker-checkpoint"
+    assert job["task"]["envs"]["BROKER_CHECKPOINT_DIR"] == "/broker-checkpoint/train"
 
     rows = _clusters(store)
     assert len(rows[0].handle["instance_ids"]) == 2  # from SkyPilot's handle, for the SQS listener
