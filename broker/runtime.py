@@ -9,7 +9,7 @@ import hmac
 import os
 import secrets
 from pathlib import Path
-from typing import IO
+from typing import IO, TYPE_CHECKING
 
 from sqlalchemy import select
 
@@ -19,6 +19,9 @@ from broker.engine import ACTIVE_STATES, Engine, EngineOptions
 from broker.provision.local import LocalProvisioner, LocalWorld
 from broker.store import Store, open_store
 from broker.store.tables import JobRow
+
+if TYPE_CHECKING:
+    from broker.runtime_skypilot import SkyPilotBroker
 
 BUNDLED_MARKET = Path(__file__).parent / "data" / "quickstart-market.csv"
 
@@ -109,3 +112,12 @@ class EmbeddedBroker:
             with contextlib.suppress(Exception):
                 self.server.stop()
         self.store.dispose()
+
+
+def open_broker(settings: Settings, fresh_market: bool = False) -> EmbeddedBroker | SkyPilotBroker:
+    """The broker for ``settings.backend``: the embedded local one, or real clusters through SkyPilot."""
+    if settings.backend == "skypilot":
+        from broker.runtime_skypilot import SkyPilotBroker
+
+        return SkyPilotBroker(settings)
+    return EmbeddedBroker(settings, fresh_market=fresh_market)
