@@ -56,6 +56,22 @@ def preview_plan(spec: JobSpec, quotes: list[SpotQuote], policy: str | None) -> 
     return registry.get("selection", policy)(request)  # type: ignore[no-any-return]
 
 
+class _TaskDumper(yaml.SafeDumper):
+    """Multi-line commands as literal blocks, as they are written in a task file."""
+
+
+def _text(dumper: yaml.SafeDumper, value: str) -> yaml.Node:
+    style = "|" if "\n" in value else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
+
+
+_TaskDumper.add_representer(str, _text)
+
+
+def task_yaml(config: dict[str, Any]) -> str:
+    return yaml.dump(config, Dumper=_TaskDumper, sort_keys=False, width=1000).rstrip()
+
+
 def _plan_table(plan: Plan, nodes: int) -> Table:
     table = Table(title=f"plan: {plan.reason}", header_style="bold", title_justify="left")
     for column in ("#", "kind", "where", "instance", "$/node-h", "$/h gang"):
@@ -116,7 +132,7 @@ def dryrun(settings: Settings, spec: JobSpec, catalog: Any = None) -> bool:
     console.print(_plan_table(plan, spec.num_nodes))
     name, config = dryrun_task(spec, cluster, settings)
     console.print(f"\n[bold]SkyPilot task for {name}[/bold] (offer 1; the job's run starts later with sky exec)")
-    print(yaml.safe_dump(config, sort_keys=False).rstrip())
+    print(task_yaml(config))
     console.print("\n[bold]SkyPilot dry run[/bold]")
     try:
         sky_dryrun(name, config)
