@@ -25,8 +25,9 @@ from broker.spec import JobSpec, sky_task_config
 # Where the checkpoint bucket is mounted on every node (the same on every cluster, so a path a
 # job recorded before a migration names the same checkpoint on the replacement).
 CHECKPOINT_MOUNT = "/broker-checkpoint"
-# Node-local fallback when the checkpoint dir is not a bucket: it does not survive the node.
-LOCAL_CHECKPOINT_ROOT = "/tmp/broker-checkpoints"
+# Node-local fallback when the checkpoint dir is not a bucket (under the node user's $HOME): it
+# does not survive the node, so a migrated job restarts from its beginning.
+LOCAL_CHECKPOINT_ROOT = "broker-checkpoints"
 AGENT_VENV = "~/.broker-agent"
 AGENT_WHEELS = "~/.broker-wheels"
 AGENT_PYTHON = "3.11"
@@ -86,10 +87,11 @@ def is_bucket(url: str | None) -> bool:
 
 
 def node_checkpoint_dir(checkpoint_dir: str | None, job_id: str) -> str:
+    """The job's checkpoint directory on a node, as a shell word (``$HOME`` expands there)."""
     if checkpoint_dir and is_bucket(checkpoint_dir):
         path = split_bucket(checkpoint_dir)[1]
-        return f"{CHECKPOINT_MOUNT}/{path}" if path else CHECKPOINT_MOUNT
-    return f"{LOCAL_CHECKPOINT_ROOT}/{job_id}"
+        return shlex.quote(f"{CHECKPOINT_MOUNT}/{path}" if path else CHECKPOINT_MOUNT)
+    return f'"$HOME"/{LOCAL_CHECKPOINT_ROOT}/{shlex.quote(job_id)}'
 
 
 def _accelerators(spec: JobSpec, cluster: ClusterInfo) -> dict[str, int] | None:
@@ -159,16 +161,17 @@ def job_name(job_id: str, attempt: int) -> str:
     return f"{job_id}-{attempt}"
 
 
-def agent_command(cluster: ClusterInfo, launch: JobLaunch, node_dir: str) -> str:
+def agent_command(cluster: ClusterInfo, launch: JobLaunch) -> str:
     """The shell line each node runs: the node agent wrapping the job's own ``run``."""
     signal_name = launch.spec.broker.checkpoint.signal
     # The wrapper shell ignores the checkpoint signal, so only job processes that handle it react.
     inner = f"trap '' {signal_name.removeprefix('SIG')}\n{launch.spec.run}"
     words = [f"{AGENT_VENV}/bin/python", "-m", "broker.agent", "--cloud", "auto",
-             "--signal", signal_name, "--cluster-id", cluster.id, "--checkpoint-dir", node_dir]
+             "--signal", signal_name, "--cluster-id", cluster.id]
     if launch.broker_url:
         words += ["--broker-url", launch.broker_url]
     line = " ".join(w if w.startswith("~/") else shlex.quote(w) for w in words)
+    line += ' --checkpoint-dir "$BROKER_CHECKPOINT_DIR"'
     if cluster.agent_token:
         line += f' --token "${TOKEN_SECRET}"'
     return f'{line} --node "$SKYPILOT_NODE_RANK" -- bash -c {shlex.quote(inner)}'
@@ -188,12 +191,11 @@ def job_task(cluster: ClusterInfo, launch: JobLaunch) -> dict[str, Any]:
     envs = {
         **spec.envs,
         "BROKER_JOB_ID": launch.job_id,
-        "BROKER_CHECKPOINT_DIR": node_dir,
         "BROKER_RESUME_FROM": launch.resume_from or "",
         "BROKER_ATTEMPT": str(launch.attempt),
     }
-    run = "\n".join([_visible_devices(launch), f"mkdir -p {shlex.quote(node_dir)}",
-                     agent_command(cluster, launch, node_dir)])
+    run = "\n".join([_visible_devices(launch), f"export BROKER_CHECKPOINT_DIR={node_dir}",
+                     'mkdir -p "$BROKER_CHECKPOINT_DIR"', agent_command(cluster, launch)])
     resources: dict[str, Any] = {"infra": infra(cluster), "instance_type": cluster.instance_type,
                                  "use_spot": cluster.spot}
     accelerators = _accelerators(spec, cluster)

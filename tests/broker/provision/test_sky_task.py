@@ -43,21 +43,25 @@ def test_run_line_wraps_the_job_in_the_agent_on_each_node(tmp_path: Path) -> Non
     launch = JobLaunch("j-1", 1, spec, GangPlacement("j-1-c1", ((0, (0, 1)), (1, (1,)))), "s3://b/run", None,
                        "http://127.0.0.1:9", str(tmp_path / "logs"))
     task = job_task(cluster, launch)
-    assert task["envs"]["BROKER_CHECKPOINT_DIR"] == "/broker-checkpoint/run"
+    assert "export BROKER_CHECKPOINT_DIR=/broker-checkpoint/run\n" in task["run"]
     venv = tmp_path / "home" / ".broker-agent" / "bin"
     venv.mkdir(parents=True)
     (venv / "python").symlink_to(sys.executable)
     out = tmp_path / "out.txt"
     # As SkyPilot runs it on node 1: its variables, the task's envs, the secret.
     env = {**os.environ, **task["envs"], "HOME": str(tmp_path / "home"), "PYTHONPATH": str(REPO),
-           "SKYPILOT_NODE_RANK": "1", "BROKER_AGENT_TOKEN": "s3cr3t-agent-token", "OUT": str(out),
-           "BROKER_CHECKPOINT_DIR": str(tmp_path / "ckpt")}
+           "SKYPILOT_NODE_RANK": "1", "BROKER_AGENT_TOKEN": "s3cr3t-agent-token", "OUT": str(out)}
     run = task["run"].replace("/broker-checkpoint/run", str(tmp_path / "ckpt")).replace(" --cloud auto",
                                                                                           " --cloud local")
     done = subprocess.run(["bash", "-c", run], env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert out.read_text().strip() == "1 j-1 it's"  # node 1's GPUs, and the job's own quoting intact
     assert '--token "$BROKER_AGENT_TOKEN"' in task["run"] and "s3cr3t" not in task["run"]
+
+
+def _expand(word: str, home: Path) -> str:
+    return subprocess.run(["bash", "-c", f"printf %s {word}"], env={"HOME": str(home)}, capture_output=True,
+                          text=True, check=True).stdout
 
 
 @pytest.mark.parametrize(("url", "bucket", "node_dir"), [
@@ -67,11 +71,12 @@ def test_run_line_wraps_the_job_in_the_agent_on_each_node(tmp_path: Path) -> Non
 ])
 def test_checkpoint_buckets_mount_whole(url: str, bucket: str, node_dir: str) -> None:
     assert split_bucket(url)[0] == bucket
-    assert node_checkpoint_dir(url, "j-1") == node_dir
+    assert _expand(node_checkpoint_dir(url, "j-1"), Path("/home/ubuntu")) == node_dir
 
 
 def test_a_local_checkpoint_dir_stays_on_the_node() -> None:
-    assert node_checkpoint_dir("/home/me/ckpt", "j-1") == "/tmp/broker-checkpoints/j-1"
+    assert _expand(node_checkpoint_dir("/srv/ckpt", "j-1"), Path("/home/ubuntu")) == \
+        "/home/ubuntu/broker-checkpoints/j-1"
 
 
 def test_bad_azure_checkpoint_url_names_the_field() -> None:

@@ -112,7 +112,7 @@ def test_launch_returns_at_once_and_the_gang_runs_under_the_agent(broker_home: P
     assert "-m broker.agent --cloud auto" in run and '--node "$SKYPILOT_NODE_RANK"' in run
     assert "--broker-url http://broker.example:8080" in run and '--token "$BROKER_AGENT_TOKEN"' in run
     assert job["task"]["secrets"]["BROKER_AGENT_TOKEN"] == AgentTokens(broker_home)(f"{job_id}-c1")
-    assert job["task"]["envs"]["BROKER_CHECKPOINT_DIR"] == "/broker-checkpoint/train"
+    assert "export BROKER_CHECKPOINT_DIR=/broker-checkpoint/train\n" in run
 
     rows = _clusters(store)
     assert len(rows[0].handle["instance_ids"]) == 2  # from SkyPilot's handle, for the SQS listener
