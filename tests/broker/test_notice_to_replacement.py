@@ -70,9 +70,21 @@ def test_replacement_is_requested_within_seconds_of_the_notice(broker_home: Path
         subprocess.run([sys.executable, "-m", "broker", "cancel", job_id], cwd=ROOT, env=env, check=True,
                        capture_output=True, timeout=60)
         launch.wait(timeout=120)
+        # Every local cluster host has gone with its cluster (none outlives the test's directory).
+        hosts_end = time.monotonic() + 60
+        states: list[str] = []
+        while time.monotonic() < hosts_end:
+            states = [json.loads((d / "status.json").read_text()).get("state", "?")
+                      for d in (broker_home / "local" / "clusters").iterdir() if (d / "status.json").exists()]
+            if all(state in ("TERMINATED", "FAILED") for state in states):
+                break
+            time.sleep(0.2)
+        assert all(state in ("TERMINATED", "FAILED") for state in states), states
     finally:
         if launch.poll() is None:
             launch.kill()
             launch.wait()
+        for directory in (broker_home / "local" / "clusters").glob("*"):
+            (directory / "terminate").touch()  # a failed test still takes its cluster hosts down
         if store is not None:
             store.dispose()
