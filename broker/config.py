@@ -60,6 +60,18 @@ class Settings(BaseSettings):
     poll_seconds: float = Field(0.2, gt=0, description="engine step interval, wall seconds")
     server: str | None = Field(None, description="URL of a running `broker serve`")
     local_provision_seconds: float = Field(120.0, ge=0, description="local backend: market seconds to boot")
+    # --- SkyPilot backend and cloud preemption notices (issue 4)
+    skypilot_prefix: str = Field("broker-", pattern=r"^[a-z][-a-z0-9]*$",
+                                 description="SkyPilot cluster names start with this; strays with it are torn down")
+    skypilot_launch_timeout: float = Field(1800.0, gt=0, description="seconds a SkyPilot launch may take")
+    skypilot_refresh_seconds: float = Field(10.0, gt=0, description="how often sky status / queue are re-read")
+    skypilot_autostop_minutes: int | None = Field(60, ge=0, description="idle minutes before SkyPilot downs a cluster")
+    api_host: str = Field("127.0.0.1", description="skypilot backend: where the notice API listens")
+    api_port: int = Field(0, ge=0, le=65535, description="skypilot backend: notice API port (0: any free one)")
+    public_url: str | None = Field(None, description="skypilot backend: the URL node agents report notices to")
+    sqs_queue_url: str | None = Field(None, description="SQS queue receiving EventBridge EC2 spot events")
+    sqs_region: str | None = Field(None, description="region of the SQS queue (default: from its URL)")
+    sqs_endpoint_url: str | None = Field(None, description="SQS endpoint override (VPC endpoint, tests)")
 
     # --- cost reports: SMTP, Slack, schedules, budgets (broker/reports) ---
     smtp_host: str | None = Field(None, description="SMTP server for emailed reports")

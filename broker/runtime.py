@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 from pathlib import Path
-from typing import IO
+from typing import IO, TYPE_CHECKING
 
 from sqlalchemy import select
 
@@ -16,6 +16,9 @@ from broker.provision.local import LocalProvisioner, LocalWorld
 from broker.store import Store, open_store
 from broker.store.tables import JobRow
 from broker.tokens import SharedAgentTokens
+
+if TYPE_CHECKING:
+    from broker.runtime_skypilot import SkyPilotBroker
 
 BUNDLED_MARKET = Path(__file__).parent / "data" / "quickstart-market.csv"
 
@@ -89,3 +92,12 @@ class EmbeddedBroker:
             with contextlib.suppress(Exception):
                 self.server.stop()
         self.store.dispose()
+
+
+def open_broker(settings: Settings, fresh_market: bool = False) -> EmbeddedBroker | SkyPilotBroker:
+    """The broker for ``settings.backend``: the embedded local one, or real clusters through SkyPilot."""
+    if settings.backend == "skypilot":
+        from broker.runtime_skypilot import SkyPilotBroker
+
+        return SkyPilotBroker(settings)
+    return EmbeddedBroker(settings, fresh_market=fresh_market)

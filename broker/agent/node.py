@@ -80,7 +80,8 @@ def detect_cloud(metadata_url: str | None) -> str:
         request = urllib.request.Request(base.rstrip("/") + path, method=method, headers=headers)
         try:
             with urllib.request.urlopen(request, timeout=0.5) as response:
-                if response.status == 200:
+                # GCE's server also listens on 169.254.169.254: it is known by its Metadata-Flavor answer.
+                if response.status == 200 and (cloud != "gcp" or response.headers.get("Metadata-Flavor") == "Google"):
                     return cloud
         except (OSError, urllib.error.URLError):
             continue
@@ -153,6 +154,9 @@ class Agent:
                 self.child.wait(timeout=self.options.poll_seconds)
         for thread, deadline in self.pending:  # let the last checkpoint's report get out
             thread.join(timeout=max(deadline - time.time(), 0.0))
+        close = getattr(self.reader, "close", None)
+        if close is not None:
+            close()
         code = self.child.returncode
         exit_code = code if code >= 0 else 128 - code
         self.events.write("exited", exit_code=exit_code)
@@ -193,10 +197,18 @@ class Agent:
 
     def _checkpoint_and_report(self, notice: NodeNotice, seen: float, signaled: float,
                                before: CheckpointMark | None, deadline: float) -> None:
+        if self._checkpoints(notice, seen, signaled, before, deadline) and self.reader is not None:
+            # The checkpoint is safe: let the cloud go ahead (Azure evicts at once instead of at NotBefore).
+            self.reader.acknowledge(notice)
+            self.events.write("acknowledged", kind=notice.kind)
+
+    def _checkpoints(self, notice: NodeNotice, seen: float, signaled: float,
+                     before: CheckpointMark | None, deadline: float) -> bool:
+        """The checkpoint on the notice and the last call before its deadline; False if none came."""
         mark = self._wait_for_checkpoint(before, deadline - DEADLINE_MARGIN_SECONDS)
         if mark is None:
             self.events.write("checkpoint_missing")
-            return
+            return False
         took = max(mark.written_at - signaled, 0.0)
         self.events.write("checkpoint_complete", path=mark.path, after_s=took)
         self.reporter.report(self._payload(notice, seen, signaled, mark), deadline)
@@ -205,10 +217,10 @@ class Agent:
         last_call = deadline - max(LAST_CALL_MIN_SECONDS, 3 * took)
         while time.time() < last_call:
             if self.child is None or self.child.poll() is not None:
-                return
+                return True
             time.sleep(min(0.05, max(last_call - time.time(), 0.0)))
         if self.child is None or self.child.poll() is not None:
-            return
+            return True
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.child.pid, self.options.checkpoint_signal)
         again = time.time()
@@ -216,6 +228,7 @@ class Agent:
         if final is not None:
             self.events.write("checkpoint_complete", path=final.path, after_s=final.written_at - again, last=True)
             self.reporter.report(self._payload(notice, seen, signaled, final), deadline)
+        return True
 
     def _wait_for_checkpoint(self, before: CheckpointMark | None, until: float) -> CheckpointMark | None:
         while time.time() < until:

@@ -56,7 +56,7 @@ def notices_router(store: Store, clock: Clock) -> APIRouter:
                 raise HTTPException(status.HTTP_401_UNAUTHORIZED, "unknown token")
             if owner != report.cluster_id:
                 raise HTTPException(status.HTTP_403_FORBIDDEN, "this token may only report for its own cluster")
-        return _record(store, clock, report)
+        return record_notice(store, clock, report)
 
     return router
 
@@ -68,7 +68,9 @@ def _to_clock(clock: Clock, value: datetime | None) -> datetime | None:
     return clock.to_clock(value.timestamp())
 
 
-def _record(store: Store, clock: Clock, report: NoticeReport) -> NoticeAccepted:
+def record_notice(store: Store, clock: Clock, report: NoticeReport, source: str = "agent") -> NoticeAccepted:
+    """Record a notice once per ``<cluster>:<kind>``, whoever reports it first (an agent, SQS); a later
+    report of the same notice only adds a newer checkpoint."""
     key = f"{report.cluster_id}:{report.kind}"
     detail: dict[str, Any] = {
         "node": report.node,
@@ -79,7 +81,7 @@ def _record(store: Store, clock: Clock, report: NoticeReport) -> NoticeAccepted:
     try:
         with store.transaction() as s:
             row = NoticeRow(dedup_key=key, cluster_id=report.cluster_id, node=report.node, kind=report.kind,
-                            source="agent", action_time=_to_clock(clock, report.action_time),
+                            source=source, action_time=_to_clock(clock, report.action_time),
                             received_at=clock.now(), checkpoint=report.checkpoint, detail=detail)
             s.add(row)
             s.flush()

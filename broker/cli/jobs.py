@@ -20,14 +20,16 @@ from broker.config import Settings, load_settings
 from broker.engine import cancel_job, submit_job
 from broker.joblogs import print_chunks, read_new
 from broker.model import JobState
-from broker.runtime import EmbeddedBroker, EngineLock
+from broker.runtime import EmbeddedBroker, EngineLock, open_broker
 from broker.spec import JobSpec, load_job_spec
 from broker.store import Store, open_store
 from broker.store.tables import JobRow
 from broker.summary import job_summary, last_log_line
 
 
-def _check_market_fits(broker: EmbeddedBroker, spec: JobSpec) -> None:
+def _check_market_fits(broker: Any, spec: JobSpec) -> None:
+    if not isinstance(broker, EmbeddedBroker):
+        return  # SkyPilot's catalog: an unknown accelerator was refused when the job file was read
     zones = broker.market.trace.zones
     if spec.accelerators and not any(
         a.name.lower() == z.accelerator.lower() and a.count == z.gpus_per_node
@@ -74,7 +76,7 @@ def _print_summary(summary: dict[str, Any]) -> None:
         console.print(f"  reason           {summary['reason']}")
 
 
-def drive(broker: EmbeddedBroker, settings: Settings, job_id: str | None, show: bool) -> None:
+def drive(broker: Any, settings: Settings, job_id: str | None, show: bool) -> None:
     """Run the engine (or, if another process holds the engine lock, watch) until the job ends."""
     lock = EngineLock(settings.home)
     engine = broker.start() if lock.acquire() else None
@@ -105,10 +107,12 @@ def drive(broker: EmbeddedBroker, settings: Settings, job_id: str | None, show: 
 @app.command()
 def launch(
     job_file: Annotated[Path, typer.Argument(help="SkyPilot task YAML with an optional broker: section")],
-    backend: Annotated[str, typer.Option(help="where clusters come from: local")] = "local",
+    backend: Annotated[str | None, typer.Option(help="where clusters come from: local or skypilot")] = None,
     market: Annotated[Path | None, typer.Option(help="market trace CSV for the local backend")] = None,
     speed: Annotated[float | None, typer.Option(help="local backend: market seconds per wall second")] = None,
     detach: Annotated[bool, typer.Option("--detach", help="submit, print the job id and return")] = False,
+    dryrun: Annotated[bool, typer.Option("--dryrun", help="skypilot: print the plan and task, run SkyPilot's "
+                                         "dry run, launch nothing")] = False,
     config: ConfigOption = None,
     as_json: JsonOption = False,
     server: remote.ServerOption = None,
@@ -117,10 +121,18 @@ def launch(
     if (served := remote.server_settings(config, server)) is not None:
         return remote.launch(served, job_file, detach, as_json)
     settings = load_settings(config, backend=backend, market=market, speed=speed)
-    if settings.backend != "local":
-        raise UsageError(f"--backend {settings.backend}: this build runs the local backend; expected local")
+    if settings.backend not in ("local", "skypilot"):
+        raise UsageError(f"--backend {settings.backend}: expected local or skypilot")
+    if dryrun and settings.backend != "skypilot":
+        raise UsageError("--dryrun: only with --backend skypilot (the local backend has nothing to dry-run)")
     spec = load_job_spec(job_file)
-    broker = EmbeddedBroker(settings, fresh_market=True)
+    if dryrun:
+        from broker.cli.sky_dryrun import dryrun as sky_dryrun
+
+        if not sky_dryrun(settings, spec):
+            raise typer.Exit(1)
+        return
+    broker = open_broker(settings, fresh_market=True)
     try:
         _check_market_fits(broker, spec)
         job_id = submit_job(broker.store, broker.clock, spec, settings.home, broker.provisioner.name)
@@ -161,7 +173,7 @@ def run_engine(config: ConfigOption = None) -> None:
     if not lock.acquire():
         return  # another engine drives this broker home already
     lock.release()
-    broker = EmbeddedBroker(settings)
+    broker = open_broker(settings)
     try:
         drive(broker, settings, None, show=False)
     finally:

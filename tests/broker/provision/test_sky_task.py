@@ -1,0 +1,93 @@
+"""The node side of a SkyPilot task: the agent wheel installs and the generated run line works in bash."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from broker.model import GangPlacement
+from broker.provision.agent_wheel import build_agent_wheel
+from broker.provision.base import ClusterInfo, JobLaunch
+from broker.provision.sky_task import CheckpointDirError, job_task, node_checkpoint_dir, split_bucket
+from broker.spec import parse_job_spec
+
+REPO = Path(__file__).resolve().parents[3]
+UV = Path(sys.executable).parent / "uv"
+
+
+def test_agent_wheel_installs_without_dependencies_and_runs(tmp_path: Path) -> None:
+    wheel = build_agent_wheel(tmp_path / "wheels")
+    assert build_agent_wheel(tmp_path / "wheels") == wheel  # unchanged code: the same wheel, reused
+    if not UV.exists():
+        pytest.skip("uv is not beside the interpreter")
+    target = tmp_path / "site"
+    subprocess.run([str(UV), "pip", "install", "--quiet", "--no-deps", "--no-index", "--python", sys.executable,
+                    "--target", str(target), str(wheel)], check=True, timeout=120)
+    clean = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    done = subprocess.run([sys.executable, "-m", "broker.agent", "--cloud", "local", "--metadata-url",
+                           "http://127.0.0.1:9", "--", sys.executable, "-c", "import sys; sys.exit(7)"],
+                          cwd=tmp_path, env={**clean, "PYTHONPATH": str(target)}, capture_output=True, timeout=60)
+    assert done.returncode == 7  # the installed agent ran the job and passed its exit code on
+
+
+def test_run_line_wraps_the_job_in_the_agent_on_each_node(tmp_path: Path) -> None:
+    spec = parse_job_spec("name: t\nnum_nodes: 2\nresources:\n  accelerators: V100:2\n"
+                          "run: echo \"$CUDA_VISIBLE_DEVICES $BROKER_JOB_ID it's\" > \"$OUT\"\n", offline=True)
+    cluster = ClusterInfo("j-1-c1", "aws", "us-east-1", "us-east-1a", "p3.8xlarge", 2, 2, True,
+                          agent_token="s3cr3t-agent-token")
+    launch = JobLaunch("j-1", 1, spec, GangPlacement("j-1-c1", ((0, (0, 1)), (1, (1,)))), "s3://b/run", None,
+                       "http://127.0.0.1:9", str(tmp_path / "logs"))
+    task = job_task(cluster, launch)
+    assert "export BROKER_CHECKPOINT_DIR=/broker-checkpoint/run\n" in task["run"]
+    venv = tmp_path / "home" / ".broker-agent" / "bin"
+    venv.mkdir(parents=True)
+    (venv / "python").symlink_to(sys.executable)
+    out = tmp_path / "out.txt"
+    # As SkyPilot runs it on node 1: its variables, the task's envs, the secret.
+    env = {**os.environ, **task["envs"], "HOME": str(tmp_path / "home"), "PYTHONPATH": str(REPO),
+           "SKYPILOT_NODE_RANK": "1", "BROKER_AGENT_TOKEN": "s3cr3t-agent-token", "OUT": str(out)}
+    run = task["run"].replace("/broker-checkpoint/run", str(tmp_path / "ckpt")).replace(" --cloud auto",
+                                                                                          " --cloud local")
+    done = subprocess.run(["bash", "-c", run], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert out.read_text().strip() == "1 j-1 it's"  # node 1's GPUs, and the job's own quoting intact
+    assert '--token "$BROKER_AGENT_TOKEN"' in task["run"] and "s3cr3t" not in task["run"]
+
+
+def _expand(word: str, home: Path) -> str:
+    return subprocess.run(["bash", "-c", f"printf %s {word}"], env={"HOME": str(home)}, capture_output=True,
+                          text=True, check=True).stdout
+
+
+@pytest.mark.parametrize(("url", "bucket", "node_dir"), [
+    ("s3://ckpt/team/run-1/", "s3://ckpt", "/broker-checkpoint/team/run-1"),
+    ("gs://ckpt", "gs://ckpt", "/broker-checkpoint"),
+    ("az://acct/container/run", "https://acct.blob.core.windows.net/container", "/broker-checkpoint/run"),
+])
+def test_checkpoint_buckets_mount_whole(url: str, bucket: str, node_dir: str) -> None:
+    assert split_bucket(url)[0] == bucket
+    assert _expand(node_checkpoint_dir(url, "j-1"), Path("/home/ubuntu")) == node_dir
+
+
+def test_a_local_checkpoint_dir_stays_on_the_node() -> None:
+    assert _expand(node_checkpoint_dir("/srv/ckpt", "j-1"), Path("/home/ubuntu")) == \
+        "/home/ubuntu/broker-checkpoints/j-1"
+
+
+def test_bad_azure_checkpoint_url_names_the_field() -> None:
+    with pytest.raises(CheckpointDirError, match=r"broker.checkpoint.dir: expected az://ACCOUNT/CONTAINER"):
+        split_bucket("az://only-account")
+
+
+def test_the_task_is_plain_data() -> None:
+    spec = parse_job_spec("name: t\nrun: x\n", offline=True)
+    cluster = ClusterInfo("c", "gcp", "us-central1", "us-central1-a", "n1-highmem-8", 1, 0, False)
+    launch = JobLaunch("j", 1, spec, GangPlacement.whole_nodes("c", 1, 0), "/ckpt", None, None, "/logs")
+    task = job_task(cluster, launch)
+    assert json.loads(json.dumps(task)) == task  # SkyPilot sends tasks as YAML/JSON: nothing exotic inside
+    assert task["resources"]["use_spot"] is False and "secrets" not in task
