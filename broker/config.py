@@ -68,7 +68,6 @@ class Settings(BaseSettings):
     skypilot_autostop_minutes: int | None = Field(60, ge=0, description="idle minutes before SkyPilot downs a cluster")
     api_host: str = Field("127.0.0.1", description="skypilot backend: where the notice API listens")
     api_port: int = Field(0, ge=0, le=65535, description="skypilot backend: notice API port (0: any free one)")
-    public_url: str | None = Field(None, description="skypilot backend: the URL node agents report notices to")
     sqs_queue_url: str | None = Field(None, description="SQS queue receiving EventBridge EC2 spot events")
     sqs_region: str | None = Field(None, description="region of the SQS queue (default: from its URL)")
     sqs_endpoint_url: str | None = Field(None, description="SQS endpoint override (VPC endpoint, tests)")
@@ -123,7 +122,8 @@ class Settings(BaseSettings):
     # --- serve: the long-running service, its API, leader election and schedules (broker serve) ---
     serve_host: str = Field("127.0.0.1", description="address `broker serve` listens on")
     serve_port: int = Field(8470, ge=0, lt=65536, description="port `broker serve` listens on (0: any free)")
-    public_url: str | None = Field(None, description="URL agents reach the service at; default http://host:port")
+    public_url: str | None = Field(None, description="URL node agents report notices to (must reach this machine "
+                                                     "from the clouds); default http://host:port")
     token: SecretStr | None = Field(None, description="API token the CLI sends to --server")
     leader_check_seconds: float = Field(3.0, gt=0, description="how often leadership is tried or re-checked")
     reconcile_seconds: float = Field(30.0, gt=0, description="interval of the reconcile pass")

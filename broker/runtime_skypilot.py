@@ -24,10 +24,10 @@ from broker.provision.base import ClusterInfo
 from broker.provision.sky_market import SkyCatalogMarket
 from broker.provision.sky_task import AgentPackage, cluster_task, sky_cluster_name
 from broker.provision.skypilot import SkyPilotOptions, SkyPilotProvisioner
-from broker.runtime import AgentTokens
 from broker.spec import JobSpec, job_spec_from_data
 from broker.store import Store, open_store
 from broker.store.tables import ClusterRow, JobRow
+from broker.tokens import SharedAgentTokens
 
 log = logging.getLogger("broker.runtime")
 
@@ -71,7 +71,7 @@ class SkyPilotBroker:
         self.market = SkyCatalogMarket(lambda: active_accelerators(self.store), catalog=catalog)
         self.provisioner = SkyPilotProvisioner(self.home, store_specs(self.store), skypilot_options(settings),
                                                sdk=sdk)
-        self.tokens = AgentTokens(self.home)
+        self.tokens = SharedAgentTokens(self.store, self.home)
         self.server: BackgroundServer | None = None
         self.engine: Engine | None = None
         self.listener: Any = None

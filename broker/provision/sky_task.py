@@ -167,7 +167,8 @@ def agent_command(cluster: ClusterInfo, launch: JobLaunch) -> str:
     # The wrapper shell ignores the checkpoint signal, so only job processes that handle it react.
     inner = f"trap '' {signal_name.removeprefix('SIG')}\n{launch.spec.run}"
     words = [f"{AGENT_VENV}/bin/python", "-m", "broker.agent", "--cloud", "auto",
-             "--signal", signal_name, "--cluster-id", cluster.id]
+             "--signal", signal_name, "--cluster-id", cluster.id,
+             "--status-file", run_status_file(launch.job_id, launch.attempt)]
     if launch.broker_url:
         words += ["--broker-url", launch.broker_url]
     line = " ".join(w if w.startswith("~/") else shlex.quote(w) for w in words)
@@ -175,6 +176,18 @@ def agent_command(cluster: ClusterInfo, launch: JobLaunch) -> str:
     if cluster.agent_token:
         line += f' --token "${TOKEN_SECRET}"'
     return f'{line} --node "$SKYPILOT_NODE_RANK" -- bash -c {shlex.quote(inner)}'
+
+
+def run_status_file(job_id: str, attempt: int) -> str:
+    """Where the agent of one attempt writes its status, and its job's process group beside it."""
+    return f"{AGENT_VENV}/runs/{job_name(job_id, attempt)}"
+
+
+def signal_task(cluster: ClusterInfo, job_id: str, attempt: int, signal_name: str) -> dict[str, Any]:
+    """A task that sends one attempt's job processes a signal on every node (in-cluster preemption)."""
+    pgid = f"{run_status_file(job_id, attempt)}.pgid"
+    return {"name": f"signal-{job_name(job_id, attempt)}", "num_nodes": cluster.num_nodes,
+            "run": f'[ -f {pgid} ] && kill -{signal_name.removeprefix("SIG")} -- "-$(cat {pgid})" || true'}
 
 
 def _visible_devices(launch: JobLaunch) -> str:
@@ -195,7 +208,8 @@ def job_task(cluster: ClusterInfo, launch: JobLaunch) -> dict[str, Any]:
         "BROKER_ATTEMPT": str(launch.attempt),
     }
     run = "\n".join([_visible_devices(launch), f"export BROKER_CHECKPOINT_DIR={node_dir}",
-                     'mkdir -p "$BROKER_CHECKPOINT_DIR"', agent_command(cluster, launch)])
+                     'mkdir -p "$BROKER_CHECKPOINT_DIR"', f"mkdir -p {AGENT_VENV}/runs",
+                     agent_command(cluster, launch)])
     resources: dict[str, Any] = {"infra": infra(cluster), "instance_type": cluster.instance_type,
                                  "use_spot": cluster.spot}
     accelerators = _accelerators(spec, cluster)

@@ -25,7 +25,14 @@ from typing import Any
 
 from broker.provision.agent_wheel import build_agent_wheel
 from broker.provision.base import ClusterInfo, ClusterPhase, ClusterStatus, JobLaunch, RunPhase, RunStatus
-from broker.provision.sky_task import AgentPackage, cluster_task, job_name, job_task, sky_cluster_name
+from broker.provision.sky_task import (
+    AgentPackage,
+    cluster_task,
+    job_name,
+    job_task,
+    signal_task,
+    sky_cluster_name,
+)
 from broker.spec import JobSpec
 
 log = logging.getLogger("broker.provision.skypilot")
@@ -338,6 +345,20 @@ class SkyPilotProvisioner:
                 self._queues[name] = self._submit("queue", lambda: sdk.queue(name, skip_finished=False,
                                                                              all_users=True))
         return taken[1] if taken else None
+
+    def signal_job(self, cluster: ClusterInfo, job_id: str, attempt: int, signal_name: str) -> None:
+        name, config, sdk = self.cluster_name(cluster), signal_task(cluster, job_id, attempt, signal_name), self.sdk
+        self._submit("signal", lambda: sdk.exec(sdk.Task.from_yaml_config(config), cluster_name=name))
+
+    def stop_job(self, cluster: ClusterInfo, job_id: str, attempt: int) -> None:
+        name, wanted, sdk = self.cluster_name(cluster), job_name(job_id, attempt), self.sdk
+
+        def call() -> Any:
+            queue = sdk.get(sdk.queue(name, skip_finished=False, all_users=True))
+            ids = [_field(j, "job_id") for j in queue or [] if str(_field(j, "job_name")) == wanted]
+            return sdk.get(sdk.cancel(name, job_ids=ids)) if ids else None
+
+        self._submit("cancel", call)
 
     def terminate(self, cluster: ClusterInfo) -> None:
         name = self.cluster_name(cluster)

@@ -13,11 +13,11 @@ from sqlalchemy import select
 from broker.clock import WallClock
 from broker.engine import Engine, EngineOptions
 from broker.provision.skypilot import SkyPilotOptions, SkyPilotProvisioner
-from broker.runtime import AgentTokens
 from broker.runtime_skypilot import store_specs
 from broker.spec import parse_job_spec
 from broker.store import Store, open_store
 from broker.store.tables import ClusterRow, JobEventRow, JobRow
+from broker.tokens import SharedAgentTokens
 from providers.base import OfferKey, SpotQuote
 from tests.broker.provision.fake_sky import FakeSky
 
@@ -53,7 +53,8 @@ def _engine(home: Path, store: Store, sky: FakeSky, launch_timeout_s: float = 60
     options = SkyPilotOptions(refresh_s=0.05, launch_timeout_s=launch_timeout_s)
     provisioner = SkyPilotProvisioner(home, store_specs(store), options, sdk=sky)
     engine = Engine(store, WallClock(), StaticMarket(), provisioner,
-                    EngineOptions(home=home, broker_url="http://broker.example:8080"), tokens=AgentTokens(home))
+                    EngineOptions(home=home, broker_url="http://broker.example:8080"),
+                    tokens=SharedAgentTokens(store, home))
     return engine, provisioner
 
 
@@ -111,7 +112,7 @@ def test_launch_returns_at_once_and_the_gang_runs_under_the_agent(broker_home: P
     run = job["task"]["run"]
     assert "-m broker.agent --cloud auto" in run and '--node "$SKYPILOT_NODE_RANK"' in run
     assert "--broker-url http://broker.example:8080" in run and '--token "$BROKER_AGENT_TOKEN"' in run
-    assert job["task"]["secrets"]["BROKER_AGENT_TOKEN"] == AgentTokens(broker_home)(f"{job_id}-c1")
+    assert job["task"]["secrets"]["BROKER_AGENT_TOKEN"] == engine.tokens(f"{job_id}-c1")
     assert "export BROKER_CHECKPOINT_DIR=/broker-checkpoint/train\n" in run
 
     rows = _clusters(store)
