@@ -11,14 +11,19 @@ azure-mgmt-compute and azure-identity are imported only inside functions.
 
 from __future__ import annotations
 
+import email.utils
+import json
+import urllib.error
+import urllib.request
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, ClassVar
 
 from providers import catalog
 from providers.base import SpotQuote
 from providers.fetching import Backoff, JsonHttp, Progress, fan_out, with_retries
+from providers.notices import NodeNotice, OnceWarnings
 
 # ---------------------------------------------------------------------------------------------
 # Prices and catalog
@@ -233,5 +238,92 @@ class AzurePriceSource:
 
 
 # ---------------------------------------------------------------------------------------------
-# Preemption notices (node side): the Scheduled Events reader goes here.
+# Preemption notices (node side): what this cloud's metadata service says about the node.
 # ---------------------------------------------------------------------------------------------
+
+class AzureScheduledEventsReader:
+    """Azure Scheduled Events: a ``Preempt`` (spot eviction, at least 30 s ahead) or ``Terminate``
+    event naming this VM among its ``Resources``. ``acknowledge`` posts ``StartRequests`` for it,
+    which lets the eviction go ahead once the checkpoint is safe instead of at ``NotBefore``.
+    """
+
+    cloud = "azure"
+    API_VERSION = "2020-07-01"
+    KINDS: ClassVar[dict[str, str]] = {"Preempt": "terminate", "Terminate": "terminate"}
+
+    def __init__(self, base_url: str = "http://169.254.169.254", timeout: float = 2.0,
+                 vm_name: str | None = None) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.timeout = timeout
+        self.vm_name = vm_name
+        self.warnings = OnceWarnings()
+
+    def _call(self, method: str, path: str, body: bytes | None = None) -> tuple[int, bytes]:
+        headers = {"Metadata": "true"}
+        if body is not None:
+            headers["Content-Type"] = "application/json"
+        request = urllib.request.Request(self.base_url + path, data=body, method=method, headers=headers)
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout) as response:
+                return response.status, response.read()
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read() or b""
+        except (OSError, urllib.error.URLError) as exc:
+            self.warnings.warn("unreachable", f"Azure instance metadata at {self.base_url} unreachable: {exc}")
+            return 0, b""
+
+    def _name(self) -> str | None:
+        if self.vm_name is None:
+            status, body = self._call("GET", "/metadata/instance/compute/name?api-version=2021-02-01&format=text")
+            if status == 200 and body.strip():
+                self.vm_name = body.decode(errors="replace").strip()
+        return self.vm_name
+
+    def poll(self) -> list[NodeNotice]:
+        name = self._name()
+        if name is None:
+            return []
+        status, body = self._call("GET", f"/metadata/scheduledevents?api-version={self.API_VERSION}")
+        if status == 0:
+            return []
+        if status != 200:
+            self.warnings.warn(f"events:{status}", f"scheduledevents answered HTTP {status}; treated as no notice")
+            return []
+        try:
+            document = json.loads(body)
+            events = document["Events"]
+            if not isinstance(events, list):
+                raise TypeError("Events is not a list")
+        except (ValueError, KeyError, TypeError):
+            self.warnings.warn("events:shape", f"scheduledevents answered something unexpected: {body[:80]!r}")
+            return []
+        notices: list[NodeNotice] = []
+        for event in events:
+            if not isinstance(event, dict):
+                continue
+            kind = self.KINDS.get(str(event.get("EventType")))
+            resources = event.get("Resources") or []
+            if kind is None or name not in resources or event.get("EventStatus") not in ("Scheduled", "Started"):
+                continue
+            notices.append(NodeNotice(kind, _parse_http_date(event.get("NotBefore")), event))
+        return notices
+
+    def acknowledge(self, notice: NodeNotice) -> None:
+        event_id = notice.raw.get("EventId")
+        if not event_id:
+            return
+        body = json.dumps({"StartRequests": [{"EventId": event_id}]}).encode()
+        status, _ = self._call("POST", f"/metadata/scheduledevents?api-version={self.API_VERSION}", body)
+        if status not in (200, 0):
+            self.warnings.warn(f"ack:{status}", f"acknowledging event {event_id} answered HTTP {status}")
+
+
+def _parse_http_date(text: Any) -> datetime | None:
+    """``NotBefore`` is an RFC 1123 date ("Mon, 19 Sep 2016 18:29:47 GMT"), empty once the event started."""
+    if not text:
+        return None
+    try:
+        value = email.utils.parsedate_to_datetime(str(text))
+    except (TypeError, ValueError):
+        return None
+    return value if value.tzinfo else value.replace(tzinfo=UTC)

@@ -12,14 +12,19 @@ from __future__ import annotations
 
 import os
 import re
+import threading
+import urllib.error
+import urllib.parse
+import urllib.request
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from providers import catalog
 from providers.base import CloudUnavailable, SpotQuote
 from providers.fetching import Backoff, JsonHttp, Progress, fan_out, with_retries
+from providers.notices import NodeNotice, OnceWarnings
 
 # ---------------------------------------------------------------------------------------------
 # Prices and catalog
@@ -361,5 +366,98 @@ def _machine_record(record: Any) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------------------------------
-# Preemption notices (node side): the metadata-server reader goes here.
+# Preemption notices (node side): what this cloud's metadata service says about the node.
 # ---------------------------------------------------------------------------------------------
+
+class _GcpWatch:
+    """One metadata value kept current by a thread that hangs on ``wait_for_change``.
+
+    The first read is plain (the value now, and its ETag); every later one waits, server side,
+    for the value to move from that ETag, for at most ``wait_seconds``. The agent's loop only
+    reads ``value``: it never waits on the metadata server.
+    """
+
+    def __init__(self, reader: GcpMetadataReader, path: str) -> None:
+        self.reader = reader
+        self.path = path
+        self.value: str | None = None
+        self.etag: str | None = None
+        self.thread = threading.Thread(target=self._run, name=f"gcp-watch-{path}", daemon=True)
+
+    def _run(self) -> None:
+        reader = self.reader
+        while not reader.stopped.is_set():
+            query: dict[str, str] = {}
+            if self.etag is not None:
+                query = {"wait_for_change": "true", "last_etag": self.etag, "timeout_sec": str(reader.wait_seconds)}
+            url = f"{reader.base_url}/computeMetadata/v1/instance/{self.path}"
+            if query:
+                url += "?" + urllib.parse.urlencode(query)
+            request = urllib.request.Request(url, headers={"Metadata-Flavor": "Google"})
+            timeout = reader.timeout + (reader.wait_seconds if query else 0)
+            try:
+                with urllib.request.urlopen(request, timeout=timeout) as response:
+                    body = response.read().decode(errors="replace").strip()
+                    self.value = body
+                    self.etag = response.headers.get("ETag") or self.etag or ""
+                    continue
+            except urllib.error.HTTPError as exc:
+                reader.warnings.warn(f"{self.path}:{exc.code}", f"GCP metadata {self.path} answered HTTP {exc.code}; "
+                                     "treated as no notice")
+            except (OSError, urllib.error.URLError) as exc:
+                reader.warnings.warn("unreachable", f"GCP metadata at {reader.base_url} unreachable: {exc}")
+            reader.stopped.wait(reader.retry_seconds)
+
+
+class GcpMetadataReader:
+    """GCE metadata: ``instance/preempted`` (``TRUE`` about 30 s before a spot VM is taken) and
+    ``instance/maintenance-event`` (``TERMINATE_ON_HOST_MAINTENANCE`` about 60 s ahead), both
+    watched with ``wait_for_change`` in background threads.
+    """
+
+    cloud = "gcp"
+    PREEMPT_NOTICE = timedelta(seconds=30)
+    MAINTENANCE_NOTICE = timedelta(seconds=60)
+
+    def __init__(self, base_url: str = "http://metadata.google.internal", timeout: float = 2.0,
+                 wait_seconds: int = 60, retry_seconds: float = 1.0) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.timeout = timeout
+        self.wait_seconds = wait_seconds
+        self.retry_seconds = retry_seconds
+        self.warnings = OnceWarnings()
+        self.stopped = threading.Event()
+        self._watches = {path: _GcpWatch(self, path) for path in ("preempted", "maintenance-event")}
+        self._first_seen: dict[str, datetime] = {}
+        self._started = False
+
+    def poll(self) -> list[NodeNotice]:
+        if not self._started:
+            self._started = True
+            for watch in self._watches.values():
+                watch.thread.start()
+        notices: list[NodeNotice] = []
+        preempted = self._watches["preempted"].value
+        if preempted is not None:
+            if preempted.upper() == "TRUE":
+                notices.append(self._notice("terminate", self.PREEMPT_NOTICE, {"preempted": preempted}))
+            elif preempted.upper() != "FALSE":
+                self.warnings.warn("preempted:shape", f"instance/preempted answered {preempted[:80]!r}; "
+                                   "expected TRUE or FALSE")
+        event = self._watches["maintenance-event"].value
+        if event is not None:
+            if event == "TERMINATE_ON_HOST_MAINTENANCE":
+                notices.append(self._notice("maintenance", self.MAINTENANCE_NOTICE, {"maintenance-event": event}))
+            elif event not in ("NONE", "MIGRATE_ON_HOST_MAINTENANCE"):  # a live migration keeps the VM
+                self.warnings.warn("maintenance:shape", f"instance/maintenance-event answered {event[:80]!r}")
+        return notices
+
+    def _notice(self, kind: str, ahead: timedelta, raw: dict[str, Any]) -> NodeNotice:
+        seen = self._first_seen.setdefault(kind, datetime.now(UTC))
+        return NodeNotice(kind, seen + ahead, raw)
+
+    def acknowledge(self, notice: NodeNotice) -> None:
+        """GCE stops the VM when its notice runs out; there is nothing to answer."""
+
+    def close(self) -> None:
+        self.stopped.set()

@@ -7,7 +7,10 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from providers.notices import AwsImdsReader, AzureScheduledEventsReader, GcpMetadataReader, NodeNotice, reader_for
+from providers.aws import AwsImdsReader
+from providers.azure import AzureScheduledEventsReader
+from providers.gcp import GcpMetadataReader
+from providers.notices import NodeNotice, reader_for
 from tests.cloud_metadata import FakeAzureImds, FakeGce, azure_server, gce_server
 from tests.imds import FakeImds, imds_server
 
