@@ -60,6 +60,9 @@ class Settings(BaseSettings):
     poll_seconds: float = Field(0.2, gt=0, description="engine step interval, wall seconds")
     server: str | None = Field(None, description="URL of a running `broker serve`")
     local_provision_seconds: float = Field(120.0, ge=0, description="local backend: market seconds to boot")
+    restart_overhead_s: float | None = Field(
+        None, ge=0, description="what a (re)start costs a job, for the selection policy; default 720 s "
+                                "(0.2 h, as in the NSDI'24 paper), on the local backend its boot time plus a minute")
     # --- SkyPilot backend and cloud preemption notices (issue 4)
     skypilot_prefix: str = Field("broker-", pattern=r"^[a-z][-a-z0-9]*$",
                                  description="SkyPilot cluster names start with this; strays with it are torn down")

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
@@ -39,9 +39,13 @@ from broker.spec import JobSpec, job_spec_from_data
 from broker.store import Store
 from broker.store.tables import AllocationRow, ClusterRow, JobEventRow, JobRow, NoticeRow
 from policies import registry
+from policies.history import MarketHistory, MarketSeries
 from policies.preemption import PreemptionRequest
 from policies.selection import IDLE, ON_DEMAND, JobView, Location, Plan, SelectionRequest, ZoneOffer, ZoneRecord
 from providers.base import OfferKey, SpotQuote
+
+if TYPE_CHECKING:
+    from broker.config import Settings
 
 log = logging.getLogger("broker.engine")
 
@@ -79,9 +83,22 @@ class EngineOptions:
     preemption_policy: str | None = None
     broker_url: str | None = None
     restart_overhead_s: float = 720.0
+    checkpoint_gb: float = 0.0  # size of a job's checkpoint, for the cost of moving it between regions
+    egress_per_gb: float = 0.02  # USD per GB moved between regions or clouds
     max_gpus: int | None = None  # GPUs the broker may hold across all its clusters
     # A gate a PENDING job must pass before it is planned (the service's capacity shares); None: all pass.
     admit: Callable[[Session, JobRow], bool] | None = None
+
+
+def engine_options(settings: Settings, broker_url: str | None, **extra: Any) -> EngineOptions:
+    """The engine's options as the settings give them; every runtime (embedded, service, SkyPilot) uses this."""
+    local = settings.backend == "local"
+    overhead = settings.restart_overhead_s or (settings.local_provision_seconds + 60.0 if local else 720.0)
+    return EngineOptions(
+        home=settings.home, selection_policy=settings.selection_policy,
+        placement_policy=settings.placement_policy, preemption_policy=settings.preemption_policy,
+        max_gpus=settings.max_gpus, restart_overhead_s=overhead, broker_url=broker_url, **extra,
+    )
 
 
 @dataclass
@@ -113,6 +130,8 @@ class Engine:
         # cluster id -> the token its agents authenticate with; the store keeps only hashes.
         self.tokens = tokens
         self._specs: dict[str, JobSpec] = {}
+        self._series: dict[tuple[str | None, int], MarketSeries] = {}
+        self._asked: dict[str, int] = {}  # job id -> the market tick its running location was last reviewed
         self._lock = threading.Lock()
 
     # ----------------------------------------------------------------- submission
@@ -305,12 +324,17 @@ class Engine:
     # ----------------------------------------------------------------- planning
 
     def _plan(self, s: Session, job: JobRow, current: Location, exclude: set[str]) -> Plan:
+        return self.policy(self.selection_request(s, job, current, exclude))  # type: ignore[no-any-return]
+
+    def selection_request(self, s: Session, job: JobRow, current: Location, exclude: set[str]) -> SelectionRequest:
+        """What the selection policy sees: the same request the simulator builds for the same moment."""
         spec = self.spec_of(job)
-        now = self.clock.now()
+        now = self._policy_now()
         quotes = [q for q in self.market.quotes(now) if q.spot_price is not None and q.on_demand_price is not None]
         # Nodes of exactly the asked size when the market has them; bigger ones (whose other GPUs
         # can host other gangs) only when it has none.
-        fitting = [q for q in quotes if _fits(spec, q, exact=True)] or [q for q in quotes if _fits(spec, q)]
+        exact = [q for q in quotes if _fits(spec, q, exact=True)]
+        fitting = exact or [q for q in quotes if _fits(spec, q)]
         offers = tuple(
             ZoneOffer(q.cloud, q.region, q.zone, q.instance_type, q.accelerator, q.gpus_per_node,
                       float(q.spot_price or math.inf), float(q.on_demand_price or math.inf),
@@ -318,21 +342,56 @@ class Engine:
             for q in fitting
         )
         remaining = max(job.work_s - self._progress_s(s, job), 0.0) if job.work_s is not None else None
-        request = SelectionRequest(
+        alloc = self._current_allocation(s, job)
+        in_location = (now - (alloc.running_at or alloc.started_at)).total_seconds() \
+            if alloc is not None and alloc.ended_at is None and current.kind != IDLE else 0.0
+        history, step_s = self._history(now, fitting[0] if exact and fitting else None)
+        return SelectionRequest(
             now=now,
             job=JobView(
                 num_nodes=job.num_nodes, gpus_per_node=job.gpus_per_node, accelerator=job.accelerator,
                 remaining_work_s=remaining, deadline=job.deadline,
-                restart_overhead_s=self.options.restart_overhead_s,
+                restart_overhead_s=self.options.restart_overhead_s, checkpoint_gb=self.options.checkpoint_gb,
                 max_price_per_hour=spec.broker.max_price,
                 allowed_clouds=frozenset(c.cloud for c in spec.broker.clouds),
+                total_work_s=job.work_s, started_at=job.created_at,
             ),
             offers=offers,
             current=current,
             record=self._zone_records(s),
             excluded=frozenset(exclude),
+            history=history,
+            step_s=step_s,
+            checkpoint_region=self._checkpoint_region(s, job),
+            in_location_s=in_location,
+            egress_per_gb=self.options.egress_per_gb,
         )
-        return self.policy(request)  # type: ignore[no-any-return]
+
+    def _policy_now(self) -> datetime:
+        """The moment a policy reasons about: on a replayed trace, the start of the current tick (as simulated)."""
+        now = self.clock.now()
+        if getattr(self.market, "trace", None) is None:
+            return now
+        return self.market.time_of(self.market.tick_at(now))  # type: ignore[attr-defined,no-any-return]
+
+    def _history(self, now: datetime, like: SpotQuote | None) -> tuple[MarketHistory | None, float | None]:
+        """The market's past for the policy, where the market is a replayed trace (the local backend)."""
+        trace = getattr(self.market, "trace", None)
+        if trace is None or like is None:
+            return None, None
+        key = (like.accelerator, like.gpus_per_node)
+        if key not in self._series:
+            self._series[key] = MarketSeries.from_trace(trace.select(like.accelerator, like.gpus_per_node))
+        return MarketHistory(self._series[key], self.market.tick_at(now)), trace.tick_seconds  # type: ignore[attr-defined]
+
+    def _checkpoint_region(self, s: Session, job: JobRow) -> str | None:
+        """Where the job's checkpoint lives: the region of the last spot cluster it ran on."""
+        if job.checkpoint is None:
+            return None
+        row = s.execute(select(ClusterRow.cloud, ClusterRow.region).join(
+            AllocationRow, AllocationRow.cluster_id == ClusterRow.id).where(
+            AllocationRow.job_id == job.id, ClusterRow.spot.is_(True)).order_by(AllocationRow.attempt.desc())).first()
+        return f"{row[0]}/{row[1]}" if row else None
 
     def _zone_records(self, s: Session) -> dict[str, ZoneRecord]:
         preempted: dict[str, list[datetime]] = {}
@@ -504,11 +563,62 @@ class Engine:
             job.preemptions += 1
             self._transition(s, job, JobState.MIGRATING, cluster=cluster.id, reason="nodes lost without notice")
             self._launch_replacement(s, job, cluster, after)
+        elif run.phase is RunPhase.NOT_STARTED:
+            # Recorded as started, never started: the engine stopped between the two. Starting is idempotent.
+            after.starts.append(self._job_launch(job, cluster, GangPlacement.from_json(cluster.id, alloc.gpus)))
+        else:
+            self._review(s, job, alloc, cluster, after)
+
+    def _review(self, s: Session, job: JobRow, alloc: AllocationRow, cluster: ClusterRow,
+                after: _AfterCommit) -> None:
+        """Once per market tick, ask the policy whether the running job should move, as the simulator does.
+
+        A move brings the new cluster up first while the job keeps running where it is; only once
+        the new nodes are up is the job told to checkpoint, so it loses almost no work.
+        """
+        target = self._target_cluster(s, job)
+        if target is not None:
+            if target.state == ClusterState.UP.value:
+                now = self.clock.now()
+                job.checkpoint_requested_at = alloc.stopping_at = now
+                self._transition(s, job, JobState.CHECKPOINTING, cluster=cluster.id, to=target.zone,
+                                 reason="moving: the new nodes are up")
+                signal = self.spec_of(job).broker.checkpoint.signal
+                after.signals.append((cluster_info(cluster), job.id, job.attempt, signal))
+            return
+        job.target_cluster_id = job.target_gpus = None  # a move whose launch failed: stay
+        tick = int(self.clock.now().timestamp() // self._review_seconds())
+        if self._asked.get(job.id) == tick or cluster.job_id != job.id:
+            return  # reviewed this tick already; a gang placed on a shared cluster stays put
+        self._asked[job.id] = tick
+        here = self._location_of(s, cluster)
+        plan = self._plan(s, job, here, set())
+        if not plan.locations or _same_place(plan.locations[0], here):
+            return
+        destination = plan.locations[0]
+        if self._launch(s, job, Plan((destination,), plan.reason), set(), after, leaving=cluster.id) is not None:
+            self._event(s, job.id, "moving", to=destination.label, reason=plan.reason)
+
+    def _review_seconds(self) -> float:
+        trace = getattr(self.market, "trace", None)
+        return float(trace.tick_seconds) if trace is not None else 300.0
+
+    def _location_of(self, s: Session, cluster: ClusterRow) -> Location:
+        if not cluster.spot:
+            return Location(ON_DEMAND)
+        quote = self.market.quote(OfferKey(cluster.cloud, cluster.region, cluster.zone, cluster.instance_type),
+                                  self.clock.now())
+        return Location("spot", ZoneOffer(
+            quote.cloud, quote.region, quote.zone, quote.instance_type, quote.accelerator, quote.gpus_per_node,
+            float(quote.spot_price or math.inf), float(quote.on_demand_price or math.inf), quote.available_nodes,
+            quote.capacity_score))
 
     def _launch_replacement(self, s: Session, job: JobRow, cluster: ClusterRow, after: _AfterCommit) -> None:
         exclude = self._avoid(s, job)
-        current = Location("spot" if cluster.spot else ON_DEMAND)
-        self._launch(s, job, self._plan(s, job, current, exclude), exclude, after, leaving=cluster.id)
+        if cluster.spot:  # never straight back into the zone that just took the nodes away
+            exclude.add(f"{cluster.cloud}/{cluster.zone}/{cluster.instance_type}")
+        self._launch(s, job, self._plan(s, job, self._location_of(s, cluster), exclude), exclude, after,
+                     leaving=cluster.id)
 
     def _from_checkpointing(self, s: Session, job: JobRow, after: _AfterCommit) -> None:
         alloc = self._current_allocation(s, job)
@@ -526,6 +636,11 @@ class Engine:
         if job.preempted_by is not None:
             self._yield_gpus(s, job, alloc, cluster, after)
             return
+        if job.checkpoint_requested_at is not None and self._open_notice(s, cluster.id, any_state=True) is None:
+            # A move the policy chose: go once the job has checkpointed, or its grace ran out.
+            if self._checkpointed_since(job, job.checkpoint_requested_at):
+                self._transition(s, job, JobState.MIGRATING, reason="checkpoint complete")
+            return
         notice = s.scalar(select(NoticeRow).where(NoticeRow.cluster_id == cluster.id,
                                                   NoticeRow.kind.in_(TERMINATE_KINDS)))
         if notice is not None:
@@ -541,11 +656,7 @@ class Engine:
     def _yield_gpus(self, s: Session, job: JobRow, alloc: AllocationRow, cluster: ClusterRow,
                     after: _AfterCommit) -> None:
         """A gang preempted inside its cluster: once it has checkpointed (or its grace ran out), stop and requeue."""
-        requested = job.checkpoint_requested_at or self.clock.now()
-        mark = latest_checkpoint(job.checkpoint_dir)
-        done = mark is not None and self.clock.to_clock(mark.written_at) >= requested
-        grace = self.spec_of(job).broker.checkpoint.grace
-        if not done and self.clock.now() < requested + grace:
+        if not self._checkpointed_since(job, job.checkpoint_requested_at or self.clock.now()):
             return
         after.stops.append((cluster_info(cluster), job.id, job.attempt))
         self._refresh_checkpoint(s, job, cluster)
@@ -554,6 +665,13 @@ class Engine:
         job.preempted_by = job.checkpoint_requested_at = None
         self._transition(s, job, JobState.PENDING, reason="requeued after yielding its GPUs",
                          checkpoint=job.checkpoint)
+
+    def _checkpointed_since(self, job: JobRow, requested: datetime) -> bool:
+        """The job marked a checkpoint complete after ``requested``, or its grace to do so ran out."""
+        mark = latest_checkpoint(job.checkpoint_dir)
+        if mark is not None and self.clock.to_clock(mark.written_at) >= requested:
+            return True
+        return self.clock.now() >= requested + self.spec_of(job).broker.checkpoint.grace
 
     def _refresh_checkpoint(self, s: Session, job: JobRow, cluster: ClusterRow) -> None:
         """The newest complete checkpoint: the last one reported on a notice, or the marker itself."""
@@ -630,10 +748,13 @@ class Engine:
         now = self.clock.now()
         s.add(AllocationRow(job_id=job.id, cluster_id=target.id, attempt=job.attempt, gpus=placement.to_json(),
                             started_at=now, running_at=now))
-        job.target_cluster_id = job.target_gpus = None
+        job.target_cluster_id = job.target_gpus = job.checkpoint_requested_at = None
         job.zones = [*job.zones, target.zone]
         self._transition(s, job, JobState.RUNNING, cluster=target.id, zone=target.zone,
                          gpus=placement.to_json(), resume_from=job.checkpoint, attempt=job.attempt)
+        return self._job_launch(job, target, placement)
+
+    def _job_launch(self, job: JobRow, target: ClusterRow, placement: GangPlacement) -> tuple[ClusterInfo, JobLaunch]:
         return cluster_info(target, self.tokens(target.id)), JobLaunch(
             job_id=job.id, attempt=job.attempt, spec=self.spec_of(job), placement=placement,
             checkpoint_dir=job.checkpoint_dir, resume_from=job.checkpoint,
@@ -677,6 +798,14 @@ class Engine:
                 row = s.get(ClusterRow, cluster_id, with_for_update=True)
                 if row is not None:
                     meter_cluster(s, row, now, self.market)
+
+
+def _same_place(target: Location, here: Location) -> bool:
+    if target.kind != here.kind:
+        return False
+    if target.kind != "spot":
+        return True
+    return target.offer is not None and here.offer is not None and target.offer.location == here.offer.location
 
 
 def _overlaps(a: GangPlacement, b: GangPlacement) -> bool:

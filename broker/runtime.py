@@ -11,7 +11,7 @@ from sqlalchemy import select
 
 from broker.api.app import BackgroundServer, create_app
 from broker.config import Settings
-from broker.engine import ACTIVE_STATES, Engine, EngineOptions
+from broker.engine import ACTIVE_STATES, Engine, engine_options
 from broker.provision.local import LocalProvisioner, LocalWorld
 from broker.store import Store, open_store
 from broker.store.tables import JobRow
@@ -80,11 +80,8 @@ class EmbeddedBroker:
     def start(self) -> Engine:
         """Serve the notice API and build the engine (call only while holding the engine lock)."""
         self.server = BackgroundServer(create_app(self.store, self.clock)).start()
-        self.engine = Engine(self.store, self.clock, self.market, self.provisioner, EngineOptions(
-            home=self.home, selection_policy=self.settings.selection_policy,
-            placement_policy=self.settings.placement_policy, preemption_policy=self.settings.preemption_policy,
-            max_gpus=self.settings.max_gpus, broker_url=self.server.url,
-        ), tokens=self.tokens)
+        self.engine = Engine(self.store, self.clock, self.market, self.provisioner,
+                             engine_options(self.settings, self.server.url), tokens=self.tokens)
         return self.engine
 
     def close(self) -> None:

@@ -18,7 +18,7 @@ from sqlalchemy import select
 from broker.api.app import BackgroundServer, create_app
 from broker.clock import WallClock
 from broker.config import Settings
-from broker.engine import LIVE_CLUSTER_STATES, Engine, EngineOptions
+from broker.engine import LIVE_CLUSTER_STATES, Engine, engine_options
 from broker.provision.agent_wheel import build_agent_wheel
 from broker.provision.base import ClusterInfo
 from broker.provision.sky_market import SkyCatalogMarket
@@ -80,9 +80,8 @@ class SkyPilotBroker:
         self.server = BackgroundServer(create_app(self.store, self.clock), self.settings.api_host,
                                        self.settings.api_port).start()
         url = self.settings.public_url or self.server.url
-        self.engine = Engine(self.store, self.clock, self.market, self.provisioner, EngineOptions(
-            home=self.home, selection_policy=self.settings.selection_policy, broker_url=url,
-        ), tokens=self.tokens)
+        self.engine = Engine(self.store, self.clock, self.market, self.provisioner,
+                             engine_options(self.settings, url), tokens=self.tokens)
         threading.Thread(target=self._reconcile, name="sky-reconcile", daemon=True).start()
         if self.settings.sqs_queue_url:
             from broker.notices_sqs import SqsNoticeListener

@@ -1,7 +1,7 @@
 """Generate the bundled quickstart market: three zones on two clouds, six hours, one-minute ticks.
 
 Prices follow each zone's list price with a slow random walk; the cheapest zone loses its spot
-capacity eight minutes in (so the quickstart meets a preemption within its first minutes) and gets
+capacity twenty minutes in (so the quickstart meets a preemption in its first half) and gets
 it back 40 minutes later. Run: ``python scripts/make_quickstart_trace.py > broker/data/quickstart-market.csv``.
 """
 
@@ -34,7 +34,7 @@ def main() -> None:
         for i, (cloud, region, zone, itype, spot, on_demand) in enumerate(ZONES):
             price = max(spot * 0.8, spot + walks[i][tick])
             available = 4
-            if i == 0 and 8 <= tick < 48:
+            if i == 0 and 20 <= tick < 60:
                 available = 0
             if i == 1 and 200 <= tick < 230:
                 available = 1

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import sys
 
 from broker.cli.app import UsageError, app, err_console
@@ -18,6 +19,9 @@ def main(argv: list[str] | None = None) -> None:
     from broker.store.db import StoreError
     from providers.trace import TraceError
 
+    # Our own handler first: libraries that call logging.basicConfig(INFO) on import (SkyPilot's
+    # catalog does) then leave the command's output alone.
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     _register()
     try:
         # Without standalone mode a command's typer.Exit(n) comes back as the return value.

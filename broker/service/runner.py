@@ -24,7 +24,7 @@ import uvicorn
 from broker.api.app import create_app
 from broker.api.jobs import JobIntake
 from broker.config import ConfigError, Settings
-from broker.engine import Engine, EngineOptions
+from broker.engine import Engine, engine_options
 from broker.provision.local import LocalProvisioner, LocalWorld
 from broker.runtime import BUNDLED_MARKET, active_job_count
 from broker.service import tasks
@@ -124,9 +124,9 @@ class Service:
         self.leading = True
         log.info("leader: acquired the leader lock; starting the scheduler and the engine",
                  extra={"event": "leader_acquired"})
-        self.engine = Engine(self.store, self.clock, self.market, self.provisioner, EngineOptions(
-            home=self.home, selection_policy=self.settings.selection_policy, broker_url=self.public_url,
-            admit=admission_check(self.settings.capacity_gpus)), tokens=self.tokens)
+        self.engine = Engine(self.store, self.clock, self.market, self.provisioner,
+                             engine_options(self.settings, self.public_url,
+                                            admit=admission_check(self.settings.capacity_gpus)), tokens=self.tokens)
         apply_due_policies(self.store, self.settings.policy_schedules, datetime.now(UTC))
         tasks.bind(self)
         self.scheduler = build_scheduler(self.store, self.settings)
