@@ -185,13 +185,16 @@ def _price(request: SelectionRequest, budget: Budget, offer: ZoneOffer, worth: f
     column = history.column(offer.location) if history is not None else None
     runs: _RunLengths | None = None
     age = 0
-    if history is None or column is None:
-        mean = NO_HISTORY_RUN_S / budget.step_s / (1 + _recent_preemptions(request, offer))
+    if history is not None and column is not None:
+        age = int(history.age(request.job.num_nodes)[column])
+        runs = _runs(history, request.job.num_nodes, column, round(RUN_WINDOW_S / budget.step_s))
+        if not runs.x:
+            runs = None  # no run has ended anywhere yet: the history says nothing about run lengths
+    if runs is None:
+        mean = max(NO_HISTORY_RUN_S / budget.step_s / (1 + _recent_preemptions(request, offer)), age)
         paid = min(mean, k + work)
         progress = max(paid - k, 1e-9)
     else:
-        age = int(history.age(request.job.num_nodes)[column])
-        runs = _runs(history, request.job.num_nodes, column, round(RUN_WINDOW_S / budget.step_s))
         paid, progress = runs.expected(age, k, work)
     price = _projected(request, offer, budget, horizon=min(paid, work))
     egress = 0.0
