@@ -62,6 +62,16 @@ def _progress_table(summary: dict[str, Any], progress: str) -> Table:
     return table
 
 
+def announce(job_id: str, name: str, num_nodes: int, detach: bool, as_json: bool) -> None:
+    """The line a launch prints once the job is recorded (the JSON object instead, when detached)."""
+    if detach and as_json:
+        print(json.dumps({"job_id": job_id, "state": JobState.PENDING.value}))
+    elif detach:
+        console.print(f"submitted [bold]{job_id}[/bold]; follow it with `broker logs {job_id} --follow`")
+    elif not as_json:
+        console.print(f"submitted [bold]{job_id}[/bold] ({name}, {num_nodes} node(s))")
+
+
 def _print_summary(summary: dict[str, Any]) -> None:
     saving = f" ({summary['saving_pct']:.1f}% saved)" if summary["saving_pct"] is not None else ""
     console.print(f"\n[bold]{summary['job_id']}[/bold] {summary['name']}: [bold]{summary['state']}[/bold]")
@@ -138,13 +148,9 @@ def launch(
         job_id = submit_job(broker.store, broker.clock, spec, settings.home, broker.provisioner.name)
         if detach:
             _spawn_engine(config)  # exits at once if an engine already drives this home
-            if as_json:
-                print(json.dumps({"job_id": job_id, "state": JobState.PENDING.value}))
-            else:
-                console.print(f"submitted [bold]{job_id}[/bold]; follow it with `broker logs {job_id} --follow`")
+        announce(job_id, spec.name, spec.num_nodes, detach, as_json)
+        if detach:
             return
-        if not as_json:
-            console.print(f"submitted [bold]{job_id}[/bold] ({spec.name}, {spec.num_nodes} node(s))")
         drive(broker, settings, job_id, show=not as_json)
         summary = _summary(broker.store, job_id)
     finally:

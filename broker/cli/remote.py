@@ -69,7 +69,7 @@ class _Progress:
 
 
 def launch(settings: Settings, job_file: Path, detach: bool, as_json: bool) -> None:
-    from broker.cli.jobs import _print_summary, _progress_table
+    from broker.cli.jobs import _print_summary, _progress_table, announce
 
     try:
         text = job_file.read_text()
@@ -80,14 +80,9 @@ def launch(settings: Settings, job_file: Path, detach: bool, as_json: bool) -> N
     with connect(settings) as client:
         submitted = client.submit(text, str(job_file.resolve()))
         job_id = submitted["job_id"]
+        announce(job_id, submitted["name"], submitted["num_nodes"], detach, as_json)
         if detach:
-            if as_json:
-                print(json.dumps({"job_id": job_id, "state": JobState.PENDING.value}))
-            else:
-                console.print(f"submitted [bold]{job_id}[/bold]; follow it with `broker logs {job_id} --follow`")
             return
-        if not as_json:
-            console.print(f"submitted [bold]{job_id}[/bold] ({submitted['name']}, {submitted['num_nodes']} node(s))")
         progress = _Progress()
         with Live(console=console, refresh_per_second=4, transient=False, auto_refresh=False) as live:
             while True:
