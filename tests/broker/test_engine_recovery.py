@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -19,6 +18,7 @@ from broker.store import open_store
 from broker.store.tables import ClusterRow, JobRow, LedgerRow
 from providers.base import SpotQuote
 from providers.trace import write_trace
+from tests.ledger_checks import assert_one_cluster_per_zone_and_whole_ledger
 
 JOB = """\
 name: small
@@ -85,13 +85,4 @@ def test_engine_killed_mid_migration_is_finished_by_the_next(tmp_path: Path, bro
         ledger = list(s.scalars(select(LedgerRow).order_by(LedgerRow.cluster_id, LedgerRow.minute)))
     second.close()
     assert job is not None and job.migrations == 1 and len(job.zones) == 2
-    used = [c for c in clusters if c.up_at is not None]
-    assert sorted(c.zone for c in used) == sorted(set(job.zones))  # one cluster per zone used
-    assert all(c.state == "TERMINATED" for c in clusters)
-    for cluster in used:
-        minutes = [r.minute for r in ledger if r.cluster_id == cluster.id]
-        # No gap, no overlap: from the launch, every following clock minute exactly once, to the end.
-        assert minutes and minutes[0] == cluster.created_at
-        assert all(b.second == 0 and b.microsecond == 0 and timedelta(0) < b - a <= timedelta(minutes=1)
-                   for a, b in itertools.pairwise(minutes))
-        assert cluster.metered_until == cluster.terminated_at
+    assert_one_cluster_per_zone_and_whole_ledger(job, clusters, ledger)

@@ -6,10 +6,8 @@ as they would on one machine); everything else they share is the database.
 
 from __future__ import annotations
 
-import itertools
 import signal
 import time
-from datetime import timedelta
 from pathlib import Path
 
 import httpx
@@ -20,6 +18,7 @@ from broker.store import open_store
 from broker.store.tables import ClusterRow, JobRow, LedgerRow, NoticeRow
 from broker.tokens import create_api_token
 from tests.broker.service.replicas import ROOT, Replica, start_replica, two_zone_trace, wait_for
+from tests.ledger_checks import assert_one_cluster_per_zone_and_whole_ledger
 
 JOB = """\
 name: failover
@@ -80,16 +79,8 @@ def test_leader_killed_mid_migration_the_other_replica_finishes(tmp_path: Path, 
         assert killed_in in ("CHECKPOINTING", "MIGRATING", "RUNNING")
         assert took_over < 30
         assert job is not None and job.migrations == 1 and job.zones == ["us-east-1a", "us-central1-a"]
-        used = [c for c in clusters if c.up_at is not None]
-        assert sorted(c.zone for c in used) == sorted(set(job.zones))  # one cluster per zone used
-        assert all(c.state == "TERMINATED" for c in clusters)
+        assert_one_cluster_per_zone_and_whole_ledger(job, clusters, ledger)
         assert len(notices) == 1  # the preemption notice, once, whichever path reported it
-        for cluster in used:
-            minutes = [r.minute for r in ledger if r.cluster_id == cluster.id]
-            assert minutes and minutes[0] == cluster.created_at
-            assert all(b.second == 0 and b.microsecond == 0 and timedelta(0) < b - a <= timedelta(minutes=1)
-                       for a, b in itertools.pairwise(minutes))
-            assert cluster.metered_until == cluster.terminated_at
         for replica in replicas:  # no secret in any log line
             assert token not in replica.log.read_text()
         events = [line.get("event") for line in follower.lines()]
