@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import threading
 from collections.abc import Iterator
@@ -67,7 +68,7 @@ class Store:
     def migrate(self) -> None:
         # Alembic reports every step at INFO; a command's output is not the place for it.
         logging.getLogger("alembic").setLevel(logging.WARNING)
-        with _migrate_lock, self.engine.begin() as conn:
+        with _migrate_lock, self._file_lock(), self.engine.begin() as conn:
             config = alembic_config(self.url)
             config.attributes["connection"] = conn
             if self.dialect == "postgresql":
@@ -77,6 +78,20 @@ class Store:
             head = ScriptDirectory.from_config(config).get_current_head()
             if current != head:
                 command.upgrade(config, "head")
+
+    @contextmanager
+    def _file_lock(self) -> Iterator[None]:
+        """Serialise processes migrating the same SQLite file (PostgreSQL uses an advisory lock)."""
+        path = self.engine.url.database if self.dialect == "sqlite" else None
+        if not path or path == ":memory:":
+            yield
+            return
+        with open(f"{path}.migrate-lock", "a") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(handle, fcntl.LOCK_UN)
 
     @contextmanager
     def transaction(self) -> Iterator[Session]:

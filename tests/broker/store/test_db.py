@@ -1,6 +1,9 @@
 from __future__ import annotations
 
+import subprocess
+import sys
 from datetime import UTC, datetime
+from pathlib import Path
 
 import pytest
 from sqlalchemy import func, inspect, select
@@ -73,4 +76,15 @@ def test_failed_transaction_writes_nothing(db_url: str) -> None:
         raise RuntimeError("crash mid-step")
     with store.transaction() as s:
         assert s.get(JobRow, "j2") is None
+    store.dispose()
+
+
+def test_processes_opening_a_new_sqlite_store_at_once_migrate_it_once(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'fresh.db'}"
+    code = f"from broker.store import open_store; open_store({url!r}).dispose()"
+    processes = [subprocess.Popen([sys.executable, "-c", code], stderr=subprocess.PIPE, text=True) for _ in range(4)]
+    errors = [p.communicate(timeout=120)[1] for p in processes]
+    assert [p.returncode for p in processes] == [0, 0, 0, 0], errors
+    store = open_store(url)
+    assert {"jobs", "ledger"} <= set(inspect(store.engine).get_table_names())
     store.dispose()
