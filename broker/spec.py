@@ -140,13 +140,17 @@ def sky_task_config(spec: JobSpec) -> dict[str, Any]:
 def load_job_spec(path: str | Path, *, offline: bool = False,
                   catalog_timeout: float = CATALOG_TIMEOUT_SECONDS) -> JobSpec:
     path = Path(path)
+    return parse_job_spec(read_job_file(path), source=str(path), offline=offline, catalog_timeout=catalog_timeout)
+
+
+def read_job_file(path: Path) -> str:
+    """The job file's text, or a SpecError naming the file."""
     try:
-        text = path.read_text()
+        return path.read_text()
     except FileNotFoundError:
         raise SpecError("no such file", source=str(path)) from None
     except (OSError, UnicodeDecodeError) as exc:
         raise SpecError(f"cannot read the job file: {exc}", source=str(path)) from None
-    return parse_job_spec(text, source=str(path), offline=offline, catalog_timeout=catalog_timeout)
 
 
 def parse_job_spec(text: str, source: str = "job file", *, now: datetime | None = None, offline: bool = False,

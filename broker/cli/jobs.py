@@ -72,6 +72,16 @@ def announce(job_id: str, name: str, num_nodes: int, detach: bool, as_json: bool
         console.print(f"submitted [bold]{job_id}[/bold] ({name}, {num_nodes} node(s))")
 
 
+def finish(summary: dict[str, Any], as_json: bool) -> None:
+    """How an attached launch ends: the summary (or its JSON), and exit 1 unless the job succeeded."""
+    if as_json:
+        print(json.dumps(summary))
+    else:
+        _print_summary(summary)
+    if summary["state"] != JobState.SUCCEEDED.value:
+        raise typer.Exit(1)
+
+
 def _print_summary(summary: dict[str, Any]) -> None:
     saving = f" ({summary['saving_pct']:.1f}% saved)" if summary["saving_pct"] is not None else ""
     console.print(f"\n[bold]{summary['job_id']}[/bold] {summary['name']}: [bold]{summary['state']}[/bold]")
@@ -155,12 +165,7 @@ def launch(
         summary = _summary(broker.store, job_id)
     finally:
         broker.close()
-    if as_json:
-        print(json.dumps(summary))
-    else:
-        _print_summary(summary)
-    if summary["state"] != JobState.SUCCEEDED.value:
-        raise typer.Exit(1)
+    finish(summary, as_json)
 
 
 def _spawn_engine(config: Path | None) -> None:

@@ -5,7 +5,6 @@ They print exactly what the embedded commands print; only where the answers come
 
 from __future__ import annotations
 
-import json
 import re
 import time
 from collections.abc import Iterator
@@ -21,7 +20,7 @@ from broker.client import BrokerClient, ClientError
 from broker.config import Settings, load_settings
 from broker.joblogs import LogChunk, print_chunks
 from broker.model import JobState
-from broker.spec import SpecError
+from broker.spec import read_job_file
 
 ServerOption = Annotated[str | None, typer.Option("--server", help="URL of a `broker serve` (or BROKER_SERVER)")]
 _NODE0 = re.compile(r"^attempt-(\d+)-node-0$")
@@ -69,14 +68,9 @@ class _Progress:
 
 
 def launch(settings: Settings, job_file: Path, detach: bool, as_json: bool) -> None:
-    from broker.cli.jobs import _print_summary, _progress_table, announce
+    from broker.cli.jobs import _progress_table, announce, finish
 
-    try:
-        text = job_file.read_text()
-    except FileNotFoundError:
-        raise SpecError("no such file", source=str(job_file)) from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise SpecError(f"cannot read the job file: {exc}", source=str(job_file)) from None
+    text = read_job_file(job_file)
     with connect(settings) as client:
         submitted = client.submit(text, str(job_file.resolve()))
         job_id = submitted["job_id"]
@@ -94,12 +88,7 @@ def launch(settings: Settings, job_file: Path, detach: bool, as_json: bool) -> N
                     break
                 time.sleep(settings.poll_seconds)
         summary = _settled(client, summary)
-    if as_json:
-        print(json.dumps(summary))
-    else:
-        _print_summary(summary)
-    if summary["state"] != JobState.SUCCEEDED.value:
-        raise typer.Exit(1)
+    finish(summary, as_json)
 
 
 def _settled(client: BrokerClient, summary: dict[str, Any], timeout: float = 15.0) -> dict[str, Any]:
