@@ -18,7 +18,11 @@ worth: nothing with slack to spare, a step of on-demand instead of spot when sho
   letting young capacity prove itself is cheaper; with no such spot, wait if the outage is likely
   shorter than on-demand's two restarts would justify (time to capacity learned from the zones'
   past outages) and waiting keeps the slack near its reserve, else run on-demand;
-- on on-demand: leave for spot when the expected saving beats the restarts there and back.
+- on on-demand: leave for the spot zone with the largest expected saving over staying (restarts
+  there and back, egress and the slack they spend counted), once its capacity has lasted long
+  enough that letting it prove itself for longer would no longer pay: waiting costs nothing but
+  the spot discount of the steps waited, while entering capacity that dies young costs two
+  restarts.
 
 A hard floor keeps the deadline whenever on-demand can still meet it: off spot, spot is entered
 only with ``slack >= 2 x overhead + 1`` steps (a restart plus a preemption still leave room to
@@ -50,14 +54,13 @@ from policies.selection import (
 )
 
 RUN_WINDOW_S = 4 * 86400.0  # availability runs and outages that ended this recently describe a zone
-MIN_RUNS = 6  # fewer runs of its own: a zone is judged on the runs of every zone
+MIN_RUNS = 20  # fewer runs of its own (too few for a survival curve): judged on every zone's runs
 NO_HISTORY_RUN_S = 4 * 3600.0  # without history, a zone's capacity is expected to last this long
 TREND_WINDOW_S = 6 * 3600.0  # the spot price's trend is its change over this window
 RELAXED = 1.5  # slack at this multiple of the reserve or more: slack is worth nothing
 PRESSED = 0.5  # at this multiple or less: a step of slack is worth a step of on-demand
 PICKINESS = 0.15  # with slack to spare, enter spot costing at most this much over the best possible
 SWITCH_GAIN = 0.08  # move between zones only for this much cheaper progress
-LEAVE_MARGIN = 1.0  # leave on-demand when spot saves this many times the restarts it risks
 WAITS = (1, 2, 3, 4, 6)  # steps young capacity may be given to prove itself before entering
 WAIT_FLOOR = 0.8  # under pressure, waiting never takes the slack below this fraction of the reserve
 
@@ -69,6 +72,7 @@ class _Option:
     price: float = 0.0  # the spot price expected over that run
     runs: _RunLengths | None = None  # the runs it was judged on, and how long its current one has lasted
     age: int = 0
+    egress: float = 0.0  # checkpoint egress to enter, in price x node-steps
 
 
 @register("selection", "broker", default=True)
@@ -103,22 +107,22 @@ def broker(request: SelectionRequest) -> Plan:
         return _go(stay, options, "stay: no cheaper progress worth a restart")
 
     if request.current.kind == ON_DEMAND:
-        if best is not None:
-            # leaving pays a restart on spot now and, if the capacity goes first, one back here
-            gain = (od_price - best.price) * min(best.progress, work)
-            back = 1.0 if best.progress < work else 0.0
-            if (gain > LEAVE_MARGIN * k * (best.price + worth + back * (od_price + worth))
-                    and _worth_waiting(best, budget, worth) == 0):
-                return _go(best, options, "spot saves more than the restarts there and back: leave on-demand")
+        if options:
+            gains = [(_entry_gain(o, budget, od_price, worth), o) for o in options]
+            gain, leave = max(gains, key=lambda g: g[0])
+            if gain > 0 and _entry_wait(leave, budget, od_price, worth, idle=False) == 0:
+                return _go(leave, options, "spot saves more than the restarts there and back: leave on-demand")
         return on_demand_plan(request, "stay on on-demand: no spot worth two restarts")
 
     if pressure == 0.0:
         # the best any spot could do: the cheapest price with one restart for all the work left
         if best is not None and best.cost <= cheapest * (k + work) / work * (1 + PICKINESS):
+            if _entry_wait(best, budget, od_price, worth, idle=True) > 0:
+                return Plan((), reason="this capacity often vanishes this young: see if it lasts")
             return _go(best, options, "good spot: expected progress near the cheapest price")
         return Plan((), reason="slack to spare: wait for good spot")
     if best is not None and best.cost < od_price:
-        if have > 1 and _worth_waiting(best, budget, worth) > 0:
+        if have > 1 and _entry_wait(best, budget, od_price, worth, idle=True) > 0:
             return Plan((), reason="this capacity often vanishes this young: see if it lasts")
         return _go(best, options, "spot cheaper than on-demand, the slack it risks counted")
     if have - 1 >= need:
@@ -131,26 +135,49 @@ def broker(request: SelectionRequest) -> Plan:
     return on_demand_plan(request, "slack is short and the outage looks long: on-demand")
 
 
-def _worth_waiting(option: _Option, budget: Budget, worth: float) -> int:
-    """Steps to wait before entering ``option`` (0: enter now), by expected USD per progress step
-    with slack at ``worth``: waiting d steps lets blips die first, at d steps of slack."""
+def _entry_gain(option: _Option, budget: Budget, od_price: float, worth: float, age: int | None = None) -> float:
+    """Expected saving, in price x node-steps, of entering ``option``'s zone now (its run having
+    lasted ``age`` steps) over doing the work on on-demand: the progress it gives at spot instead of
+    on-demand prices, less the restart it pays, the restart back when the capacity goes before the
+    work is done, the egress, and the slack all of that spends at ``worth`` a step."""
+    k, work = budget.overhead, max(budget.work, 1)
     runs = option.runs
-    if runs is None or worth <= 0:
+    if runs is None:
+        progress = min(option.progress, work)
+        paid, short = progress + k, float(progress < work)
+    else:
+        paid, progress = runs.expected(option.age if age is None else age, k, work)
+        short = runs.ends_before(option.age if age is None else age, k + work)
+    spent = (paid - progress) + short * (1 + k)
+    return od_price * progress - option.price * paid - short * od_price * k - option.egress - worth * spent
+
+
+def _entry_wait(option: _Option, budget: Budget, od_price: float, worth: float, idle: bool) -> int:
+    """Steps to let ``option``'s capacity prove itself before entering (0: enter now).
+
+    Waiting ``d`` steps lets the runs that die young die first. From on-demand it costs only the
+    spot price difference of those steps; idle, it also spends ``d`` steps of slack, and the
+    alternative to spot is a restart on on-demand."""
+    runs = option.runs
+    if runs is None:
         return 0
-    k, work, price = budget.overhead, max(budget.work, 1), option.price
-    paid, progress = runs.expected(option.age, k, work)
-    best_cost, best_wait = (price * paid + worth * (k + 1)) / progress, 0
+    k = budget.overhead
+    base = k * (od_price + worth) if idle else 0.0
+    best_gain, best_wait = _entry_gain(option, budget, od_price, worth) + base, 0
     alive = runs.survival(option.age, max(WAITS) + 1)
     for wait in WAITS:
-        if wait >= budget.slack - (2 * k + 1):
+        if idle and wait >= budget.slack - (2 * k + 1):
             break
         survive = float(alive[wait])
         if survive <= 0:
             break
-        paid, progress = runs.expected(option.age + wait, k, work)
-        cost = (survive * (price * paid + worth * (k + 1)) + worth * wait) / (survive * progress)
-        if cost < best_cost:
-            best_cost, best_wait = cost, wait
+        if survive >= 1:
+            continue  # no run ends this young: waiting would filter nothing out
+        gain = survive * (_entry_gain(option, budget, od_price, worth, option.age + wait) + base)
+        if idle:
+            gain -= worth * wait
+        if gain > best_gain:
+            best_gain, best_wait = gain, wait
     return best_wait
 
 
@@ -200,11 +227,11 @@ def _price(request: SelectionRequest, budget: Budget, offer: ZoneOffer, worth: f
     egress = 0.0
     if (request.checkpoint_region is not None and offer.region_key != request.checkpoint_region
             and restart is None):
-        steps = progress * request.job.num_nodes * budget.step_s / 3600.0
-        egress = request.job.checkpoint_gb * request.egress_per_gb / max(steps, 1e-9)
+        node_hours = request.job.num_nodes * budget.step_s / 3600.0
+        egress = request.job.checkpoint_gb * request.egress_per_gb / node_hours
     runs_seen = None if history is None or column is None else runs
-    return _Option(offer, (price * paid + worth * (k + 1)) / progress + egress, progress, price,
-                   runs_seen, 0 if runs_seen is None else age)
+    return _Option(offer, (price * paid + worth * (k + 1) + egress) / progress, progress, price,
+                   runs_seen, 0 if runs_seen is None else age, egress)
 
 
 def _projected(request: SelectionRequest, offer: ZoneOffer, budget: Budget, horizon: float = 0.0) -> float:
@@ -277,6 +304,14 @@ class _RunLengths:
         paid = self._sum_min(age, restart + work, first)
         lost = self._sum_min(age, restart, first) if restart > 0 else 0.0
         return paid / count, max(paid - lost, 1e-9) / count
+
+    def ends_before(self, age: int, steps: int) -> float:
+        """P(the run that has lasted ``age`` steps ends within ``steps`` more steps)."""
+        first = bisect_left(self.x, age)
+        count = len(self.x) - first
+        if count == 0:
+            return float(age < steps)  # expected to last about as long again
+        return (bisect_left(self.x, age + steps) - first) / count
 
     def survival(self, age: int, horizon: int) -> np.ndarray:
         """P(the run that has lasted ``age`` steps still goes on after j more steps), j < horizon."""
