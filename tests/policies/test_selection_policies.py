@@ -128,6 +128,25 @@ def test_broker_skips_capacity_that_tends_to_vanish_before_a_restart_pays_off() 
     assert plan.locations[0].offer is not None and plan.locations[0].offer.zone == "us-west-2a"
 
 
+def test_broker_leaves_on_demand_only_once_young_capacity_has_outlived_the_blips() -> None:
+    # three of every four runs last 3 ticks (as long as a restart), the fourth 40
+    cycle = [1] * 3 + [0] * 4
+    pattern = (cycle * 3 + [1] * 40 + [0] * 4) * 12
+    trace = make_trace([[a] for a in pattern])
+    broker = registry.get("selection", "broker")
+    start = next(t for t in range(500, len(pattern)) if pattern[t] and not pattern[t - 1] and pattern[t + 3])
+    on_demand = Location(ON_DEMAND, offers_at(trace, start)[0])
+
+    def plan_at(age: int) -> str:
+        tick = start + age
+        # well ahead of pace: slack is worth nothing, so only the dollars decide
+        return broker(request_at(trace, tick, work_left=200, deadline=tick + 1000, total_work=1000, overhead=3,
+                                 current=on_demand, in_location=50)).locations[0].kind
+
+    assert [plan_at(age) for age in range(3)] == [ON_DEMAND] * 3  # most runs this young die at 3
+    assert plan_at(3) == "spot"  # past the blips, the long run is worth two restarts
+
+
 def test_broker_moves_to_a_much_cheaper_zone_and_stays_for_a_small_saving() -> None:
     long_runs = [[1, 1]] * 300
     broker = registry.get("selection", "broker")
