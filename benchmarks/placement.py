@@ -3,8 +3,11 @@ placement policy, side by side, then the decision time on a 10,000-GPU cluster.
 
     python benchmarks/placement.py [--traces DIR] [--repeat N]
 
-Speed of a placed job comes from the topology bandwidth model and, in a second pass, from the
-measured Sia/Pollux DGX placement profiles. Ratios are against baselines measured in the same run.
+Speed of a placed job comes from the topology bandwidth model, then from the measured Sia/Pollux
+DGX placement profiles, then from their Azure-node profiles (measured on other hardware, applied here
+to 8-GPU nodes as a second measured penalty curve). With measured profiles every request carries
+its model's measured step time per split, which only ``topology`` uses. Ratios are against
+baselines measured in the same run.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from broker.sim.placement import PlacementResult, simulate
 from broker.sim.speed import BandwidthSpeed, ProfileSpeed, SpeedModel
 from broker.sim.workload import read_workload
 from policies import registry
-from policies.placement import ClusterSnapshot, PlacementRequest
+from policies.placement import ClusterSnapshot, MeasuredSplitCost, PlacementRequest
 
 POLICIES = ("topology", "first_fit", "random", "packed_sticky")
 CLUSTERS = ("p3.16xlarge", "p4d.24xlarge")
@@ -70,6 +73,9 @@ def print_replay(title: str, results: dict[tuple[str, int], dict[str, PlacementR
         wins = sum(r < 1 for r in ratios)
         print(f"topology vs {p:13}: avg JCT geomean {(geomean(ratios) - 1) * 100:+.1f}%, "
               f"better on {wins}/{len(ratios)} workload-cluster pairs")
+    slow = {p: geomean([res[p].mean_slowdown for res in results.values()]) for p in POLICIES}
+    print("mean slowdown vs ideal placement (geomean over pairs): "
+          + ", ".join(f"{p} {v:.4f}" for p, v in slow.items()))
 
 
 def fragmented(instance: str, nodes: int, rng: random.Random) -> ClusterSnapshot:
@@ -92,11 +98,12 @@ def median_ms(fn: Callable[[int], object], repeat: int) -> float:
     return statistics.median(samples)
 
 
-def _decide(place: Callable[..., GangPlacement | None], gpus: int, snap: ClusterSnapshot, i: int) -> None:
-    place(PlacementRequest(f"job{i}", gpus), snap)
+def _decide(place: Callable[..., GangPlacement | None], gpus: int, snap: ClusterSnapshot, i: int,
+            measured: MeasuredSplitCost | None = None) -> None:
+    place(PlacementRequest(f"job{i}", gpus, measured=measured), snap)
 
 
-def print_scale(repeat: int) -> None:
+def print_scale(repeat: int, measured: MeasuredSplitCost) -> None:
     print("\n== scale: 1,250 nodes x 8 GPUs (10,000 GPUs), every node partly busy; median ms")
     print(f"{'instance':13} {'gang':>5} " + " ".join(f"{p:>13}" for p in POLICIES))
     for instance in CLUSTERS:
@@ -112,6 +119,9 @@ def print_scale(repeat: int) -> None:
                 cells.append(f"{ms:13.3f}")
             print(f"{instance:13} {gpus:5d} " + " ".join(cells))
         place = registry.get("placement", "topology")
+        timed = [f"{g}-GPU gang {median_ms(partial(_decide, place, g, base, measured=measured), repeat):.3f} ms"
+                 for g in (4, 8, 64)]
+        print(f"{instance:13} topology with measured split costs: " + ", ".join(timed))
         gang = place(PlacementRequest("probe", 64), base)
         assert gang is not None
 
@@ -135,12 +145,15 @@ def main() -> None:
     if not (args.traces / "philly").is_dir():
         parser.error(f"--traces: no philly/ under {args.traces}")
     print_replay("speed from the topology bandwidth model", replay(args.traces, BandwidthSpeed()))
-    profiles = ProfileSpeed.load(args.traces / "placement-profiles", "dgx")
     # The profiles time a placement by its per-node GPU counts only, so p4d would repeat p3's figures.
+    dgx = ProfileSpeed.load(args.traces / "placement-profiles", "dgx")
     print_replay("speed from the measured DGX placement profiles (Sia/Pollux), by per-node GPU counts",
-                 replay(args.traces, profiles, CLUSTERS[:1]))
+                 replay(args.traces, dgx, CLUSTERS[:1]))
+    azure = ProfileSpeed.load(args.traces / "placement-profiles", "azure")
+    print_replay("speed from the measured Azure-node placement profiles (Sia/Pollux), applied to 8-GPU nodes",
+                 replay(args.traces, azure, CLUSTERS[:1]))
     print("\nPAL (SC'24) reports 40-43% lower avg JCT (geomean) than packed-sticky on these workloads.")
-    print_scale(args.repeat)
+    print_scale(args.repeat, dgx.split_costs("resnet50"))
 
 
 if __name__ == "__main__":

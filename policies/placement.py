@@ -13,10 +13,20 @@ the same snapshot and call the same function.
 3. among equally good choices, the tightest node (best fit), then the subset that leaves the best
    connected GPUs behind, so the holes left stay usable by the next gang.
 
+Measured step times replace rules 1 and 2 when the request carries them (``measured``): on some
+hardware a gang steps as fast or faster spread over two nodes (4 + 4) than packed on one, and no
+bandwidth model predicts that. ``topology`` then takes the measured split (per-node GPU counts) with
+the lowest step time among those the free GPUs allow, each part on the tightest node that holds it
+and its best-connected GPUs there; splits within the measurement's ``tolerance`` of the fastest go
+to the one that breaks the fewest whole nodes, leaves the fewest free GPUs on the nodes it touches,
+then uses the fewest nodes. Splits nobody measured are never guessed at: when no measured split
+fits, rules 1-3 decide.
+
 A request states a topology level (``node``, ``placement_group``, ``any``) it ``required``s or only
 prefers, as Kueue's topology-aware scheduling does. Required levels bind every policy. ``topology``
-already prefers the tightest level it can get, so a preferred level changes nothing for it; the
-baselines ignore preferences.
+already prefers the tightest level it can get, so a preferred level changes nothing for it (with
+measured step times, the measurement decides whether one node is best); the baselines ignore
+preferences and measurements.
 
 Speed: the snapshot indexes its nodes once (free-GPU count buckets and distinct free masks per
 placement group), and the best subset of every size for every free mask of an 8-GPU node type is
@@ -52,6 +62,7 @@ class PlacementRequest:
     required: bool = False
     seed: int = 0  # the ``random`` baseline's seed; with job_id it fixes its choice
     previous: GangPlacement | None = None  # where the gang ran before (``packed_sticky`` keeps it)
+    measured: MeasuredSplitCost | None = None  # measured step times per split (``topology`` uses them)
 
     def __post_init__(self) -> None:
         if not isinstance(self.gpus, int) or self.gpus < 1:
@@ -67,6 +78,48 @@ class PlacementRequest:
     @property
     def gpus_per_node(self) -> int | None:
         return None if self.num_nodes is None else self.gpus // self.num_nodes
+
+
+@dataclass(frozen=True, slots=True)
+class MeasuredSplitCost:
+    """Measured step time of a job per split of its GPUs over nodes, relative to any common unit.
+
+    ``steps`` pairs a split, the GPUs used on each node in descending order (``(4, 4)`` = 4 + 4 on
+    two nodes), with its step time. ``tolerance`` is the relative difference below which two splits
+    count as equally fast, so fragmentation decides between them: set it to the measurements' noise.
+    It defaults to 0 (trust every difference).
+    """
+
+    steps: tuple[tuple[tuple[int, ...], float], ...]
+    tolerance: float = 0.0
+
+    def __post_init__(self) -> None:
+        seen: set[tuple[int, ...]] = set()
+        for split, step in self.steps:
+            if not split or any(not isinstance(c, int) or c < 1 for c in split):
+                raise ValueError(f"a split must name positive GPU counts per node, got {split!r}")
+            if tuple(sorted(split, reverse=True)) != split:
+                raise ValueError(f"a split must list its per-node counts in descending order, got {split!r}")
+            if split in seen:
+                raise ValueError(f"split {split!r} is measured twice")
+            if not step > 0:
+                raise ValueError(f"step time of split {split!r} must be positive, got {step!r}")
+            seen.add(split)
+        if not 0 <= self.tolerance < 1:
+            raise ValueError(f"tolerance must be in [0, 1), got {self.tolerance!r}")
+
+    @classmethod
+    def of(cls, steps: dict[tuple[int, ...], float], tolerance: float = 0.0) -> MeasuredSplitCost:
+        """From a mapping in any order; splits are sorted so equal inputs give equal (hashable) costs."""
+        return cls(tuple(sorted((tuple(sorted(s, reverse=True)), t) for s, t in steps.items())), tolerance)
+
+    def splits(self, gpus: int) -> tuple[tuple[tuple[int, ...], float], ...]:
+        return _splits_of(self, gpus)
+
+
+@lru_cache(maxsize=1024)
+def _splits_of(cost: MeasuredSplitCost, gpus: int) -> tuple[tuple[tuple[int, ...], float], ...]:
+    return tuple((split, step) for split, step in cost.steps if sum(split) == gpus)
 
 
 @dataclass(slots=True)
@@ -413,6 +466,54 @@ def _exact_nodes(cluster: ClusterSnapshot, scope: _Scope, n: int, per_node: int,
     return None
 
 
+def _best_fit_nodes(cluster: ClusterSnapshot, scope: _Scope, split: tuple[int, ...]) -> dict[int, int] | None:
+    """One distinct node per part of ``split`` (descending), each the tightest that still holds it."""
+    g = cluster.topology.gpus
+    cursor = [0] * (g + 1)
+    buckets = scope.by_count
+    taken: dict[int, int] = {}
+    for part in split:
+        fit = next((c for c in range(part, g + 1) if cursor[c] < len(buckets[c])), None)
+        if fit is None:
+            return None
+        rank = buckets[fit][cursor[fit]]
+        cursor[fit] += 1
+        taken[rank] = _subset(cluster.topology, cluster.free_masks[rank], part)
+    return taken
+
+
+def _holes(cluster: ClusterSnapshot, taken: dict[int, int]) -> tuple[int, int]:
+    """Whole free nodes the placement breaks into holes, then free GPUs it leaves on the nodes it touches."""
+    g = cluster.topology.gpus
+    broken = left = 0
+    for rank, sub in taken.items():
+        free = cluster.free_masks[rank].bit_count()
+        rest = free - sub.bit_count()
+        broken += free == g and rest > 0
+        left += rest
+    return broken, left
+
+
+def _measured_fit(request: PlacementRequest, cluster: ClusterSnapshot, scope: _Scope,
+                  cost: MeasuredSplitCost) -> dict[int, int] | None:
+    """The measured split that steps fastest, among those within the tolerance the one leaving the
+    fewest holes, then on fewest nodes (None: no measured split fits, the caller's rules decide)."""
+    g = cluster.topology.gpus
+    one_node = request.required and request.level == LEVEL_NODE
+    options: list[tuple[float, tuple[int, int, int], dict[int, int]]] = []
+    for split, step in cost.splits(request.gpus):
+        if split[0] > g or (one_node and len(split) > 1):
+            continue
+        taken = _single_node(cluster, scope, split[0]) if len(split) == 1 else _best_fit_nodes(cluster, scope, split)
+        if taken is not None:
+            options.append((step, (*_holes(cluster, taken), len(split)), taken))
+    if not options:
+        return None
+    fastest = min(step for step, _, _ in options)
+    near = [o for o in options if o[0] <= fastest * (1 + cost.tolerance)]
+    return min(near, key=lambda o: (*o[1], o[0]))[2]
+
+
 def _required_fail(request: PlacementRequest, cluster: ClusterSnapshot) -> bool:
     """True when a required level can never hold this gang on this cluster's node type."""
     return (request.required and request.level == LEVEL_NODE
@@ -433,7 +534,9 @@ def topology_aware(request: PlacementRequest, cluster: ClusterSnapshot) -> GangP
         if request.num_nodes is not None:
             taken = _exact_nodes(cluster, scope, request.num_nodes, k // request.num_nodes, prefer_links=True)
         else:
-            taken = _single_node(cluster, scope, k) if k <= g else None
+            taken = None if request.measured is None else _measured_fit(request, cluster, scope, request.measured)
+            if taken is None and k <= g:
+                taken = _single_node(cluster, scope, k)
             if taken is None and not (request.required and request.level == LEVEL_NODE):
                 taken = _spread(cluster, scope, k)
         if taken is not None:

@@ -9,7 +9,8 @@ is skipped and counted, never run.
 
 Each job asks for its GPUs anywhere, preferring one node when it fits in one and one placement group
 otherwise (a preference, not a requirement, so every policy can always place it once enough GPUs
-are free).
+are free). When the speed model is measured, every request also carries the measured step time per
+split of the job's model (``SpeedModel.split_costs``); only ``topology`` reads it.
 
 Measures:
 
@@ -132,7 +133,7 @@ def simulate(jobs: list[TraceJob], cluster: ClusterSnapshot, policy_name: str, p
         while queue:
             job = queue[0]
             request = PlacementRequest(job.job_id, job.gpus, level=LEVEL_NODE if job.gpus <= g else LEVEL_GROUP,
-                                       seed=seed)
+                                       seed=seed, measured=speed.split_costs(job.model))
             t0 = time.perf_counter_ns()
             placement = placer(request, cluster)
             decisions_ms.append((time.perf_counter_ns() - t0) / 1e6)

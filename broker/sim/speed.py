@@ -11,6 +11,7 @@ local batch sizes it was measured at, of its step time over the 1-GPU step time 
 size (the per-GPU work is equal, so the ratio isolates the cost of where the GPUs are). The ideal
 for k GPUs is the fastest measured placement of k GPUs. The profiles stop at two nodes: a gang on
 more nodes is timed as the two-node placement of its two largest parts.
+``split_costs`` hands the same relative step times to a placement policy, keyed by split.
 
 ``BandwidthSpeed`` (modelled, no measurements needed): the ring all-reduce runs at its slowest hop,
 so with ``share`` the fraction of an iteration spent in gradient sync on the ideal placement,
@@ -30,7 +31,7 @@ from typing import Protocol
 
 from broker.model import GangPlacement
 from broker.sim.workload import WorkloadError
-from policies.placement import ClusterSnapshot, PlacementRequest, topology_aware
+from policies.placement import ClusterSnapshot, MeasuredSplitCost, PlacementRequest, topology_aware
 from providers.topology import NodeTopology, ring_bandwidth_gb_s
 
 PROFILE_MODELS = ("bert", "cifar10", "deepspeech2", "imagenet", "yolov3")
@@ -64,6 +65,10 @@ class SpeedModel(Protocol):
     name: str
 
     def slowdown(self, model: str, gpus: int, placement: GangPlacement, cluster: ClusterSnapshot) -> float: ...
+
+    def split_costs(self, model: str) -> MeasuredSplitCost | None:
+        """The measured step time per split of a ``model`` job's GPUs over nodes, when measured."""
+        ...
 
 
 def profile_model(model: str) -> str:
@@ -107,12 +112,16 @@ class BandwidthSpeed:
         ideal = self._ideal_ring(cluster.topology, gpus)
         return max(1.0, (1.0 - share) + share * ideal / ring)
 
+    def split_costs(self, model: str) -> MeasuredSplitCost | None:
+        return None  # nothing measured: ``topology`` already ranks placements by this model's bandwidths
+
 
 @dataclass
 class ProfileSpeed:
     relative: dict[str, dict[str, float]]  # profile model -> placement key -> relative step time
     profile_set: str
     name: str = "measured profiles"
+    _costs: dict[str, MeasuredSplitCost] = field(default_factory=dict)
 
     @classmethod
     def load(cls, directory: Path, profile_set: str = "dgx") -> ProfileSpeed:
@@ -141,6 +150,13 @@ class ProfileSpeed:
             return 1.0
         table = self._table(model)
         return max(1.0, _lookup(table, node_counts(placement)) / _ideal(tuple(sorted(table.items())), gpus))
+
+    def split_costs(self, model: str) -> MeasuredSplitCost:
+        name = profile_model(model)
+        if name not in self._costs:
+            table = self._table(model)
+            self._costs[name] = MeasuredSplitCost.of({tuple(int(c) for c in key): t for key, t in table.items()})
+        return self._costs[name]
 
 
 def _key(counts: tuple[int, ...]) -> str:

@@ -12,6 +12,7 @@ from broker.model import GangPlacement
 from policies import registry
 from policies.placement import (
     ClusterSnapshot,
+    MeasuredSplitCost,
     PlacementRequest,
     fewest_nodes,
     first_fit,
@@ -224,3 +225,105 @@ def test_a_full_cluster_gives_freed_gpus_to_the_next_gang(policy: str) -> None:
     assert place(PlacementRequest("next", 8), snap) is None
     freed = snap.without_job("busy1")
     assert place(PlacementRequest("next", 8), freed) == GangPlacement("c1", ((1, tuple(range(8))),))
+
+
+# --- measured step times per split ---------------------------------------------------------------
+
+SPREAD_FASTER = MeasuredSplitCost.of({(8,): 1.10, (4, 4): 1.00, (6, 2): 1.05})
+PACK_FASTER = MeasuredSplitCost.of({(8,): 1.00, (4, 4): 1.10, (6, 2): 1.05})
+
+
+def splits_of(p: GangPlacement) -> tuple[int, ...]:
+    return tuple(sorted((len(g) for _, g in p.gpus), reverse=True))
+
+
+def test_measured_spread_beats_packing_on_empty_nodes() -> None:
+    snap = ClusterSnapshot.empty("c1", "p4d.24xlarge", 2)
+    spread = topology_aware(PlacementRequest("j", 8, measured=SPREAD_FASTER), snap)
+    assert spread is not None and splits_of(spread) == (4, 4)
+    packed = topology_aware(PlacementRequest("j", 8, measured=PACK_FASTER), snap)
+    assert packed is not None and splits_of(packed) == (8,)
+    assert topology_aware(PlacementRequest("j", 8), snap) == packed  # unmeasured: the rules pack it
+
+
+def test_measured_spread_fills_two_half_free_nodes_and_keeps_the_empty_one_whole() -> None:
+    snap = occupied("p4d.24xlarge", {0: (0, 1, 2, 3), 1: (4, 5, 6, 7)}, nodes=3)  # free 4, 4, 8
+    spread = topology_aware(PlacementRequest("j", 8, measured=SPREAD_FASTER), snap)
+    assert spread == GangPlacement("c1", ((0, (4, 5, 6, 7)), (1, (0, 1, 2, 3))))
+    packed = topology_aware(PlacementRequest("j", 8, measured=PACK_FASTER), snap)
+    assert packed is not None and packed.nodes == (2,)
+
+
+def test_measured_split_on_p3_keeps_each_part_nvlinked() -> None:
+    snap = ClusterSnapshot.empty("c1", "p3.16xlarge", 2)
+    p = topology_aware(PlacementRequest("j", 8, measured=SPREAD_FASTER), snap)
+    assert p is not None and splits_of(p) == (4, 4)
+    for rank, gpus in p.gpus:
+        assert all(snap.topology.link_kind[a][b] == NVLINK for a, b in combinations(gpus, 2)), rank
+
+
+def test_measured_splits_within_tolerance_go_to_the_fewest_holes() -> None:
+    nearly = {(8,): 1.01, (4, 4): 1.00}
+    snap = ClusterSnapshot.empty("c1", "p4d.24xlarge", 2)
+    exact = topology_aware(PlacementRequest("j", 8, measured=MeasuredSplitCost.of(nearly)), snap)
+    assert exact is not None and splits_of(exact) == (4, 4)
+    tolerant = topology_aware(PlacementRequest("j", 8, measured=MeasuredSplitCost.of(nearly, 0.02)), snap)
+    assert tolerant is not None and splits_of(tolerant) == (8,)  # 4 + 4 would break both whole nodes
+
+
+def test_the_fastest_measured_split_the_free_gpus_allow_wins() -> None:
+    snap = occupied("p4d.24xlarge", {0: (0, 1, 2, 3, 4, 5), 1: (0, 1, 2, 3, 4, 5)}, nodes=3)  # free 2, 2, 8
+    p = topology_aware(PlacementRequest("j", 8, measured=SPREAD_FASTER), snap)
+    # 4 + 4 needs two nodes with 4 free; 6 + 2 (faster than 8) fits the whole node and a 2-free one.
+    assert p is not None and splits_of(p) == (6, 2) and set(p.nodes) == {0, 2}
+
+
+def test_unmeasured_splits_are_left_to_the_rules() -> None:
+    snap = occupied("p4d.24xlarge", {0: (0, 1, 2, 3, 4), 1: (0, 1, 2, 3, 4)}, nodes=3)  # free 3, 3, 8
+    only_spread = MeasuredSplitCost.of({(4, 4): 0.5})  # cannot fit: two nodes with 4 free
+    p = topology_aware(PlacementRequest("j", 8, measured=only_spread), snap)
+    assert p == topology_aware(PlacementRequest("j", 8), snap) == GangPlacement("c1", ((2, tuple(range(8))),))
+    # a measured gang bigger than two nodes' worth (none of its splits measured) is placed as before
+    big = topology_aware(PlacementRequest("j", 14, measured=SPREAD_FASTER), snap)
+    assert big == topology_aware(PlacementRequest("j", 14), snap)
+
+
+def test_a_required_node_level_binds_despite_faster_measured_splits() -> None:
+    snap = ClusterSnapshot.empty("c1", "p4d.24xlarge", 2)
+    p = topology_aware(PlacementRequest("j", 8, level="node", required=True, measured=SPREAD_FASTER), snap)
+    assert p is not None and splits_of(p) == (8,)
+
+
+@pytest.mark.parametrize("policy", ["first_fit", "random", "packed_sticky"])
+def test_baselines_ignore_measurements(policy: str) -> None:
+    place = registry.get("placement", policy)
+    snap = occupied("p4d.24xlarge", {0: (0, 1, 2, 3)}, nodes=3)
+    for measured in (SPREAD_FASTER, PACK_FASTER):
+        assert place(PlacementRequest("j", 8, measured=measured), snap) == place(PlacementRequest("j", 8), snap)
+
+
+@settings(max_examples=60, deadline=None)
+@given(instance=st.sampled_from(["p3.16xlarge", "p4d.24xlarge"]), nodes=st.integers(1, 4),
+       busy=st.lists(st.integers(0, 255), min_size=4, max_size=4), k=st.integers(1, 20))
+def test_measurements_of_other_gang_sizes_change_nothing(instance: str, nodes: int, busy: list[int], k: int) -> None:
+    snap = occupied(instance, {r: tuple(g for g in range(8) if busy[r] >> g & 1) for r in range(nodes)
+                               if busy[r]}, nodes)
+    other = MeasuredSplitCost.of({(c,) if c <= 8 else (8, c - 8): 1.0 for c in range(1, 17) if c != k})
+    unmeasured = topology_aware(PlacementRequest("j", k), snap)
+    assert topology_aware(PlacementRequest("j", k, measured=other), snap) == unmeasured
+
+
+@pytest.mark.parametrize(
+    ("steps", "match"),
+    [
+        ((((2, 4), 1.0),), "descending"),
+        ((((0,), 1.0),), "positive GPU counts"),
+        ((((4,), 0.0),), "positive, got"),
+        ((((4,), 1.0), ((4,), 1.1)), "twice"),
+    ],
+)
+def test_bad_measurements_say_what_is_wrong(steps: tuple[tuple[tuple[int, ...], float], ...], match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        MeasuredSplitCost(steps)
+    with pytest.raises(ValueError, match="tolerance"):
+        MeasuredSplitCost((), tolerance=1.0)

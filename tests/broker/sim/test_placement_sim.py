@@ -11,7 +11,7 @@ from broker.sim.placement import simulate
 from broker.sim.speed import BandwidthSpeed, ProfileSpeed
 from broker.sim.workload import TraceJob, WorkloadError, read_workload
 from policies import registry
-from policies.placement import ClusterSnapshot
+from policies.placement import ClusterSnapshot, MeasuredSplitCost
 
 TINY = [
     TraceJob("b", 4, 0.0, 50.0, "resnet50"),
@@ -87,6 +87,18 @@ def test_profile_speed_uses_the_fastest_measured_placement_as_ideal(tmp_path: Pa
         speed.slowdown("BERT", 8, one, snap)  # maps to bert, which this directory lacks
 
 
+def test_topology_follows_a_profile_where_spreading_is_faster(tmp_path: Path) -> None:
+    write_profile(tmp_path, "imagenet", [(32, 1.0, "1"), (32, 1.5, "8"), (32, 1.0, "44")])
+    speed = ProfileSpeed.load(tmp_path)
+    assert speed.split_costs("vgg19") == MeasuredSplitCost.of({(1,): 1.0, (8,): 1.5, (4, 4): 1.0})
+    assert BandwidthSpeed().split_costs("vgg19") is None
+    job = [TraceJob("a", 8, 0.0, 100.0, "resnet50")]
+    ours = run("topology", speed, job)
+    assert (ours.splits, ours.mean_slowdown, ours.avg_jct_s) == (1, 1.0, pytest.approx(100.0))
+    packed = run("packed_sticky", speed, job)
+    assert (packed.splits, packed.mean_slowdown, packed.avg_jct_s) == (0, 1.5, pytest.approx(150.0))
+
+
 def test_workload_errors_name_row_and_field(tmp_path: Path) -> None:
     path = tmp_path / "w.csv"
     path.write_text("job_id,num_gpus,submit_time,duration,model\n1,2,0,10,vgg19\n2,two,0,10,vgg19\n")
@@ -117,3 +129,14 @@ def test_real_profiles_cover_every_philly_model(shared_traces: Path) -> None:
     r = run("topology", speed, jobs, "p3.16xlarge", 8)
     assert r.jobs + r.skipped_jobs == 160 and r.jobs == 160
     assert r.mean_slowdown >= 1.0
+
+
+@pytest.mark.traces
+@pytest.mark.parametrize("profile_set", ["dgx", "azure"])
+def test_real_profiles_topology_runs_jobs_closer_to_their_ideal_speed(shared_traces: Path, profile_set: str) -> None:
+    speed = ProfileSpeed.load(shared_traces / "placement-profiles", profile_set)
+    jobs = read_workload(shared_traces / "philly" / "workload-1.csv")
+    results = {p: run(p, speed, jobs, "p3.16xlarge", 8) for p in ("topology", "first_fit", "packed_sticky")}
+    assert results["topology"].splits > results["packed_sticky"].splits  # it spreads where measured faster
+    assert results["topology"].mean_slowdown < results["first_fit"].mean_slowdown
+    assert results["topology"].mean_slowdown < results["packed_sticky"].mean_slowdown
