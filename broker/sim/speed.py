@@ -9,8 +9,10 @@ the GPUs used on each node, ascending (``26`` = 2 + 6 on two nodes); ``step_time
 iteration, gradient sync included. A placement's relative step time is the geometric mean, over the
 local batch sizes it was measured at, of its step time over the 1-GPU step time at the same batch
 size (the per-GPU work is equal, so the ratio isolates the cost of where the GPUs are). The ideal
-for k GPUs is the fastest measured placement of k GPUs. The profiles stop at two nodes: a gang on
-more nodes is timed as the two-node placement of its two largest parts.
+for k GPUs is the fastest measured placement of k GPUs. The profiles stop at two nodes: a gang of
+up to 16 GPUs on more nodes is timed as the slowest measured two-node placement of as many GPUs
+(spreading further never makes a ring faster, and timing it by a smaller gang's placement would
+reward scattering), a bigger one as the two-node placement of its two largest parts.
 ``split_costs`` hands the same relative step times to a placement policy, keyed by split.
 
 ``BandwidthSpeed`` (modelled, no measurements needed): the ring all-reduce runs at its slowest hop,
@@ -149,7 +151,11 @@ class ProfileSpeed:
         if gpus < 2:
             return 1.0
         table = self._table(model)
-        return max(1.0, _lookup(table, node_counts(placement)) / _ideal(tuple(sorted(table.items())), gpus))
+        items = tuple(sorted(table.items()))
+        counts = node_counts(placement)
+        spread = _slowest_two_node(items, gpus) if len(counts) > 2 else None
+        step = spread if spread is not None else _lookup(table, counts)
+        return max(1.0, step / _ideal(items, gpus))
 
     def split_costs(self, model: str) -> MeasuredSplitCost:
         name = profile_model(model)
@@ -170,6 +176,12 @@ def _lookup(table: dict[str, float], counts: tuple[int, ...]) -> float:
     if key not in table:
         raise WorkloadError(f"the placement profiles have no placement {key!r} (nodes of up to 8 GPUs, 2 nodes)")
     return table[key]
+
+
+@lru_cache(maxsize=4096)
+def _slowest_two_node(items: tuple[tuple[str, float], ...], gpus: int) -> float | None:
+    two_node = [v for k, v in items if len(k) == 2 and sum(int(c) for c in k) == gpus]
+    return max(two_node, default=None)
 
 
 @lru_cache(maxsize=4096)

@@ -87,6 +87,19 @@ def test_profile_speed_uses_the_fastest_measured_placement_as_ideal(tmp_path: Pa
         speed.slowdown("BERT", 8, one, snap)  # maps to bert, which this directory lacks
 
 
+def test_profile_speed_never_rewards_spreading_past_two_nodes(tmp_path: Path) -> None:
+    write_profile(tmp_path, "imagenet", [
+        (32, 1.0, "1"), (32, 1.05, "11"), (32, 1.1, "2"),
+        (32, 1.2, "4"), (32, 1.3, "13"), (32, 1.6, "22"),
+    ])
+    speed = ProfileSpeed.load(tmp_path)
+    snap = ClusterSnapshot.empty("c", "p3.16xlarge", 4)
+    # four GPUs on four nodes: timed as the slowest measured two-node split of four (2 + 2),
+    # not as 1 + 1 (a two-GPU gang's placement, faster than any four-GPU one)
+    scattered = GangPlacement("c", tuple((r, (0,)) for r in range(4)))
+    assert speed.slowdown("resnet50", 4, scattered, snap) == pytest.approx(1.6 / 1.2)
+
+
 def test_topology_follows_a_profile_where_spreading_is_faster(tmp_path: Path) -> None:
     write_profile(tmp_path, "imagenet", [(32, 1.0, "1"), (32, 1.5, "8"), (32, 1.0, "44")])
     speed = ProfileSpeed.load(tmp_path)
