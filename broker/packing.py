@@ -48,8 +48,21 @@ def holdings(s: Session, cluster_id: str) -> dict[str, GangPlacement]:
 def snapshot(s: Session, row: ClusterRow) -> ClusterSnapshot:
     snap = ClusterSnapshot.empty(row.id, node_topology(row), row.num_nodes)
     for job_id, placement in holdings(s, row.id).items():
-        snap = snap.with_placement(job_id, placement)
+        unheld = _unheld(snap, placement)
+        if unheld.gpus:
+            snap = snap.with_placement(job_id, unheld)
     return snap
+
+
+def _unheld(snap: ClusterSnapshot, placement: GangPlacement) -> GangPlacement:
+    """``placement`` without the GPUs already held: a preemptor's claim names GPUs that the gangs
+    it preempted still hold until they have checkpointed and left; they are not free either way."""
+    def free(rank: int, gpu: int) -> bool:  # out-of-range GPUs stay, for with_placement to refuse
+        node = snap.holders[rank] if 0 <= rank < len(snap.holders) else ()
+        return not 0 <= gpu < len(node) or node[gpu] is None
+
+    kept = tuple((rank, left) for rank, gpus in placement.gpus if (left := tuple(g for g in gpus if free(rank, g))))
+    return GangPlacement(placement.cluster_id, kept)
 
 
 def gang_request(job: JobRow, spec: JobSpec, gpus_per_node: int) -> PlacementRequest:

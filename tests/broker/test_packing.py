@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select
 
+from broker import packing
 from broker.config import load_settings
 from broker.engine import Engine
 from broker.reports.build import Window, build_report
@@ -131,3 +132,29 @@ def test_gangs_share_a_cluster_and_a_higher_priority_gang_preempts(tmp_path: Pat
     assert report.totals.idle_total_gpu_hours == pytest.approx(gpu_hours - running)
     assert report.totals.preemptions == 2
     assert report.totals.work_lost_s == pytest.approx(sum(jobs[j].work_lost_s for j in (a, b, c)))
+
+
+def test_snapshot_counts_gpus_a_preemptor_claims_from_a_gang_still_leaving(db_url: str) -> None:
+    store = open_store(db_url)
+    now = datetime.now(UTC)
+    with store.transaction() as s:
+        for job_id, state in (("victim", "CHECKPOINTING"), ("preemptor", "PROVISIONING")):
+            s.add(JobRow(id=job_id, name=job_id, team="a", state=state, priority=500, spec={}, backend="local",
+                         num_nodes=1, gpus_per_node=4, checkpoint_dir="/c", created_at=now, updated_at=now,
+                         zones=[]))
+        s.flush()
+        s.add(ClusterRow(id="c1", launch_key="c1", job_id="victim", backend="local", cloud="aws", region="r",
+                         zone="z", instance_type="p3.8xlarge", accelerator="V100", gpus_per_node=4, num_nodes=1,
+                         spot=True, price_per_node_hour=1.0, on_demand_price_per_node_hour=3.0, state="UP",
+                         token_hash="x", handle={}, created_at=now))
+        s.flush()
+        s.add(AllocationRow(job_id="victim", cluster_id="c1", attempt=1, gpus={"0": [0, 1]}, started_at=now,
+                            running_at=now, stopping_at=now))
+        preemptor = s.get(JobRow, "preemptor")
+        assert preemptor is not None
+        preemptor.target_cluster_id, preemptor.target_gpus = "c1", {"0": [0, 1, 2]}
+    with store.transaction() as s:
+        row = s.get(ClusterRow, "c1")
+        assert row is not None
+        snap = packing.snapshot(s, row)
+    assert snap.holders[0] == ("victim", "victim", "preemptor", None)
