@@ -135,7 +135,10 @@ def test_gcp_garbage_is_no_notice_and_one_warning(caplog: pytest.LogCaptureFixtu
                 time.sleep(0.05)
         finally:
             reader.close()
-    assert len([r for r in caplog.records if r.levelno == logging.WARNING]) == 1
+    # one warning for the garbage however often it is read (a watch cut off when the server
+    # stops may add an "unreachable" one: that is another condition)
+    garbage = [r for r in caplog.records if r.levelno == logging.WARNING and "answered" in r.getMessage()]
+    assert len(garbage) == 1
 
 
 # --- Azure: Scheduled Events, Preempt for this VM, StartRequests to acknowledge --------------------
