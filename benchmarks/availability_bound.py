@@ -1,6 +1,6 @@
 """How close to the omniscient optimum can a policy get that knows only the availability statistics?
 
-    python benchmarks/availability_bound.py [--traces DIR] [--starts 60] [--seed 0] [--max-age 30]
+    python benchmarks/availability_bound.py [--traces DIR] [--starts 60] [--seed 0] [--max-age 30] [--window-days D]
 
 The omniscient optimum knows every future tick. An online policy knows the past, at best the
 statistics of how long capacity lasts and how long outages last. This benchmark gives a policy those
