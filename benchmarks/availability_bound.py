@@ -34,6 +34,7 @@ from simulate import DEFAULT_TRACES, job_for
 
 from broker.sim.market import Market, SimJob, Ticks, simulate
 from broker.sim.runs import random_starts, run_policy
+from policies.history import GangSeries, ended_within
 from policies.selection import IDLE as IDLE_KIND
 from policies.selection import Budget, Location, Plan, SelectionRequest, eligible_offers, on_demand_plan, spot_ok
 from providers.trace import read_trace
@@ -41,23 +42,6 @@ from providers.trace import read_trace
 TRACES = (("aws-v100-2023-16node-3zones.csv.gz", 16), ("aws-v100-2023-4node-3zones.csv.gz", 4))
 IDLE, SPOT, ON_DEMAND = 0, 1, 2
 UNREACHABLE = 1e12
-
-
-def run_ages(up: np.ndarray) -> np.ndarray:
-    """For each tick, how many ticks the current up-run or outage has lasted, that tick included."""
-    age = np.ones(len(up), dtype=np.int64)
-    for t in range(1, len(up)):
-        if up[t] == up[t - 1]:
-            age[t] = age[t - 1] + 1
-    return age
-
-
-def spell_lengths(up: np.ndarray, value: bool) -> np.ndarray:
-    """Lengths of the finished spells (runs when ``value``, else outages); the last is unfinished."""
-    edges = np.flatnonzero(up[1:] != up[:-1]) + 1
-    bounds = np.concatenate([[0], edges])
-    lengths = np.diff(np.concatenate([bounds, [len(up)]]))[:-1]
-    return lengths[up[bounds[:-1]] == value]
 
 
 def go_on(lengths: np.ndarray, cap: int) -> np.ndarray:
@@ -71,9 +55,9 @@ def go_on(lengths: np.ndarray, cap: int) -> np.ndarray:
     return out
 
 
-def availability_chain(up: np.ndarray, cap: int) -> np.ndarray:
+def availability_chain(up_lengths: np.ndarray, down_lengths: np.ndarray, cap: int) -> np.ndarray:
     """Transition matrix over 2 x cap states: up for 1..cap ticks, then down for 1..cap ticks."""
-    stay_up, stay_down = go_on(spell_lengths(up, True), cap), go_on(spell_lengths(up, False), cap)
+    stay_up, stay_down = go_on(up_lengths, cap), go_on(down_lengths, cap)
     chain = np.zeros((2 * cap, 2 * cap))
     for a in range(cap):
         nxt = min(a + 1, cap - 1)
@@ -124,12 +108,17 @@ def solve(chain: np.ndarray, ticks: Ticks, spot: float, on_demand: float) -> np.
     return act
 
 
-def informed_policy(market: Market, job: SimJob, act: np.ndarray, cap: int) -> Callable[[SelectionRequest], Plan]:
-    """A selection policy that follows the solved actions (ticks read off ``market``'s clock)."""
+def some_zone(market: Market) -> GangSeries:
+    """Capacity facts of one pseudo-zone that is up whenever some zone can take the gang."""
+    return GangSeries.build(market.up.any(axis=1, keepdims=True).astype(np.int64), 1)
+
+
+def informed_policy(market: Market, job: SimJob, spells: GangSeries, act: np.ndarray,
+                    cap: int) -> Callable[[SelectionRequest], Plan]:
+    """A selection policy that follows the solved actions, in the availability state ``spells`` gives."""
     ticks = Ticks.of(job, market.tick_seconds)
     k, slack_max = ticks.overhead, ticks.deadline - ticks.work
-    any_up = market.up.any(axis=1)
-    ages = run_ages(any_up)
+    any_up, ages = spells.up[:, 0], spells.age[:, 0]
 
     def decide(request: SelectionRequest) -> Plan:
         assert request.history is not None
@@ -174,18 +163,21 @@ def main() -> None:
         optimal = float(np.mean([r.cost for r in run_policy(market, job, "optimal", starts)]))
         broker = float(np.mean([r.cost for r in run_policy(market, job, "broker", starts)]))
         ticks = Ticks.of(job, market.tick_seconds)
-        any_up = market.up.any(axis=1)
+        spells = some_zone(market)
         prices = float(market.spot_price.mean()), float(market.on_demand_min.mean())
         clock = time.perf_counter()
-        whole = solve(availability_chain(any_up, args.max_age), ticks, *prices)
+        whole = solve(availability_chain(spells.run_length[0], spells.down_length[0], args.max_age), ticks, *prices)
         solved = time.perf_counter() - clock
         runs = []
         for start in starts:
             act = whole
             if args.window_days is not None:
-                past = any_up[max(0, start - round(args.window_days * 86400 / market.tick_seconds)):start]
-                act = solve(availability_chain(past, args.max_age), ticks, *prices)
-            runs.append(simulate(market, job, informed_policy(market, job, act, args.max_age), start, "informed"))
+                window = round(args.window_days * 86400 / market.tick_seconds)
+                up_lengths = ended_within(spells.run_end[0], spells.run_length[0], start, window)
+                down_lengths = ended_within(spells.down_end[0], spells.down_length[0], start, window)
+                act = solve(availability_chain(up_lengths, down_lengths, args.max_age), ticks, *prices)
+            policy = informed_policy(market, job, spells, act, args.max_age)
+            runs.append(simulate(market, job, policy, start, "informed"))
         informed = float(np.mean([r.cost for r in runs]))
         met = float(np.mean([r.deadline_met for r in runs]))
         print(f"{name:38s} {optimal:10.2f} {informed / optimal:8.3f}x {broker / optimal:6.3f}x "

@@ -149,11 +149,11 @@ class MarketHistory:
     def finished_up_runs(self, num_nodes: int, zone: int, window: int) -> np.ndarray:
         """Lengths (ticks) of the zone's up-runs that ended within the last ``window`` ticks."""
         gang = self.series.gang(num_nodes)
-        return _recent(gang.run_end[zone], gang.run_length[zone], self.now, window)
+        return ended_within(gang.run_end[zone], gang.run_length[zone], self.now, window)
 
     def finished_down_runs(self, num_nodes: int, zone: int, window: int) -> np.ndarray:
         gang = self.series.gang(num_nodes)
-        return _recent(gang.down_end[zone], gang.down_length[zone], self.now, window)
+        return ended_within(gang.down_end[zone], gang.down_length[zone], self.now, window)
 
     def price_change(self, zone: int, window: int) -> float:
         """Spot price now minus ``window`` ticks ago (or the first tick known)."""
@@ -161,7 +161,8 @@ class MarketHistory:
         return float(self.series.spot_price[self.now, zone] - self.series.spot_price[then, zone])
 
 
-def _recent(ends: np.ndarray, lengths: np.ndarray, now: int, window: int) -> np.ndarray:
+def ended_within(ends: np.ndarray, lengths: np.ndarray, now: int, window: int) -> np.ndarray:
+    """The ``lengths`` of the spells whose ``ends`` fall in the ``window`` ticks up to ``now``."""
     hi = int(np.searchsorted(ends, now, side="right"))
     lo = int(np.searchsorted(ends, now - window, side="right"))
     return lengths[lo:hi]
