@@ -38,7 +38,7 @@ def save(directory: Path, step: int, weights: np.ndarray) -> Path:
     np.savez(tmp, step=step, weights=weights)
     os.replace(tmp, path)
     marker_tmp = directory / ".LATEST.tmp"
-    marker_tmp.write_text(path.name)
+    marker_tmp.write_text(f"{path.name}\nstep={step}\n")  # the step lets the broker count work kept
     os.replace(marker_tmp, directory / "LATEST")  # the checkpoint is complete only from here
     return path
 

@@ -4,6 +4,10 @@ The job runs in its own process group. On a notice the agent sends the checkpoin
 group at once (whether or not the broker answers), waits for the job to mark a checkpoint complete,
 and reports the notice to the broker twice: as soon as it is seen (so the replacement starts) and
 again with the checkpoint when it is complete. Reports retry until the notice's deadline.
+
+Whatever the reason, every new complete checkpoint the job marks is reported too
+(``POST /v1/checkpoints``): the broker decides moves and resumes from what agents report, so a
+checkpoint directory that is a mounted bucket works like a local one.
 """
 
 from __future__ import annotations
@@ -124,6 +128,95 @@ class NoticeReporter:
             delay = min(delay * 2, 5.0)
 
 
+class CheckpointReporter:
+    """Reports each new complete checkpoint, newest last, from one background thread."""
+
+    RETRY_SECONDS = 60.0
+
+    def __init__(self, broker_url: str | None, token: str | None, cluster_id: str, node: str,
+                 job_id: str | None, checkpoint_dir: str | None, events: EventLog) -> None:
+        self.url = broker_url.rstrip("/") + "/v1/checkpoints" if broker_url and job_id and checkpoint_dir else None
+        self.token = token
+        self.cluster_id, self.node, self.job_id = cluster_id, node, job_id
+        self.checkpoint_dir = checkpoint_dir
+        self.events = events
+        self.last: CheckpointMark | None = latest_checkpoint(checkpoint_dir)  # a resumed job's old one is known
+        self._queue: list[CheckpointMark] = []
+        self._wake = threading.Condition()
+        self._thread: threading.Thread | None = None
+
+    def watch(self) -> None:
+        """Called every poll: queue the marker if it names a checkpoint not reported yet."""
+        if self.url is None:
+            return
+        mark = latest_checkpoint(self.checkpoint_dir)
+        if mark is None or (self.last is not None and (mark.path, mark.step) == (self.last.path, self.last.step)):
+            return
+        self.last = mark
+        with self._wake:
+            self._queue.append(mark)
+            self._wake.notify()
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._drain, daemon=True)
+            self._thread.start()
+
+    def flush(self, timeout: float) -> None:
+        """Wait (bounded) for queued reports to get out: the last checkpoint before exit matters most."""
+        until = time.time() + timeout
+        with self._wake:
+            while self._queue and time.time() < until:
+                self._wake.wait(timeout=max(until - time.time(), 0.0))
+
+    def _drain(self) -> None:
+        while True:
+            with self._wake:
+                while not self._queue:
+                    self._wake.wait()
+                mark = self._queue[-1]  # only the newest matters
+            self._send(mark)
+            with self._wake:
+                if self._queue and self._queue[-1] is mark:
+                    self._queue.clear()
+                self._wake.notify_all()
+
+    def _payload(self, mark: CheckpointMark) -> dict[str, Any] | None:
+        assert self.checkpoint_dir is not None
+        relative = os.path.relpath(mark.path, self.checkpoint_dir)
+        if relative.startswith("..") or os.path.isabs(relative):
+            self.events.write("checkpoint_outside_dir", path=mark.path)
+            return None
+        return {"job_id": self.job_id, "cluster_id": self.cluster_id, "node": self.node, "path": relative,
+                "written_at": datetime.fromtimestamp(mark.written_at, UTC).isoformat(), "step": mark.step}
+
+    def _send(self, mark: CheckpointMark) -> None:
+        payload = self._payload(mark)
+        if payload is None or self.url is None:
+            return
+        headers = {"Content-Type": "application/json"}
+        if self.token:
+            headers["Authorization"] = f"Bearer {self.token}"
+        body = json.dumps(payload).encode()
+        deadline, delay = time.time() + self.RETRY_SECONDS, 0.2
+        while True:
+            request = urllib.request.Request(self.url, data=body, method="POST", headers=headers)
+            try:
+                with urllib.request.urlopen(request, timeout=5):
+                    self.events.write("checkpoint_reported", path=payload["path"], step=mark.step)
+                    return
+            except urllib.error.HTTPError as exc:
+                if 400 <= exc.code < 500 and exc.code != 429:
+                    self.events.write("checkpoint_report_refused", status=exc.code, path=payload["path"])
+                    return
+                problem = f"HTTP {exc.code}"
+            except (OSError, urllib.error.URLError) as exc:
+                problem = str(exc)
+            if time.time() + delay > deadline:
+                self.events.write("checkpoint_report_gave_up", problem=problem, path=payload["path"])
+                return
+            time.sleep(delay)
+            delay = min(delay * 2, 5.0)
+
+
 class Agent:
     def __init__(self, options: AgentOptions, reader: NoticeReader | None) -> None:
         self.options = options
@@ -131,6 +224,9 @@ class Agent:
         self.events = EventLog(options.status_file + ".events" if options.status_file else None)
         self.reporter = NoticeReporter(options.broker_url, options.token, self.events)
         self.checkpoint_dir = options.checkpoint_dir or os.environ.get("BROKER_CHECKPOINT_DIR")
+        job_id = options.env.get("BROKER_JOB_ID") or os.environ.get("BROKER_JOB_ID")
+        self.checkpoints = CheckpointReporter(options.broker_url, options.token, options.cluster_id, options.node,
+                                              job_id, self.checkpoint_dir, self.events)
         self.handled: set[str] = set()
         self.child: subprocess.Popen[bytes] | None = None
         self.pending: list[tuple[threading.Thread, float]] = []  # (thread, its deadline)
@@ -150,8 +246,11 @@ class Agent:
             if self.reader is not None:
                 for notice in self.reader.poll():
                     self._on_notice(notice)
+            self.checkpoints.watch()
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self.child.wait(timeout=self.options.poll_seconds)
+        self.checkpoints.watch()
+        self.checkpoints.flush(timeout=10.0)
         for thread, deadline in self.pending:  # let the last checkpoint's report get out
             thread.join(timeout=max(deadline - time.time(), 0.0))
         close = getattr(self.reader, "close", None)

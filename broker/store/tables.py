@@ -156,6 +156,27 @@ class NoticeRow(Base):
     handled_at: Mapped[datetime | None] = mapped_column(UtcDateTime, nullable=True)
 
 
+class CheckpointReportRow(Base):
+    """A complete checkpoint a node agent reported: the broker decides from these, never from its disk.
+
+    ``path`` is relative to the job's checkpoint directory, so a bucket checkpoint reported from one
+    cluster names the same object on the next.
+    """
+
+    __tablename__ = "checkpoint_reports"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id"), index=True)
+    cluster_id: Mapped[str] = mapped_column(ForeignKey("clusters.id"))
+    node: Mapped[str] = mapped_column(String(100))
+    path: Mapped[str] = mapped_column(String(1024))
+    step: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    written_at: Mapped[datetime] = mapped_column(UtcDateTime)  # market clock
+    received_at: Mapped[datetime] = mapped_column(UtcDateTime)
+
+    __table_args__ = (UniqueConstraint("job_id", "path", name="uq_checkpoint_report_path"),)
+
+
 class LedgerRow(Base):
     """One minute of one cluster's GPUs held by one job or idle for one cause.
 
