@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-KINDS: tuple[str, ...] = ("selection", "placement", "preemption", "admission")
+KINDS: tuple[str, ...] = ("selection", "placement", "preemption", "admission", "checkpointing")
 
 _REGISTRY: dict[str, dict[str, Callable[..., Any]]] = {kind: {} for kind in KINDS}
 _DEFAULTS: dict[str, str] = {}
@@ -40,6 +40,7 @@ def register(kind: str, name: str, *, default: bool = False) -> Callable[[F], F]
 def _load_builtin() -> None:
     # Importing the policy modules registers them; done lazily to keep import order free.
     import policies.admission
+    import policies.checkpointing
     import policies.placement
     import policies.preemption  # noqa: F401
     from policies import selection  # noqa: F401
