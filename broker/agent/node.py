@@ -18,6 +18,7 @@ import logging
 import os
 import signal
 import subprocess
+import tempfile
 import threading
 import time
 import urllib.error
@@ -28,6 +29,8 @@ from pathlib import Path
 from typing import Any
 
 from broker.agent.checkpoint import CheckpointMark, latest_checkpoint
+from broker.agent.progress import ProgressReporter, pass_through, read_progress_file
+from broker.agent.reporting import LatestOnly, post_with_retry
 from providers.notices import NodeNotice, NoticeReader, reader_for
 
 log = logging.getLogger("broker.agent")
@@ -103,33 +106,13 @@ class NoticeReporter:
     def report(self, payload: dict[str, Any], deadline: float) -> bool:
         if self.url is None:
             return False
-        delay = 0.2
-        body = json.dumps(payload).encode()
-        headers = {"Content-Type": "application/json"}
-        if self.token:
-            headers["Authorization"] = f"Bearer {self.token}"
-        while True:
-            request = urllib.request.Request(self.url, data=body, method="POST", headers=headers)
-            try:
-                with urllib.request.urlopen(request, timeout=5) as response:
-                    self.events.write("reported", status=response.status, checkpoint=payload.get("checkpoint"))
-                    return True
-            except urllib.error.HTTPError as exc:
-                if exc.code in (400, 401, 403, 404, 422):
-                    self.events.write("report_refused", status=exc.code)
-                    return False
-                problem = f"HTTP {exc.code}"
-            except (OSError, urllib.error.URLError) as exc:
-                problem = str(exc)
-            if time.time() + delay > deadline:
-                self.events.write("report_gave_up", problem=problem)
-                return False
-            time.sleep(delay)
-            delay = min(delay * 2, 5.0)
+        return post_with_retry(self.url, self.token, payload, deadline, self.events, "notice",
+                               names=("reported", "report_refused", "report_gave_up"),
+                               checkpoint=payload.get("checkpoint"))
 
 
 class CheckpointReporter:
-    """Reports each new complete checkpoint, newest last, from one background thread."""
+    """Reports each new complete checkpoint the job marks; only the newest unsent one is kept."""
 
     RETRY_SECONDS = 60.0
 
@@ -141,43 +124,22 @@ class CheckpointReporter:
         self.checkpoint_dir = checkpoint_dir
         self.events = events
         self.last: CheckpointMark | None = latest_checkpoint(checkpoint_dir)  # a resumed job's old one is known
-        self._queue: list[CheckpointMark] = []
-        self._wake = threading.Condition()
-        self._thread: threading.Thread | None = None
+        self.sender = LatestOnly(self._send)
 
     def watch(self) -> None:
-        """Called every poll: queue the marker if it names a checkpoint not reported yet."""
+        """Called every poll: report the marker if it names a checkpoint not reported yet."""
         if self.url is None:
             return
         mark = latest_checkpoint(self.checkpoint_dir)
         if mark is None or (self.last is not None and (mark.path, mark.step) == (self.last.path, self.last.step)):
             return
         self.last = mark
-        with self._wake:
-            self._queue.append(mark)
-            self._wake.notify()
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._drain, daemon=True)
-            self._thread.start()
+        payload = self._payload(mark)
+        if payload is not None:
+            self.sender.offer(payload)
 
     def flush(self, timeout: float) -> None:
-        """Wait (bounded) for queued reports to get out: the last checkpoint before exit matters most."""
-        until = time.time() + timeout
-        with self._wake:
-            while self._queue and time.time() < until:
-                self._wake.wait(timeout=max(until - time.time(), 0.0))
-
-    def _drain(self) -> None:
-        while True:
-            with self._wake:
-                while not self._queue:
-                    self._wake.wait()
-                mark = self._queue[-1]  # only the newest matters
-            self._send(mark)
-            with self._wake:
-                if self._queue and self._queue[-1] is mark:
-                    self._queue.clear()
-                self._wake.notify_all()
+        self.sender.flush(timeout)
 
     def _payload(self, mark: CheckpointMark) -> dict[str, Any] | None:
         assert self.checkpoint_dir is not None
@@ -188,33 +150,10 @@ class CheckpointReporter:
         return {"job_id": self.job_id, "cluster_id": self.cluster_id, "node": self.node, "path": relative,
                 "written_at": datetime.fromtimestamp(mark.written_at, UTC).isoformat(), "step": mark.step}
 
-    def _send(self, mark: CheckpointMark) -> None:
-        payload = self._payload(mark)
-        if payload is None or self.url is None:
-            return
-        headers = {"Content-Type": "application/json"}
-        if self.token:
-            headers["Authorization"] = f"Bearer {self.token}"
-        body = json.dumps(payload).encode()
-        deadline, delay = time.time() + self.RETRY_SECONDS, 0.2
-        while True:
-            request = urllib.request.Request(self.url, data=body, method="POST", headers=headers)
-            try:
-                with urllib.request.urlopen(request, timeout=5):
-                    self.events.write("checkpoint_reported", path=payload["path"], step=mark.step)
-                    return
-            except urllib.error.HTTPError as exc:
-                if 400 <= exc.code < 500 and exc.code != 429:
-                    self.events.write("checkpoint_report_refused", status=exc.code, path=payload["path"])
-                    return
-                problem = f"HTTP {exc.code}"
-            except (OSError, urllib.error.URLError) as exc:
-                problem = str(exc)
-            if time.time() + delay > deadline:
-                self.events.write("checkpoint_report_gave_up", problem=problem, path=payload["path"])
-                return
-            time.sleep(delay)
-            delay = min(delay * 2, 5.0)
+    def _send(self, payload: dict[str, Any]) -> None:
+        assert self.url is not None
+        post_with_retry(self.url, self.token, payload, time.time() + self.RETRY_SECONDS, self.events,
+                        "checkpoint", path=payload["path"], step=payload["step"])
 
 
 class Agent:
@@ -227,6 +166,10 @@ class Agent:
         job_id = options.env.get("BROKER_JOB_ID") or os.environ.get("BROKER_JOB_ID")
         self.checkpoints = CheckpointReporter(options.broker_url, options.token, options.cluster_id, options.node,
                                               job_id, self.checkpoint_dir, self.events)
+        self.progress = ProgressReporter(options.broker_url, options.token, options.cluster_id, options.node,
+                                         job_id, self.events)
+        self.progress_file = (options.status_file + ".progress" if options.status_file
+                              else os.path.join(tempfile.gettempdir(), f"broker-progress-{os.getpid()}.json"))
         self.handled: set[str] = set()
         self.child: subprocess.Popen[bytes] | None = None
         self.pending: list[tuple[threading.Thread, float]] = []  # (thread, its deadline)
@@ -235,7 +178,11 @@ class Agent:
         env = {**os.environ, **self.options.env}
         if self.checkpoint_dir:
             env["BROKER_CHECKPOINT_DIR"] = self.checkpoint_dir
-        self.child = subprocess.Popen(self.options.command, start_new_session=True, env=env)
+        env["BROKER_PROGRESS_FILE"] = self.progress_file
+        self.child = subprocess.Popen(self.options.command, start_new_session=True, env=env,
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        assert self.child.stdout is not None
+        output = pass_through(self.child.stdout, self.progress)
         self.events.write("started", pid=self.child.pid, command=self.options.command)
         if self.options.status_file:
             # The local cloud kills every process group recorded here when it takes the node away.
@@ -246,11 +193,13 @@ class Agent:
             if self.reader is not None:
                 for notice in self.reader.poll():
                     self._on_notice(notice)
-            self.checkpoints.watch()
+            self._watch()
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self.child.wait(timeout=self.options.poll_seconds)
-        self.checkpoints.watch()
+        output.join(timeout=5.0)  # a daemon the job left behind may hold its output open
+        self._watch()
         self.checkpoints.flush(timeout=10.0)
+        self.progress.flush(timeout=5.0)
         for thread, deadline in self.pending:  # let the last checkpoint's report get out
             thread.join(timeout=max(deadline - time.time(), 0.0))
         close = getattr(self.reader, "close", None)
@@ -264,6 +213,11 @@ class Agent:
             tmp.write_text(json.dumps({"exit_code": exit_code, "finished_wall": time.time()}))
             os.replace(tmp, self.options.status_file)
         return exit_code
+
+    def _watch(self) -> None:
+        self.checkpoints.watch()
+        self.progress.saw(read_progress_file(self.progress_file))
+        self.progress.tick()
 
     def _forward(self, signum: int, _frame: object) -> None:
         if self.child is not None and self.child.poll() is None:

@@ -9,8 +9,8 @@ from collections.abc import Callable
 import uvicorn
 from fastapi import FastAPI
 
+from broker.api.agent_reports import agent_reports_router
 from broker.api.auth import team_dependency
-from broker.api.checkpoints import checkpoints_router
 from broker.api.jobs import JobIntake, jobs_router
 from broker.api.metrics import install_metrics
 from broker.api.notices import notices_router
@@ -25,7 +25,7 @@ def create_app(store: Store, clock: Clock, intake: JobIntake | None = None,
     """The notice API alone (the embedded broker), or with ``intake`` the whole service API."""
     app = FastAPI(title="spot broker", version="1", docs_url=None, redoc_url=None)
     app.include_router(notices_router(store, clock))
-    app.include_router(checkpoints_router(store, clock))
+    app.include_router(agent_reports_router(store, clock))
 
     @app.get("/v1/health")
     def health() -> dict[str, object]:

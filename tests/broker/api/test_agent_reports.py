@@ -14,7 +14,7 @@ from broker import checkpoints
 from broker.api.app import create_app
 from broker.clock import WallClock
 from broker.store import Store, open_store
-from broker.store.tables import AllocationRow, CheckpointReportRow, ClusterRow, JobRow
+from broker.store.tables import AllocationRow, CheckpointReportRow, ClusterRow, JobRow, ProgressRow
 from broker.tokens import token_digest
 
 AUTH = {"Authorization": "Bearer token-one"}
@@ -126,6 +126,7 @@ def test_a_terminated_clusters_token_is_refused(store: Store) -> None:
     ("node", "n" * 101),
     ("step", -1),
     ("step", 10**23),
+    ("step", 2**62 + 1),
     ("written_at", "9999-12-31T23:59:59Z"),
     ("written_at", "2030-13-45T00:00:00Z"),
     ("written_at", "garbage"),
@@ -148,9 +149,50 @@ def test_huge_and_deep_bodies_are_refused(store: Store) -> None:
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(body=st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | st.text(),
+@given(body=st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False)
+                         | st.text(),
                          lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner,
                                                                                      max_size=4), max_leaves=20))
 def test_no_body_makes_a_server_error(store: Store, body: object) -> None:
     response = TestClient(create_app(store, WallClock())).post("/v1/checkpoints", json=body, headers=AUTH)
     assert response.status_code < 500
+
+
+def _progress(**extra: object) -> dict[str, object]:
+    return {"job_id": "j1", "cluster_id": "c1", "node": "0", "step": 120, "total": 400,
+            "at": datetime.now(UTC).isoformat(), **extra}
+
+
+def _progress_rows(store: Store) -> list[ProgressRow]:
+    with store.transaction() as s:
+        return list(s.scalars(select(ProgressRow).order_by(ProgressRow.id)))
+
+
+def test_progress_is_recorded_for_the_running_attempt(store: Store) -> None:
+    client = TestClient(create_app(store, WallClock()))
+    assert client.post("/v1/progress", json=_progress(), headers=AUTH).status_code == 202
+    assert client.post("/v1/progress", json=_progress(step=2**62, total=None), headers=AUTH).status_code == 202
+    assert [(r.job_id, r.step, r.total) for r in _progress_rows(store)] == [("j1", 120, 400), ("j1", 2**62, None)]
+
+
+def test_progress_needs_the_token_first_and_a_job_running_on_that_cluster(store: Store) -> None:
+    client = TestClient(create_app(store, WallClock()))
+    assert client.post("/v1/progress", content=b"garbage").status_code == 401
+    assert client.post("/v1/progress", json=_progress(job_id="j2"), headers=AUTH).status_code == 422
+    with store.transaction() as s:
+        for alloc in s.scalars(select(AllocationRow)):
+            alloc.ended_at = datetime.now(UTC)
+    assert client.post("/v1/progress", json=_progress(), headers=AUTH).status_code == 422
+    assert _progress_rows(store) == []
+
+
+@pytest.mark.parametrize(("field", "value"), [
+    ("step", -1), ("step", 2**62 + 1), ("step", "twelve"), ("step", None), ("total", 0), ("total", 10**30),
+    ("at", "9999-12-31T23:59:59Z"), ("at", "nope"), ("job_id", "x" * 33), ("node", "\x00"),
+])
+def test_hostile_progress_is_refused_naming_the_field(store: Store, field: str, value: object) -> None:
+    response = TestClient(create_app(store, WallClock())).post("/v1/progress", json=_progress(**{field: value}),
+                                                              headers=AUTH)
+    assert 400 <= response.status_code < 500, response.text
+    assert field in response.json()["detail"]
+    assert _progress_rows(store) == []
