@@ -83,6 +83,7 @@ def main() -> int:
         loss = float(np.mean((x @ weights - y) ** 2))
         if rank == 0:
             print(f"step {step} loss {loss:.5f}", flush=True)
+            print(f"BROKER_PROGRESS step={step} total={args.steps}", flush=True)  # read by the node agent
         if rank == 0 and (requested or step % args.checkpoint_every == 0):
             path = save(checkpoint_dir, step, weights)
             print(f"checkpoint {path.name} ({'on notice' if requested else 'periodic'})", flush=True)
