@@ -16,7 +16,7 @@ from pydantic import BaseModel, Field, ValidationError
 from sqlalchemy import select
 
 from broker.api.auth import bearer_token
-from broker.checkpoints import CheckpointRefused, ReportedCheckpoint, cluster_accepts_reports, record
+from broker.checkpoint_reports import CheckpointRefused, ReportedCheckpoint, cluster_accepts_reports, record
 from broker.clock import Clock
 from broker.store import Store
 from broker.store.tables import AllocationRow, ClusterRow, JobRow, ProgressRow

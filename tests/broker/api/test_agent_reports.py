@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import func, select
 
-from broker import checkpoints
+from broker import checkpoint_reports as checkpoints
 from broker.api.app import create_app
 from broker.clock import WallClock
 from broker.store import Store, open_store
