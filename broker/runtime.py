@@ -10,8 +10,10 @@ from typing import IO, TYPE_CHECKING
 from sqlalchemy import select
 
 from broker.api.app import BackgroundServer, create_app
+from broker.clock import Clock, WallClock
 from broker.config import Settings
-from broker.engine import ACTIVE_STATES, Engine, engine_options
+from broker.engine import Engine, engine_options
+from broker.model import ACTIVE_STATES
 from broker.provision.local import LocalProvisioner, LocalWorld
 from broker.store import Store, open_store
 from broker.store.tables import JobRow
@@ -46,6 +48,12 @@ class EngineLock:
             fcntl.flock(self._handle, fcntl.LOCK_UN)
             self._handle.close()
             self._handle = None
+
+
+def broker_clock(settings: Settings) -> Clock:
+    """The clock the broker of ``settings`` keeps: the local replay's, or the wall clock."""
+    world = LocalWorld.load(settings.home) if settings.backend == "local" else None
+    return world.clock if world is not None else WallClock()
 
 
 def active_job_count(store: Store) -> int:

@@ -18,7 +18,8 @@ from sqlalchemy import select
 from broker.api.app import BackgroundServer, create_app
 from broker.clock import WallClock
 from broker.config import Settings
-from broker.engine import LIVE_CLUSTER_STATES, Engine, engine_options
+from broker.engine import Engine, engine_options
+from broker.model import ACTIVE_STATES, LIVE_CLUSTER_STATES
 from broker.provision.agent_wheel import build_agent_wheel
 from broker.provision.base import ClusterInfo
 from broker.provision.sky_market import SkyCatalogMarket
@@ -50,8 +51,6 @@ def store_specs(store: Store) -> Any:
 
 
 def active_accelerators(store: Store) -> set[str]:
-    from broker.engine import ACTIVE_STATES
-
     with store.transaction() as s:
         return {a for a in s.scalars(select(JobRow.accelerator).where(JobRow.state.in_(ACTIVE_STATES))) if a}
 

@@ -16,9 +16,9 @@ from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 
 from broker.clock import Clock
-from broker.engine import hash_token
 from broker.store import Store
 from broker.store.tables import ClusterRow, NoticeRow
+from broker.tokens import token_digest
 
 
 class NoticeReport(BaseModel):
@@ -49,7 +49,7 @@ def notices_router(store: Store, clock: Clock) -> APIRouter:
 
     @router.post("/v1/notices", status_code=status.HTTP_202_ACCEPTED, response_model=NoticeAccepted)
     def post_notice(report: NoticeReport, token: Annotated[str, Depends(_bearer)]) -> NoticeAccepted:
-        digest = hash_token(token)
+        digest = token_digest(token)
         with store.transaction() as s:
             owner = s.scalar(select(ClusterRow.id).where(ClusterRow.token_hash == digest))
             if owner is None:

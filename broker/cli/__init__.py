@@ -14,7 +14,7 @@ def _register() -> None:
 
 def main(argv: list[str] | None = None) -> None:
     from broker.config import ConfigError
-    from broker.engine import UnknownJob
+    from broker.engine.machine import UnknownJob
     from broker.spec import SpecError
     from broker.store.db import StoreError
     from providers.trace import TraceError

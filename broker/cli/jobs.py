@@ -17,10 +17,10 @@ from sqlalchemy import select
 from broker.cli import remote
 from broker.cli.app import ConfigOption, JsonOption, UsageError, app, console
 from broker.config import Settings, load_settings
-from broker.engine import cancel_job, submit_job
+from broker.engine.machine import cancel_job, submit_job
 from broker.joblogs import print_chunks, read_new
 from broker.model import JobState
-from broker.runtime import EmbeddedBroker, EngineLock, open_broker
+from broker.runtime import EmbeddedBroker, EngineLock, broker_clock, open_broker
 from broker.spec import JobSpec, load_job_spec
 from broker.store import Store, open_store
 from broker.store.tables import JobRow
@@ -239,9 +239,9 @@ def cancel(job_id: Annotated[str, typer.Argument()], config: ConfigOption = None
     if (served := remote.server_settings(config, server)) is not None:
         console.print(f"{job_id}: {remote.cancel(served, job_id)}")
         return
-    _, store = _open(config)
+    settings, store = _open(config)
     try:
-        state = cancel_job(store, job_id)
+        state = cancel_job(store, job_id, broker_clock(settings))
     finally:
         store.dispose()
     console.print(f"{job_id}: {state}")

@@ -18,8 +18,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from broker.engine import ACTIVE_STATES
-from broker.model import JobState
+from broker.model import ACTIVE_STATES, JobState
 from broker.service.schedule_config import PolicySchedule, policy_cron_trigger
 from broker.specfile.values import PRIORITY_CLASSES
 from broker.store import Store
