@@ -10,6 +10,7 @@ from __future__ import annotations
 from sqlalchemy.orm import Session
 
 from broker.engine import clusters, machine, packing
+from broker.engine.cadence import Cadence
 from broker.engine.checkpoints import (
     close_attempt,
     current_allocation,
@@ -35,6 +36,7 @@ class JobStepper:
         self.parts = parts
         self.planner = planner
         self.reviewer = Reviewer(parts, planner)
+        self.cadence = Cadence(parts)
 
     def advance(self, job_id: str) -> None:
         """Move one job on by at most one transition, then start it if its GPUs are ready."""
@@ -117,6 +119,7 @@ class JobStepper:
             # Recorded as started, never started: the engine stopped between the two. Starting is idempotent.
             after.starts.append(self._job_launch(job, cluster, GangPlacement.from_json(cluster.id, alloc.gpus)))
         else:
+            self.cadence.maybe_ask(s, job, alloc, cluster, after)
             self.reviewer.review(s, job, alloc, cluster, after)
 
     def _launch_replacement(self, s: Session, job: JobRow, cluster: ClusterRow, after: AfterCommit) -> None:
