@@ -111,3 +111,11 @@ def canonical_accelerator(name: str) -> str | None:
         if acc.lower() == lowered:
             return acc
     return None
+
+
+def find_any(name: str, cloud: str | None = None) -> InstanceType | None:
+    """``name`` on ``cloud``, or on whichever cloud sells it when ``cloud`` is None (names do not clash)."""
+    for t in GPU_INSTANCE_TYPES:
+        if t.name == name and (cloud is None or t.cloud == cloud):
+            return t
+    return None

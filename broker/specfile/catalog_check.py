@@ -112,7 +112,7 @@ def _check_alternative(alt: ResourceAlternative, facts: list[CloudFacts], doc: L
                 hint += f"; known: {', '.join(known)}"
             raise _error(f"unknown accelerator {request.name!r} on {where}{hint}{note}", request.path, doc, source)
         name, counts = next(iter(offered.items()))
-        if counts and request.count not in counts:
+        if counts and request.fraction is None and request.count not in counts:
             offered_text = ", ".join(str(c) for c in sorted(counts))
             raise _error(f"{name}:{request.count} is not offered on {where}: a node has {offered_text} {name}{note}",
                          request.path, doc, source)

@@ -183,7 +183,6 @@ def test_sky_task_config_is_the_skypilot_part_only_and_skypilot_accepts_it() -> 
 # --- bad files: message, field, line ------------------------------------------------------------
 
 BAD_FILES: list[tuple[str, str, str | None, int | None, list[str]]] = [
-    ("missing run", "name: x\nresources:\n  accelerators: V100:1\n", "run", None, ["required", "run: python"]),
     ("negative accelerator count", "run: x\nresources:\n  accelerators: H100:-1\n",
      "resources.accelerators", 3, ["Accelerator count must be a positive number", "'H100': -1"]),
     ("unknown top-level key", "run: x\nnum_node: 2\n", "num_node", 2,
@@ -228,8 +227,10 @@ BAD_FILES: list[tuple[str, str, str | None, int | None, list[str]]] = [
     ("env without a value", "run: x\nenvs:\n  TOKEN:\n", "envs.TOKEN", 3, ["Environment variable 'TOKEN' is None"]),
     ("infra with region", "run: x\nresources:\n  infra: aws\n  region: us-east-1\n", "resources.infra", 3,
      ["Cannot specify both `infra` and"]),
-    ("fractional GPUs", "run: x\nresources:\n  accelerators: V100:0.5\n", "resources.accelerators", 3,
-     ["whole GPUs"]),
+    ("fraction over one GPU", "run: x\nresources:\n  accelerators: V100:1.5\n", "resources.accelerators", 3,
+     ["fraction below 1", "'1.5'"]),
+    ("gang of fractions", "run: x\nnum_nodes: 2\nresources:\n  accelerators: V100:0.5\n",
+     "resources.accelerators", 4, ["a gang of 2 nodes needs whole GPUs"]),
     ("top level is a list", "- run: x\n", None, 1, ["expected a mapping"]),
     ("empty file", "", None, None, ["expected a mapping", "empty file"]),
 ]
