@@ -301,7 +301,6 @@ def _pipeline(documents: list[LoadedYaml], source: str, now: datetime, offline: 
 def _validate_dag(documents: list[LoadedYaml], source: str) -> None:
     """SkyPilot's own multi-document loader judges the structure (each task without ``broker:``)."""
     import yaml
-
     from sky import sky_logging
     from sky.utils import dag_utils
 

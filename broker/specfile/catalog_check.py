@@ -99,9 +99,10 @@ def _check_alternative(alt: ResourceAlternative, facts: list[CloudFacts], doc: L
         raise _error(f"unknown instance type {alt.instance_type!r} for {where}{note}", path, doc, source)
     for request in alt.accelerators:
         offered: dict[str, set[int]] = {}
+        wanted = _alias(request.name).lower()
         for f in facts:
             for name, counts in f.accelerators.items():
-                if name.lower() == request.name.lower():
+                if name.lower() == wanted:
                     offered.setdefault(name, set()).update(counts)
         if not offered:
             known = sorted({name for f in facts for name in f.accelerators})
@@ -116,6 +117,12 @@ def _check_alternative(alt: ResourceAlternative, facts: list[CloudFacts], doc: L
             offered_text = ", ".join(str(c) for c in sorted(counts))
             raise _error(f"{name}:{request.count} is not offered on {where}: a node has {offered_text} {name}{note}",
                          request.path, doc, source)
+
+
+def _alias(name: str) -> str:
+    from providers.catalog import ALIASES
+
+    return next((canonical for alias, canonical in ALIASES.items() if alias.lower() == name.lower()), name)
 
 
 def _note(facts: list[CloudFacts]) -> str:
@@ -197,7 +204,11 @@ def _builtin_facts(queries: dict[str, _Queries], reason: str) -> dict[str, Cloud
         accelerators: dict[str, set[int]] = {}
         for t in catalog.instance_types(cloud=cloud):
             accelerators.setdefault(t.accelerator, set()).add(t.gpus)
-        instance_types = {name: catalog.find(cloud, name) is not None for name in q.instance_types}
+        # Sold on this cloud per SkyPilot's list, node shapes not in the built-in rows: any count passes.
+        for name, clouds in catalog.ACCELERATOR_CLOUDS.items():
+            if cloud in clouds:
+                accelerators.setdefault(name, set())
+        instance_types = {name: catalog.find_any(name, cloud) is not None for name in q.instance_types}
         # The built-in catalog has no region list: regions are left for SkyPilot to judge at launch.
         facts[cloud] = CloudFacts(cloud, accelerators, instance_types, dict.fromkeys(q.region_zones),
                                   builtin_because=reason)

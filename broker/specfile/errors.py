@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-
 MAX_MESSAGE_CHARS = 400  # a message quotes what was written: keep one line for a megabyte of it
 
 

@@ -267,10 +267,10 @@ def test_missing_file() -> None:
 
 
 def test_unknown_accelerator_offline_lists_the_known_ones() -> None:
-    error = refused("run: x\nresources:\n  accelerators: H200:8\n")
+    error = refused("run: x\nresources:\n  accelerators: B300:8\n")
     assert (error.field, error.line) == ("resources.accelerators", 3)
     message = str(error)
-    assert "unknown accelerator 'H200' on any of aws, gcp, azure (did you mean 'H100'?)" in message
+    assert "unknown accelerator 'B300' on any of aws, gcp, azure (did you mean 'B200'?)" in message
     assert all(name in message for name in catalog.ACCELERATORS)
     assert "built-in catalog: offline validation" in message
 
