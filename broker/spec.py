@@ -18,7 +18,7 @@ from broker.specfile import values
 from broker.specfile.broker_section import BrokerModel, validate_broker_section
 from broker.specfile.catalog_check import CATALOG_TIMEOUT_SECONDS, check_catalog
 from broker.specfile.errors import SpecError
-from broker.specfile.resources import ResourceError, resource_alternatives
+from broker.specfile.resources import ResourceAlternative, ResourceError, resource_alternatives
 from broker.specfile.skypilot import validate_task
 from broker.specfile.yaml_lines import MAX_FILE_BYTES, LoadedYaml, format_path, json_safe, load_yaml_documents
 
@@ -30,12 +30,14 @@ __all__ = [
     "CheckpointSpec",
     "CloudScope",
     "JobSpec",
+    "MarketOffer",
     "Pipeline",
     "SpecError",
     "job_spec_from_data",
     "load_job_file",
     "load_job_spec",
     "load_pipeline",
+    "market_offers",
     "parse_duration",
     "parse_job_file",
     "parse_job_spec",
@@ -183,10 +185,30 @@ def sky_task_config(spec: JobSpec) -> dict[str, Any]:
     return copy.deepcopy(spec.task_config)
 
 
-def load_job_spec(path: str | Path, *, offline: bool = False,
-                  catalog_timeout: float = CATALOG_TIMEOUT_SECONDS) -> JobSpec:
+@dataclass(frozen=True, slots=True)
+class MarketOffer:
+    """What a market (a trace, a price snapshot) sells: the job is judged against it, not a catalog."""
+
+    cloud: str
+    instance_type: str
+    accelerator: str
+    gpus: int
+
+
+def market_offers(zones: Any) -> tuple[MarketOffer, ...]:
+    """Offers from a trace's zones (``providers.trace.TraceZone``) or quotes with the same fields."""
+    offers = {MarketOffer(z.cloud, z.key.instance_type if hasattr(z, "key") else z.instance_type, z.accelerator,
+                          int(z.gpus_per_node)) for z in zones}
+    return tuple(sorted(offers, key=lambda o: (o.cloud, o.instance_type)))
+
+
+def load_job_spec(path: str | Path, *, offline: bool = False, catalog_timeout: float = CATALOG_TIMEOUT_SECONDS,
+                  market: tuple[MarketOffer, ...] | None = None) -> JobSpec:
+    """``market``: judge accelerators and instance types against what it offers (a ``--market`` run,
+    ``broker simulate``) instead of a catalog: a job the market offers is never refused."""
     path = Path(path)
-    return parse_job_spec(read_job_file(path), source=str(path), offline=offline, catalog_timeout=catalog_timeout)
+    return parse_job_spec(read_job_file(path), source=str(path), offline=offline, catalog_timeout=catalog_timeout,
+                          market=market)
 
 
 def load_job_file(path: str | Path, *, offline: bool = False,
@@ -225,7 +247,8 @@ def read_job_file(path: Path) -> str:
 
 
 def parse_job_spec(text: str, source: str = "job file", *, now: datetime | None = None, offline: bool = False,
-                   catalog_timeout: float = CATALOG_TIMEOUT_SECONDS) -> JobSpec:
+                   catalog_timeout: float = CATALOG_TIMEOUT_SECONDS,
+                   market: tuple[MarketOffer, ...] | None = None) -> JobSpec:
     """Validate a job file's text.
 
     ``now`` (default: the current time) is what a deadline must come after. Instance types and
@@ -234,7 +257,7 @@ def parse_job_spec(text: str, source: str = "job file", *, now: datetime | None 
     A multi-document file (a pipeline) is validated stage by stage, then refused: the broker does
     not run pipeline stages yet.
     """
-    loaded = parse_job_file(text, source, now=now, offline=offline, catalog_timeout=catalog_timeout)
+    loaded = parse_job_file(text, source, now=now, offline=offline, catalog_timeout=catalog_timeout, market=market)
     if isinstance(loaded, Pipeline):
         what = "job group" if loaded.kind == "group" else "pipeline"
         names = ", ".join(stage.name for stage in loaded.stages)
@@ -244,11 +267,12 @@ def parse_job_spec(text: str, source: str = "job file", *, now: datetime | None 
 
 
 def parse_job_file(text: str, source: str = "job file", *, now: datetime | None = None, offline: bool = False,
-                   catalog_timeout: float = CATALOG_TIMEOUT_SECONDS) -> JobSpec | Pipeline:
+                   catalog_timeout: float = CATALOG_TIMEOUT_SECONDS,
+                   market: tuple[MarketOffer, ...] | None = None) -> JobSpec | Pipeline:
     documents = load_yaml_documents(text, source)
     when = now or datetime.now(UTC)
     if len(documents) == 1:
-        return _build(documents[0], source, when, offline, catalog_timeout)
+        return _build(documents[0], source, when, offline, catalog_timeout, market=market)
     return _pipeline(documents, source, when, offline, catalog_timeout)
 
 
@@ -319,7 +343,7 @@ def _doc_error(doc: LoadedYaml, path: tuple[str | int, ...], source: str, messag
 
 
 def _build(doc: LoadedYaml, source: str, now: datetime | None, offline: bool, catalog_timeout: float,
-           default_name: str | None = None) -> JobSpec:
+           default_name: str | None = None, market: tuple[MarketOffer, ...] | None = None) -> JobSpec:
     if not isinstance(doc.data, dict):
         got = "an empty file" if doc.data is None else f"{type(doc.data).__name__} {doc.data!r}"
         raise SpecError(f"expected a mapping (a SkyPilot task with `run:`) at the top level, got {got}",
@@ -354,8 +378,11 @@ def _build(doc: LoadedYaml, source: str, now: datetime | None, offline: bool, ca
                 raise SpecError(f"a fraction of a GPU ({request.name}:{request.count:g}) is for one node; a gang of "
                                 f"{task.get('num_nodes')} nodes needs whole GPUs", field=format_path(request.path),
                                 line=doc.line_of(request.path), source=source)
-    check_catalog(alternatives, tuple(c for c, _ in section.clouds), doc, source, offline=offline,
-                  timeout=catalog_timeout)
+    if market is not None:
+        _check_market(alternatives, market, doc, source)
+    else:
+        check_catalog(alternatives, tuple(c for c, _ in section.clouds), doc, source, offline=offline,
+                      timeout=catalog_timeout)
     accelerators: list[AcceleratorChoice] = []
     for alt in alternatives:
         requests = [(r.name, r.count) for r in alt.accelerators] or _inferred(alt.instance_type, alt.cloud)
@@ -384,6 +411,30 @@ def _build(doc: LoadedYaml, source: str, now: datetime | None, offline: bool, ca
         memory=first.memory,
         instance_types=tuple(dict.fromkeys(a.instance_type for a in alternatives if a.instance_type)),
     )
+
+
+def _check_market(alternatives: list[ResourceAlternative], market: tuple[MarketOffer, ...], doc: LoadedYaml,
+                  source: str) -> None:
+    """Refuse a job no alternative of which the market offers (an accelerator at a count a node of
+    the market has, or an instance type it sells); a job it offers passes whatever the catalogs say."""
+    sold = {(o.accelerator.lower(), o.gpus) for o in market}
+    types = {o.instance_type for o in market}
+    for alt in alternatives:
+        if alt.instance_type and alt.instance_type in types:
+            return
+        if not alt.accelerators and not alt.instance_type:
+            return  # a CPU task: no accelerator to match
+        for request in alt.accelerators:
+            count = 1 if request.fraction is not None else int(request.count)
+            if any(name == request.name.lower() and count <= gpus for name, gpus in sold):
+                return
+    first = alternatives[0]
+    path = first.accelerators[0].path if first.accelerators else (*first.path, "instance_type")
+    wanted = ", ".join(f"{r.name}:{r.count:g}" for a in alternatives for r in a.accelerators) or \
+        ", ".join(a.instance_type for a in alternatives if a.instance_type)
+    have = ", ".join(sorted({f"{o.accelerator}:{o.gpus} ({o.instance_type})" for o in market}))
+    raise SpecError(f"the market offers none of {wanted} (it has {have or 'nothing'})", field=format_path(path),
+                    line=doc.line_of(path), source=source)
 
 
 def _inferred(instance_type: str | None, cloud: str | None) -> list[tuple[str, float]]:

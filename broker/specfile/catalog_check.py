@@ -12,6 +12,9 @@ from __future__ import annotations
 import contextlib
 import difflib
 import logging
+import os
+import pathlib
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -22,7 +25,11 @@ from broker.specfile.resources import ResourceAlternative
 from broker.specfile.yaml_lines import LoadedYaml, Path, format_path
 
 CATALOG_CLOUDS: tuple[str, ...] = ("aws", "gcp", "azure")
-CATALOG_TIMEOUT_SECONDS = 10.0
+CATALOG_TIMEOUT_SECONDS = 3.0
+# After SkyPilot's catalog could not be fetched, the built-in one answers for this long without
+# trying again, in this process and (through a marker file) in the next `broker` commands.
+UNREACHABLE_FOR_SECONDS = 15 * 60.0
+_unreachable_until: dict[str, float] = {}
 
 
 @dataclass
@@ -145,19 +152,49 @@ def _error(message: str, path: Path, doc: LoadedYaml, source: str) -> SpecError:
     return SpecError(message, field=format_path(path), line=doc.line_of(path), source=source)
 
 
+def _marker(cloud: str) -> pathlib.Path:
+    return pathlib.Path(tempfile.gettempdir()) / f"broker-sky-catalog-unreachable-{os.getuid()}-{cloud}"
+
+
+def recently_unreachable(cloud: str) -> bool:
+    """True while an earlier lookup of ``cloud``'s catalog failed less than UNREACHABLE_FOR_SECONDS ago."""
+    if _unreachable_until.get(cloud, 0.0) > time.monotonic():
+        return True
+    try:
+        return time.time() - _marker(cloud).stat().st_mtime < UNREACHABLE_FOR_SECONDS
+    except OSError:
+        return False
+
+
+def _remember(cloud: str, reachable: bool) -> None:
+    if reachable:
+        _unreachable_until.pop(cloud, None)
+        with contextlib.suppress(OSError):
+            _marker(cloud).unlink()
+        return
+    _unreachable_until[cloud] = time.monotonic() + UNREACHABLE_FOR_SECONDS
+    with contextlib.suppress(OSError):
+        _marker(cloud).touch()
+
+
 def _skypilot_facts(queries: dict[str, _Queries], timeout: float) -> dict[str, CloudFacts]:
     results: dict[str, CloudFacts | BaseException] = {}
 
     def look_up(cloud: str) -> None:
         try:
             results[cloud] = _ask_skypilot(cloud, queries[cloud])
+            _remember(cloud, True)  # also when it answers after the caller stopped waiting
         except BaseException as exc:  # any failure to load a catalog means: use the built-in one
             results[cloud] = exc
+            _remember(cloud, False)
 
+    skipped = [c for c in queries if recently_unreachable(c)]
+    for cloud in skipped:
+        results[cloud] = TimeoutError("unreachable recently")
     deadline = time.monotonic() + timeout
     with _quiet_skypilot():
         threads = [threading.Thread(target=look_up, args=(c,), name=f"sky-catalog-{c}", daemon=True)
-                   for c in queries]
+                   for c in queries if c not in skipped]
         for thread in threads:
             thread.start()
         for thread in threads:
@@ -168,7 +205,10 @@ def _skypilot_facts(queries: dict[str, _Queries], timeout: float) -> dict[str, C
         if isinstance(outcome, CloudFacts):
             facts[cloud] = outcome
         else:
+            if outcome is None:
+                _remember(cloud, False)  # still trying in the background; do not wait for it again
             reason = (f"no answer from SkyPilot's catalog for {{clouds}} within {timeout:g}s" if outcome is None
+                      else "SkyPilot's catalog for {clouds} could not be fetched recently" if cloud in skipped
                       else f"SkyPilot's catalog for {{clouds}} could not be fetched ({type(outcome).__name__})")
             facts[cloud] = _builtin_facts({cloud: queries[cloud]}, reason)[cloud]
     return facts

@@ -84,7 +84,10 @@ def load_yaml_documents(text: str, source: str) -> list[LoadedYaml]:
     anchors is refused at the alias that would blow up instead of being expanded.
     """
     _check_text(text, source)
-    loader = _Loader(text)
+    try:
+        loader = _Loader(text)  # reads the first characters already: may raise a ReaderError
+    except yaml.YAMLError as exc:
+        raise SpecError(f"not valid YAML: {' '.join(str(exc).split())}", line=1, source=source) from None
     documents: list[LoadedYaml] = []
     try:
         while loader.check_node():
@@ -108,7 +111,8 @@ def load_yaml_documents(text: str, source: str) -> list[LoadedYaml]:
         raise SpecError(f"not valid YAML: {problem}", line=mark.line + 1 if mark else None,
                         source=source) from None
     except yaml.YAMLError as exc:
-        raise SpecError(f"not valid YAML: {exc}", source=source) from None
+        raise SpecError(f"not valid YAML: {' '.join(str(exc).split())}", line=loader.get_mark().line + 1,
+                        source=source) from None
     except RecursionError:
         raise SpecError(f"nested more than {MAX_DEPTH} levels deep", line=loader.get_mark().line + 1,
                         source=source) from None
@@ -158,8 +162,7 @@ def _check_size(root: yaml.Node, source: str) -> None:
             if total > MAX_NODES:
                 raise SpecError(f"YAML aliases expand to more than {MAX_NODES:,} values (nested anchors, "
                                 "a \"billion laughs\" file?); write the values out or use fewer aliases",
-                                field=format_path(child_path) or None, line=child.start_mark.line + 1,
-                                source=source)
+                                field=format_path(child_path) or None, line=line, source=source)
         visiting.discard(key)
         sizes[key] = total
         return total

@@ -382,6 +382,8 @@ CATALOG_CASES = [
     ("run: x\nresources:\n  infra: aws/mars-north-1\n  accelerators: H100:8\n", ANSWERING),
     ("run: x\nresources:\n  infra: azure\n  accelerators: L40S:1\n", ANSWERING),
     ("run: x\nresources:\n  infra: gcp\n  accelerators: L40S:1\n", SILENT),
+    # Asked again right after: the built-in catalog answers at once, however long the caller would wait.
+    ("run: x\nresources:\n  infra: gcp\n  accelerators: L40S:1\n", ANSWERING),
 ]
 
 
@@ -390,7 +392,7 @@ def catalog_results(catalog_server: str, tmp_path_factory: pytest.TempPathFactor
     home = tmp_path_factory.mktemp("sky-home")
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("AWS_", "GOOGLE_", "AZURE_", "SKYPILOT_", "BROKER_"))}
-    env.update(HOME=str(home), SKY_RUNTIME_DIR=str(home), PYTHONPATH=str(REPO), AWS_EC2_METADATA_DISABLED="true",
+    env.update(HOME=str(home), SKY_RUNTIME_DIR=str(home), TMPDIR=str(home), PYTHONPATH=str(REPO), AWS_EC2_METADATA_DISABLED="true",
                NO_PROXY="127.0.0.1,localhost", no_proxy="127.0.0.1,localhost")
     done = subprocess.run([sys.executable, "-c", CHILD, catalog_server, json.dumps(CATALOG_CASES)],
                           env=env, cwd=home, capture_output=True, text=True, timeout=300)
@@ -434,6 +436,12 @@ def test_catalog_that_never_answers_does_not_hang_validation(catalog_results: li
     assert f"no answer from SkyPilot's catalog for gcp within {SILENT:g}s" in result["error"]
     assert result["seconds"] < SILENT + 2
 
+
+@pytest.mark.slow
+def test_an_unreachable_catalog_is_not_waited_for_again(catalog_results: list[dict[str, Any]]) -> None:
+    result = catalog_results[6]
+    assert "SkyPilot's catalog for gcp could not be fetched recently" in result["error"]
+    assert result["seconds"] < 1.0
 
 
 def test_topology_requirement_is_read() -> None:
