@@ -14,6 +14,7 @@ import difflib
 import logging
 import os
 import pathlib
+import re
 import tempfile
 import threading
 import time
@@ -25,6 +26,12 @@ from broker.specfile.resources import ResourceAlternative
 from broker.specfile.yaml_lines import LoadedYaml, Path, format_path
 
 CATALOG_CLOUDS: tuple[str, ...] = ("aws", "gcp", "azure")
+# How each cloud spells its instance types (family.size; series-kind-size; Standard_Size).
+_NAMING: dict[str, re.Pattern[str]] = {
+    "aws": re.compile(r"^[a-z][a-z0-9-]*\.(nano|micro|small|medium|large|metal(-\d+xl)?|\d*xlarge)$"),
+    "gcp": re.compile(r"^[a-z][a-z0-9]*-[a-z]+-\d+[a-z]*(-[a-z0-9]+)*$|^[a-z][a-z0-9]*-(micro|small|medium)$"),
+    "azure": re.compile(r"^(Standard|Basic)_[A-Za-z0-9_-]+$"),
+}
 CATALOG_TIMEOUT_SECONDS = 3.0
 # After SkyPilot's catalog could not be fetched, the built-in one answers for this long without
 # trying again, in this process and (through a marker file) in the next `broker` commands.
@@ -42,6 +49,7 @@ class CloudFacts:
     region_zone_errors: dict[tuple[str | None, str | None], str | None]
     # Why the built-in catalog answered (None: SkyPilot's did); "{clouds}" stands for the cloud names.
     builtin_because: str | None = None
+    known_instance_types: tuple[str, ...] = ()  # names to suggest for a misspelt one
 
 
 
@@ -75,8 +83,16 @@ def check_catalog(alternatives: list[ResourceAlternative], allowed_clouds: tuple
         facts = _builtin_facts(queries, "the job may only run on the local backend")
     else:
         facts = _skypilot_facts(queries, timeout)
+    # A count no node offers rules out that choice only: like SkyPilot, the job stands while one of its
+    # alternatives can be bought. Unknown names are refused at once (a typo, not a choice).
+    unavailable: list[SpecError] = []
+    choices = 0
     for alt in alternatives:
-        _check_alternative(alt, [facts[c] for c in _clouds_for(alt, candidates)], doc, source)
+        problems = _check_alternative(alt, [facts[c] for c in _clouds_for(alt, candidates)], doc, source)
+        unavailable += problems
+        choices += max(1, len(alt.accelerators))
+    if unavailable and len(unavailable) >= choices:
+        raise unavailable[0]
 
 
 def _candidate_clouds(allowed: tuple[str, ...]) -> tuple[str, ...]:
@@ -91,9 +107,12 @@ def _clouds_for(alt: ResourceAlternative, candidates: tuple[str, ...]) -> tuple[
     return (alt.cloud,) if alt.cloud in CATALOG_CLOUDS else ()
 
 
-def _check_alternative(alt: ResourceAlternative, facts: list[CloudFacts], doc: LoadedYaml, source: str) -> None:
+def _check_alternative(alt: ResourceAlternative, facts: list[CloudFacts], doc: LoadedYaml,
+                       source: str) -> list[SpecError]:
+    """Raise on a name no catalog knows; return the choices whose count no node offers."""
     if not facts:
-        return
+        return []
+    unavailable: list[SpecError] = []
     where = facts[0].cloud if len(facts) == 1 else "any of " + ", ".join(f.cloud for f in facts)
     note = _note(facts)
     if alt.cloud is not None:
@@ -103,7 +122,10 @@ def _check_alternative(alt: ResourceAlternative, facts: list[CloudFacts], doc: L
             raise _error(f"SkyPilot: {problem}", path or alt.path, doc, source)
     if alt.instance_type and not any(f.instance_types.get(alt.instance_type) for f in facts):
         path = _key_path(alt, "instance_type", doc) or alt.path
-        raise _error(f"unknown instance type {alt.instance_type!r} for {where}{note}", path, doc, source)
+        known = sorted({name for f in facts for name in f.known_instance_types})
+        close = difflib.get_close_matches(alt.instance_type, known, n=1, cutoff=0.6)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise _error(f"unknown instance type {alt.instance_type!r} for {where}{hint}{note}", path, doc, source)
     for request in alt.accelerators:
         offered: dict[str, set[int]] = {}
         wanted = _alias(request.name).lower()
@@ -122,8 +144,9 @@ def _check_alternative(alt: ResourceAlternative, facts: list[CloudFacts], doc: L
         name, counts = next(iter(offered.items()))
         if counts and request.fraction is None and request.count not in counts:
             offered_text = ", ".join(str(c) for c in sorted(counts))
-            raise _error(f"{name}:{request.count} is not offered on {where}: a node has {offered_text} {name}{note}",
-                         request.path, doc, source)
+            unavailable.append(_error(f"{name}:{request.count} is not offered on {where}: a node has {offered_text} "
+                                      f"{name}{note}", request.path, doc, source))
+    return unavailable
 
 
 def _alias(name: str) -> str:
@@ -242,16 +265,25 @@ def _builtin_facts(queries: dict[str, _Queries], reason: str) -> dict[str, Cloud
     facts: dict[str, CloudFacts] = {}
     for cloud, q in queries.items():
         accelerators: dict[str, set[int]] = {}
+        attached: set[str] = set()
         for t in catalog.instance_types(cloud=cloud):
             accelerators.setdefault(t.accelerator, set()).add(t.gpus)
+            if t.attached:
+                attached.add(t.accelerator)
+        for name in attached:  # GPUs attached to a general-purpose machine (GCP n1) come in any count
+            accelerators[name] = set()
         # Sold on this cloud per SkyPilot's list, node shapes not in the built-in rows: any count passes.
         for name, clouds in catalog.ACCELERATOR_CLOUDS.items():
             if cloud in clouds:
                 accelerators.setdefault(name, set())
-        instance_types = {name: catalog.find_any(name, cloud) is not None for name in q.instance_types}
+        # The built-in rows hold GPU types and common CPU families: another name spelt the cloud's way
+        # passes (SkyPilot judges it at launch), one that is not is refused with the nearest known name.
+        instance_types = {name: catalog.find_any(name, cloud) is not None or bool(_NAMING[cloud].match(name))
+                          for name in q.instance_types}
+        known = tuple(t.name for t in (*catalog.GPU_INSTANCE_TYPES, *catalog.CPU_INSTANCE_TYPES) if t.cloud == cloud)
         # The built-in catalog has no region list: regions are left for SkyPilot to judge at launch.
         facts[cloud] = CloudFacts(cloud, accelerators, instance_types, dict.fromkeys(q.region_zones),
-                                  builtin_because=reason)
+                                  builtin_because=reason, known_instance_types=known)
     return facts
 
 

@@ -110,9 +110,9 @@ def _accelerators(value: Any, path: Path) -> list[AcceleratorRequest]:
     if isinstance(value, list):
         out: list[AcceleratorRequest] = []
         for index, item in enumerate(value):
-            if isinstance(item, list | dict):
+            if isinstance(item, list):
                 raise ResourceError(f"expected an accelerator like V100:2 as list item, got {item!r}", (*path, index))
-            out.extend(_accelerators(item, (*path, index)))
+            out.extend(_accelerators(item, (*path, index)))  # a string, or {NAME: COUNT} as SkyPilot allows
         return out
     raise ResourceError(f"expected an accelerator like V100:2, {{V100: 2}} or a list of them, got {value!r}", path)
 
