@@ -215,9 +215,9 @@ def _skypilot_facts(queries: dict[str, _Queries], timeout: float) -> dict[str, C
     for cloud in skipped:
         results[cloud] = TimeoutError("unreachable recently")
     deadline = time.monotonic() + timeout
-    with _quiet_skypilot():
-        threads = [threading.Thread(target=look_up, args=(c,), name=f"sky-catalog-{c}", daemon=True)
-                   for c in queries if c not in skipped]
+    threads = [threading.Thread(target=look_up, args=(c,), name=f"sky-catalog-{c}", daemon=True)
+               for c in queries if c not in skipped]
+    with _quiet_skypilot(threads):
         for thread in threads:
             thread.start()
         for thread in threads:
@@ -288,8 +288,9 @@ def _builtin_facts(queries: dict[str, _Queries], reason: str) -> dict[str, Cloud
 
 
 @contextlib.contextmanager
-def _quiet_skypilot() -> Iterator[None]:
-    """SkyPilot logs catalog downloads and their failures; the job file's verdict is the only output wanted."""
+def _quiet_skypilot(threads: list[threading.Thread]) -> Iterator[None]:
+    """SkyPilot logs catalog downloads and their failures; the job file's verdict is the only output
+    wanted. A lookup still running when the caller stops waiting stays quiet too."""
     from sky import sky_logging
 
     sky_logger = logging.getLogger("sky")
@@ -299,4 +300,5 @@ def _quiet_skypilot() -> Iterator[None]:
         try:
             yield
         finally:
-            sky_logger.setLevel(previous)
+            if not any(thread.is_alive() for thread in threads):
+                sky_logger.setLevel(previous)
