@@ -433,7 +433,8 @@ def _check_market(alternatives: list[ResourceAlternative], market: tuple[MarketO
     wanted = ", ".join(f"{r.name}:{r.count:g}" for a in alternatives for r in a.accelerators) or \
         ", ".join(a.instance_type for a in alternatives if a.instance_type)
     have = ", ".join(sorted({f"{o.accelerator}:{o.gpus} ({o.instance_type})" for o in market}))
-    raise SpecError(f"the market offers none of {wanted} (it has {have or 'nothing'})", field=format_path(path),
+    raise SpecError(f"the market has no rows for accelerators {wanted}; it has {have or 'nothing'}",
+                    field=format_path(path),
                     line=doc.line_of(path), source=source)
 
 

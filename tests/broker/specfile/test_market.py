@@ -33,7 +33,7 @@ def test_what_the_trace_lacks_is_refused_naming_what_it_has() -> None:
     with pytest.raises(SpecError) as caught:
         parse_job_spec("run: x\nresources:\n  accelerators: H100:8\n", source="job.yaml", market=GCP_H100)
     assert (caught.value.field, caught.value.line) == ("resources.accelerators", 3)
-    assert "the market offers none of H100:8 (it has H100:1 (a3-highgpu-1g))" in str(caught.value)
+    assert "the market has no rows for accelerators H100:8; it has H100:1 (a3-highgpu-1g)" in str(caught.value)
 
 
 def test_a_cpu_task_needs_no_gpu_offer() -> None:
