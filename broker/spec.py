@@ -362,7 +362,12 @@ def _build(doc: LoadedYaml, source: str, now: datetime | None, offline: bool, ca
         raise SpecError(f"expected at most {MAX_NUM_NODES} nodes, got {num_nodes:.3g}", field="num_nodes",
                         line=doc.line_of(("num_nodes",)), source=source)
     run = task.get("run")
-    # SkyPilot runs a task without `run` too: it sets the nodes up (`setup`) and succeeds.
+    # SkyPilot runs a task without `run` too: it sets the nodes up (`setup`) and succeeds. A task
+    # with neither would hold GPUs to do nothing: refused.
+    if not _has_text(run) and not _has_text(task.get("setup")):
+        raise SpecError("required: the command the job runs on each node, e.g. `run: python train.py` "
+                        "(or a `setup:` for a task that only sets its nodes up)", field="run",
+                        line=doc.line_of(("run",)) or doc.line_of(("setup",)), source=source)
     validate_task(task, doc, source)
     try:
         alternatives = resource_alternatives(task)
@@ -436,6 +441,10 @@ def _check_market(alternatives: list[ResourceAlternative], market: tuple[MarketO
     raise SpecError(f"the market has no rows for accelerators {wanted}; it has {have or 'nothing'}",
                     field=format_path(path),
                     line=doc.line_of(path), source=source)
+
+
+def _has_text(value: Any) -> bool:
+    return value is not None and (not isinstance(value, str) or bool(value.strip()))
 
 
 def _inferred(instance_type: str | None, cloud: str | None) -> list[tuple[str, float]]:
