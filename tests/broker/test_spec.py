@@ -276,10 +276,19 @@ def test_unknown_accelerator_offline_lists_the_known_ones() -> None:
 
 
 def test_accelerator_count_must_be_offered() -> None:
-    error = refused("run: x\nresources:\n  infra: gcp\n  accelerators: {V100: 3}\n")
-    assert (error.field, error.line) == ("resources.accelerators.V100", 4)
-    counts = sorted({t.gpus for t in catalog.instance_types(cloud="gcp", accelerator="V100")})
-    assert f"V100:3 is not offered on gcp: a node has {', '.join(map(str, counts))} V100" in str(error)
+    error = refused("run: x\nresources:\n  infra: gcp\n  accelerators: {A100: 3}\n")
+    assert (error.field, error.line) == ("resources.accelerators.A100", 4)
+    counts = sorted({t.gpus for t in catalog.instance_types(cloud="gcp", accelerator="A100")})
+    assert f"A100:3 is not offered on gcp: a node has {', '.join(map(str, counts))} A100" in str(error)
+
+
+def test_gpus_attached_to_a_general_purpose_machine_come_in_any_count() -> None:
+    assert parse("run: x\nresources:\n  infra: gcp\n  accelerators: {V100: 4}\n").accelerators[0].count == 4
+
+
+def test_a_count_one_alternative_lacks_rules_out_that_choice_only() -> None:
+    spec = parse("run: x\nresources:\n  accelerators: {A100:1, T4:1}\n  any_of:\n    - cloud: aws\n    - cloud: gcp\n")
+    assert [a.name for a in spec.accelerators] == ["A100", "T4"]
 
 
 def test_broker_clouds_narrow_where_an_accelerator_must_exist() -> None:
@@ -392,8 +401,8 @@ def catalog_results(catalog_server: str, tmp_path_factory: pytest.TempPathFactor
     home = tmp_path_factory.mktemp("sky-home")
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("AWS_", "GOOGLE_", "AZURE_", "SKYPILOT_", "BROKER_"))}
-    env.update(HOME=str(home), SKY_RUNTIME_DIR=str(home), TMPDIR=str(home), PYTHONPATH=str(REPO), AWS_EC2_METADATA_DISABLED="true",
-               NO_PROXY="127.0.0.1,localhost", no_proxy="127.0.0.1,localhost")
+    env.update(HOME=str(home), SKY_RUNTIME_DIR=str(home), TMPDIR=str(home), PYTHONPATH=str(REPO),
+               AWS_EC2_METADATA_DISABLED="true", NO_PROXY="127.0.0.1,localhost", no_proxy="127.0.0.1,localhost")
     done = subprocess.run([sys.executable, "-c", CHILD, catalog_server, json.dumps(CATALOG_CASES)],
                           env=env, cwd=home, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
