@@ -13,8 +13,9 @@ Policies (kind ``sharing``; ``fgd`` is the default):
   The fragmentation of a node for a task shape is the GPU share left on it that the shape could
   not use: all of it when the shape does not fit the node at all (CPU, memory, GPU model, not
   enough GPUs with enough share), otherwise the share left on GPUs with less than the shape asks.
-  The expected fragmentation weighs the shapes by how often they were seen so far
-  (``WorkloadMix``); the task goes to the node and GPU whose expected fragmentation grows least.
+  The expected fragmentation weighs the shapes seen so far (``WorkloadMix``; the replay weighs
+  them by the GPU share they brought); the task goes to the node and GPU whose expected
+  fragmentation grows least.
   Among placements that leave it alike, the tightest node (least CPU, memory and GPU share left)
   wins. Whole-GPU gangs get the free GPUs with the tightest links where the node's topology is
   known.
@@ -141,6 +142,17 @@ class WorkloadMix:
         if total <= 0:
             return cls()
         return cls(tuple(s for s, _ in top), tuple(w / total for _, w in top))
+
+
+    @classmethod
+    def by_gpu_demand(cls, counts: dict[TaskShape, float], limit: int = MAX_SHAPES) -> WorkloadMix:
+        """Shapes weighted by the GPU share they brought (count x share), not by count alone.
+
+        Fragmentation is GPU share lost, so a shape matters by how much GPU it asks for: a
+        whole-GPU task that cannot start loses a GPU, a 0.1 task a tenth. On the Alibaba trace this
+        leaves about 0.7 points less GPU unallocated than counting tasks (benchmarks/sharing.py).
+        """
+        return cls.of({s: n * max(1, s.total_gpu_milli) for s, n in counts.items()}, limit)
 
 
 @dataclass(frozen=True, slots=True)
@@ -281,7 +293,6 @@ class SharingCluster:
 
     def with_placement(self, task: TaskShape, placement: SharingPlacement) -> SharingCluster:
         """The cluster after ``task`` takes ``placement``; PlacementRefused if it does not fit."""
-        import numpy as np
 
         self.check(task, placement)
         n = placement.node
@@ -297,7 +308,7 @@ class SharingCluster:
             for g in placement.gpus:
                 gpu_left[n, g] -= task.gpu_milli
                 gpu_mem[n, g] -= task.gpu_memory_mib
-            tags = tags[:n] + (tags[n] | {(task.gpus, task.gpu_milli)},) + tags[n + 1:]
+            tags = (*tags[:n], tags[n] | {(task.gpus, task.gpu_milli)}, *tags[n + 1:])
             if self.shape_cols:
                 fit = fit.copy()
                 short = short.copy()
@@ -654,7 +665,7 @@ def fgd(request: SharingRequest, cluster: SharingCluster) -> SharingPlacement | 
     if not arrays.shapes:
         arrays = _mix_arrays(WorkloadMix((task,), (1.0,)) if task.gpus else WorkloadMix())
     if not arrays.shapes:  # nothing seen needs a GPU: any node will do
-        return SharingPlacement(_pick(rng, where), (), 0) if not task.gpus else _place(task, cluster, int(where[0]), fits)
+        return SharingPlacement(_pick(rng, where), (), 0)
     cluster = cluster.with_shapes(arrays.shapes)
     cols = np.array([cluster.shape_cols[s] for s in arrays.shapes])
     d = arrays.milli
