@@ -185,8 +185,9 @@ class SharingCluster:
     """The free resources of every node, as read-only arrays; ``with_placement`` gives the next one.
 
     ``gpu_left``/``gpu_mem_left`` are ``nodes x max GPUs``, -1 where a node has fewer GPUs.
-    ``shape_cols`` maps task shapes to columns of ``fit_count`` (GPUs of the node that could take
-    one more task of that shape) and ``short_milli`` (share left on GPUs too small for it).
+    ``share_cols`` maps GPU shares (milli) to columns of ``fit_count`` (GPUs of the node with at
+    least that share left) and ``short_milli`` (share left on the GPUs with less): all the
+    fragmentation measure needs of the GPUs, whatever the CPU, memory and count of the shape.
     """
 
     nodes: tuple[SharingNode, ...]
@@ -200,7 +201,7 @@ class SharingCluster:
     mem_max: float
     gpus_max: int
     tags: tuple[frozenset[tuple[int, int]], ...]  # GPU request kinds running on each node (gpu_clustering)
-    shape_cols: dict[TaskShape, int] = field(default_factory=dict)
+    share_cols: dict[int, int] = field(default_factory=dict)
     fit_count: Any = None
     short_milli: Any = None
 
@@ -250,23 +251,28 @@ class SharingCluster:
     # -- the fragmentation aggregates ---------------------------------------------------------------
 
     def with_shapes(self, shapes: Iterable[TaskShape]) -> SharingCluster:
-        """The same cluster with aggregates for ``shapes`` too (computed once, then kept up to date)."""
+        """The same cluster with aggregates for the GPU shares of ``shapes`` too (then kept up to date)."""
         import numpy as np
 
-        new = [s for s in dict.fromkeys(shapes) if s not in self.shape_cols]
+        new = [m for m in dict.fromkeys(s.gpu_milli for s in shapes if s.gpus) if m not in self.share_cols]
         if not new:
             return self
-        cols = dict(self.shape_cols)
+        cols = dict(self.share_cols)
         fit = [self.fit_count]
         short = [self.short_milli]
-        for s in new:
-            cols[s] = len(cols)
-            c, m = _shape_aggregates(self.gpu_left, s)
+        for m in new:
+            cols[m] = len(cols)
+            c, sh = _row_aggregates_all(self.gpu_left, m)
             fit.append(c[:, None])
-            short.append(m[:, None])
+            short.append(sh[:, None])
         return SharingCluster(self.nodes, self.models, self.model_of, self.cpu_left, self.mem_left, self.gpu_left,
                               self.gpu_mem_left, self.cpu_max, self.mem_max, self.gpus_max, self.tags, cols,
                               _ro(np.hstack(fit)), _ro(np.hstack(short)))
+
+    def _cols(self, shapes: Sequence[TaskShape]) -> Any:
+        import numpy as np
+
+        return np.array([self.share_cols[s.gpu_milli] for s in shapes], dtype=np.int64)
 
     # -- placing --------------------------------------------------------------------------------------
 
@@ -309,22 +315,22 @@ class SharingCluster:
                 gpu_left[n, g] -= task.gpu_milli
                 gpu_mem[n, g] -= task.gpu_memory_mib
             tags = (*tags[:n], tags[n] | {(task.gpus, task.gpu_milli)}, *tags[n + 1:])
-            if self.shape_cols:
+            if self.share_cols:
                 fit = fit.copy()
                 short = short.copy()
-                fit[n], short[n] = _row_aggregates(gpu_left[n], self._shape_milli())
+                fit[n], short[n] = _row_aggregates(gpu_left[n], self._share_milli())
                 fit, short = _ro(fit), _ro(short)
             gpu_left, gpu_mem = _ro(gpu_left), _ro(gpu_mem)
         return SharingCluster(self.nodes, self.models, self.model_of, _ro(cpu), _ro(mem), gpu_left, gpu_mem,
-                              self.cpu_max, self.mem_max, self.gpus_max, tags, self.shape_cols, fit, short)
+                              self.cpu_max, self.mem_max, self.gpus_max, tags, self.share_cols, fit, short)
 
-    def _shape_milli(self) -> Any:
-        """The GPU share of each cached shape, in column order (-1 for CPU-only shapes)."""
+    def _share_milli(self) -> Any:
+        """The GPU share of each aggregate column, in column order."""
         import numpy as np
 
-        out = np.empty(len(self.shape_cols), dtype=np.int64)
-        for s, col in self.shape_cols.items():
-            out[col] = s.gpu_milli if s.gpus else -1
+        out = np.empty(len(self.share_cols), dtype=np.int64)
+        for m, col in self.share_cols.items():
+            out[col] = m
         return out
 
     def allowed_models(self, task: TaskShape) -> Any:
@@ -337,29 +343,22 @@ class SharingCluster:
         return np.isin(self.model_of, np.array(ok, dtype=np.int64))
 
 
-def _shape_aggregates(gpu_left: Any, shape: TaskShape) -> tuple[Any, Any]:
-    """Per node: GPUs whose share left could take ``shape``, and the share left on the others."""
+def _row_aggregates_all(gpu_left: Any, milli: int) -> tuple[Any, Any]:
+    """Per node: GPUs with at least ``milli`` share left, and the share left on the others."""
     import numpy as np
 
-    if shape.gpus == 0:
-        count = np.zeros(gpu_left.shape[0], dtype=np.int64)
-        return count, np.clip(gpu_left, 0, None).sum(axis=1)
-    fits = gpu_left >= shape.gpu_milli
+    fits = gpu_left >= milli
     short = np.where(~fits & (gpu_left > 0), gpu_left, 0).sum(axis=1)
     return fits.sum(axis=1).astype(np.int64), short.astype(np.int64)
 
 
 def _row_aggregates(row: Any, milli: Any) -> tuple[Any, Any]:
-    """``_shape_aggregates`` for one node and many shapes at once (``milli`` -1: CPU-only)."""
+    """``_row_aggregates_all`` for one node and many shares at once."""
     import numpy as np
 
     fits = row[None, :] >= milli[:, None]
-    live = row > 0
-    short = np.where(~fits & live, row, 0).sum(axis=1)
-    cpu_only = milli < 0
-    count = np.where(cpu_only, 0, fits.sum(axis=1))
-    short = np.where(cpu_only, np.clip(row, 0, None).sum(), short)
-    return count, short
+    short = np.where(~fits & (row > 0), row, 0).sum(axis=1)
+    return fits.sum(axis=1), short
 
 
 # -- what fits ---------------------------------------------------------------------------------------
@@ -642,7 +641,7 @@ def expected_fragmentation(cluster: SharingCluster, mix: WorkloadMix) -> Any:
     if not arrays.shapes:
         return np.zeros(len(cluster.nodes))
     cluster = cluster.with_shapes(arrays.shapes)
-    cols = np.array([cluster.shape_cols[s] for s in arrays.shapes])
+    cols = cluster._cols(arrays.shapes)
     nodes = np.arange(len(cluster.nodes))
     total = np.clip(cluster.gpu_left, 0, None).sum(axis=1)
     frag = _frag(arrays, _allowed(cluster, arrays, nodes), cluster.cpu_left, cluster.mem_left,
@@ -667,7 +666,7 @@ def fgd(request: SharingRequest, cluster: SharingCluster) -> SharingPlacement | 
     if not arrays.shapes:  # nothing seen needs a GPU: any node will do
         return SharingPlacement(_pick(rng, where), (), 0)
     cluster = cluster.with_shapes(arrays.shapes)
-    cols = np.array([cluster.shape_cols[s] for s in arrays.shapes])
+    cols = cluster._cols(arrays.shapes)
     d = arrays.milli
     if task.is_fraction:
         # One candidate per node and distinct share left among its fitting GPUs.
