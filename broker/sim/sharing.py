@@ -297,7 +297,7 @@ def plot(results: list[SharingResult], path: Path, title: str) -> None:
     ax.set_ylabel("unallocated GPU (%)")
     ax.set_title(title)
     ax.grid(linestyle="-.", alpha=0.6)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="lower left")
     inset = ax.inset_axes((0.55, 0.45, 0.4, 0.3))
     for r in results:
         pts = [p for p in r.curve if p.arrived_pct >= 80]
