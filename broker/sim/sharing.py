@@ -37,13 +37,14 @@ from policies.sharing import (
 
 NODE_COLUMNS = ("sn", "cpu_milli", "memory_mib", "gpu", "model")
 POD_COLUMNS = ("name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli", "gpu_spec")
-MAX_FILE_BYTES = 256 * 1024 * 1024
+MAX_FILE_BYTES = 64 * 1024 * 1024
 MAX_ROWS = 1_000_000
+MAX_NODES = 100_000
 # Bounds that keep every figure meaningful: a node of up to 4,096 cores, 64 TiB and 64 GPUs.
 MAX_CPU_MILLI = 4_096_000
 MAX_MEMORY_MIB = 64 * 1024 * 1024
 MAX_GPUS = 64
-MAX_INFLATED_TASKS = 5_000_000
+MAX_INFLATED_TASKS = 200_000
 
 Policy = Callable[[SharingRequest, SharingCluster], SharingPlacement | None]
 
@@ -58,7 +59,9 @@ class Pod:
     shape: TaskShape
 
 
-def _rows(path: Path, columns: tuple[str, ...], what: str) -> Iterator[tuple[int, dict[str, str]]]:
+def _rows(path: Path, columns: tuple[str, ...], what: str,
+          max_rows: int | None = None) -> Iterator[tuple[int, dict[str, str]]]:
+    limit = MAX_ROWS if max_rows is None else max_rows
     try:
         size = path.stat().st_size
         if size > MAX_FILE_BYTES:
@@ -86,8 +89,8 @@ def _rows(path: Path, columns: tuple[str, ...], what: str) -> Iterator[tuple[int
     row = 1
     try:
         for row, rec in enumerate(reader, start=2):
-            if row > MAX_ROWS + 1:
-                raise TraceError(f"{path}: row {row}: more than {MAX_ROWS} rows")
+            if row > limit + 1:
+                raise TraceError(f"{path}: row {row}: more than {limit} rows")
             if None in rec or any(rec.get(c) is None for c in columns):
                 raise TraceError(f"{path}: row {row}: expected {len(header)} columns")
             yield row, rec
@@ -125,7 +128,7 @@ def read_nodes(path: Path) -> list[SharingNode]:
     """The node list; TraceError naming the first bad cell."""
     nodes: list[SharingNode] = []
     seen: set[str] = set()
-    for row, rec in _rows(path, NODE_COLUMNS, "node list"):
+    for row, rec in _rows(path, NODE_COLUMNS, "node list", MAX_NODES):
         name = _name(path, row, "sn", rec["sn"])
         if name in seen:
             raise TraceError(f"{path}: row {row}: sn: {name!r} appears twice")
@@ -183,6 +186,11 @@ def inflate(pods: list[Pod], capacity_milli: int, until: float, seed: int) -> li
     total = sum(p.shape.total_gpu_milli for p in tasks)
     if total <= 0:
         raise TraceError("the pod list requests no GPU, so there is no GPU workload to inflate")
+    mean = total / len(tasks)
+    if target / mean > MAX_INFLATED_TASKS:
+        raise TraceError(f"reaching {until:g} x the cluster's GPU capacity takes about {target / mean:.0f} tasks "
+                         f"from this pod list, more than the {MAX_INFLATED_TASKS} a replay may have; "
+                         f"lower --until or use a smaller node list")
     if total > target:
         while total > target and tasks:
             i = int(rng.integers(len(tasks)))

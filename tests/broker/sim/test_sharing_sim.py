@@ -128,6 +128,12 @@ def test_a_huge_pod_list_is_refused_by_rows_without_reading_it_all(tmp_path: Pat
         read_pods(path, nodes)
 
 
+def test_an_inflation_too_big_to_replay_is_refused() -> None:
+    pods = [Pod("tiny", TaskShape(0, 0, 1, 1))]  # a thousandth of a GPU
+    with pytest.raises(TraceError, match="more than the 200000 a replay may have; lower --until"):
+        inflate(pods, 64 * 1000 * 1000, 1.3, seed=0)
+
+
 @pytest.mark.traces
 def test_the_alibaba_trace_fgd_beats_best_fit_early_on(shared_traces: Path) -> None:
     folder = shared_traces / "alibaba-openb"
