@@ -11,7 +11,7 @@ from fastapi.staticfiles import StaticFiles
 
 from broker.clock import Clock
 from broker.store import Store
-from broker.web import jobs, overview
+from broker.web import clusters, jobs, market, overview
 from broker.web.html import e, page
 from broker.web.session import COOKIE, Viewer, current_viewer, viewer_of_token
 
@@ -141,3 +141,30 @@ def mount_dashboard(app: FastAPI, store: Store, clock: Clock, home: Path) -> Non
             return Response(f"no job {job_id!r} that you can see", status_code=404)
         return HTMLResponse(jobs.job_live_html(view, now))
 
+
+    @app.get("/clusters", include_in_schema=False)
+    def clusters_page(request: Request) -> Response:
+        viewer = viewer_or_none(request)
+        if viewer is None:
+            return unauthenticated(request)
+        body = clusters.render(clusters.load_clusters(store, viewer))
+        live = f'<div id="clusters" hx-get="/clusters/live" hx-trigger="every 5s" hx-swap="outerHTML">{body}</div>'
+        return HTMLResponse(page("Clusters", live, viewer, "/clusters"))
+
+    @app.get("/clusters/live", include_in_schema=False)
+    def clusters_live(request: Request) -> Response:
+        viewer = viewer_or_none(request)
+        if viewer is None:
+            return unauthenticated(request)
+        body = clusters.render(clusters.load_clusters(store, viewer))
+        return HTMLResponse(f'<div id="clusters" hx-get="/clusters/live" hx-trigger="every 5s" '
+                            f'hx-swap="outerHTML">{body}</div>')
+
+    @app.get("/market", include_in_schema=False)
+    def market_page(request: Request) -> Response:
+        viewer = viewer_or_none(request)
+        if viewer is None:
+            return unauthenticated(request)
+        body = market.render(market.load_market(store, viewer, overview.ledger_now(store)))
+        return HTMLResponse(page("Market", body, viewer, "/market",
+                                 scripts=("vendor/uPlot.iife.min.js", "dashboard.js")))

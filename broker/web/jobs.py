@@ -93,7 +93,7 @@ def list_jobs(store: Store, viewer: Viewer, where: JobFilter) -> tuple[list[dict
         jobs = list(s.scalars(stmt.limit(PAGE_SIZE)))
         ids = [j.id for j in jobs]
         costs = dict(s.execute(select(LedgerRow.job_id, func.sum(LedgerRow.cost)).where(LedgerRow.job_id.in_(ids))
-                               .group_by(LedgerRow.job_id)).tuples().all()) if ids else {}
+                               .group_by(LedgerRow.job_id)).all()) if ids else {}
         places: dict[str, tuple[str, str]] = {}
         if ids:
             for job_id, cloud, zone in s.execute(
@@ -183,10 +183,10 @@ def load_job(store: Store, viewer: Viewer, job_id: str, now: datetime) -> JobVie
         events = list(s.scalars(select(JobEventRow).where(JobEventRow.job_id == job_id).order_by(JobEventRow.id)))
         allocations = [(a, c) for a, c in s.execute(
             select(AllocationRow, ClusterRow).join(ClusterRow, ClusterRow.id == AllocationRow.cluster_id)
-            .where(AllocationRow.job_id == job_id).order_by(AllocationRow.attempt)).tuples()]
+            .where(AllocationRow.job_id == job_id).order_by(AllocationRow.attempt))]
         notices = [(n, zone) for n, zone in s.execute(
             select(NoticeRow, ClusterRow.zone).join(ClusterRow, ClusterRow.id == NoticeRow.cluster_id)
-            .where(ClusterRow.job_id == job_id).order_by(NoticeRow.received_at)).tuples()]
+            .where(ClusterRow.job_id == job_id).order_by(NoticeRow.received_at))]
         prices = [(m, float(c) * 3600 / max(float(sec), 1.0)) for m, c, sec in s.execute(
             select(LedgerRow.minute, func.sum(LedgerRow.cost), func.max(LedgerRow.seconds))
             .where(LedgerRow.job_id == job_id).group_by(LedgerRow.minute).order_by(LedgerRow.minute))]
