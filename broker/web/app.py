@@ -11,7 +11,7 @@ from fastapi.staticfiles import StaticFiles
 
 from broker.clock import Clock
 from broker.store import Store
-from broker.web import clusters, jobs, market, overview
+from broker.web import clusters, jobs, market, overview, simulate
 from broker.web.html import e, page
 from broker.web.session import COOKIE, Viewer, current_viewer, viewer_of_token
 
@@ -34,6 +34,19 @@ def _problem(viewer: Viewer, message: str, status: int) -> HTMLResponse:
                         status_code=status)
 
 
+async def _bounded_body(request: Request, limit: int) -> bytes | None:
+    """The request body, or None as soon as it passes ``limit`` bytes (nothing more is read)."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        return None
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > limit:
+            return None
+    return bytes(body)
+
+
 def mount_dashboard(app: FastAPI, store: Store, clock: Clock, home: Path) -> None:
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
 
@@ -51,11 +64,9 @@ def mount_dashboard(app: FastAPI, store: Store, clock: Clock, home: Path) -> Non
 
     @app.post("/login", include_in_schema=False)
     async def login(request: Request) -> Response:
-        body = b""
-        async for chunk in request.stream():
-            body += chunk
-            if len(body) > MAX_FORM_BYTES:
-                return _login_page("token: the form is too large", 413)
+        body = await _bounded_body(request, MAX_FORM_BYTES)
+        if body is None:
+            return _login_page("token: the form is too large", 413)
         try:
             form = parse_qs(body.decode("utf-8"), max_num_fields=5)
         except (UnicodeDecodeError, ValueError):
@@ -168,3 +179,40 @@ def mount_dashboard(app: FastAPI, store: Store, clock: Clock, home: Path) -> Non
         body = market.render(market.load_market(store, viewer, overview.ledger_now(store)))
         return HTMLResponse(page("Market", body, viewer, "/market",
                                  scripts=("vendor/uPlot.iife.min.js", "dashboard.js")))
+
+    @app.get("/simulate", include_in_schema=False)
+    def simulate_form(request: Request) -> Response:
+        viewer = viewer_or_none(request)
+        if viewer is None:
+            return unauthenticated(request)
+        return HTMLResponse(page("Simulate", simulate.form_html(), viewer, "/simulate", scripts=("dashboard.js",)))
+
+    @app.post("/simulate", include_in_schema=False)
+    async def simulate_run(request: Request) -> Response:
+        from starlette.concurrency import run_in_threadpool
+
+        viewer = viewer_or_none(request)
+        if viewer is None:
+            return unauthenticated(request)
+
+        def refused(message: str, status: int, job: str = simulate.EXAMPLE_JOB, choice: str = "quickstart") -> Response:
+            body = f'<p class="error" role="alert">{e(message)}</p>' + simulate.form_html(job, choice)
+            return HTMLResponse(page("Simulate", body, viewer, "/simulate", scripts=("dashboard.js",)),
+                                status_code=status)
+
+        raw = await _bounded_body(request, simulate.MAX_FORM_BYTES)
+        if raw is None:
+            return refused(f"upload: larger than {simulate.MAX_FORM_BYTES // 2**20} MB; expected a smaller trace", 413)
+        try:
+            form = parse_qs(raw.decode("utf-8"), max_num_fields=10, keep_blank_values=True)
+            job, choice, upload = simulate.check_form(form)
+        except (UnicodeDecodeError, ValueError) as exc:
+            status = exc.status if isinstance(exc, simulate.SimulateError) else 400
+            message = str(exc) if isinstance(exc, simulate.SimulateError) else "upload: expected UTF-8 form text"
+            return refused(message, status)
+        try:
+            outcome = await run_in_threadpool(simulate.run, job, choice, upload)
+        except simulate.SimulateError as exc:
+            return refused(str(exc), exc.status, job, choice)
+        body = simulate.result_html(outcome) + simulate.form_html(job, choice)
+        return HTMLResponse(page("Simulate", body, viewer, "/simulate", scripts=("dashboard.js",)))

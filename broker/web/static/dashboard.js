@@ -40,3 +40,13 @@
   document.addEventListener("DOMContentLoaded", all);
   document.addEventListener("htmx:afterSwap", all);
 })();
+// Simulate: a chosen file's text goes into the form's textarea (the form posts text, not multipart).
+document.addEventListener("change", function (ev) {
+  var input = ev.target;
+  if (!input.dataset || !input.dataset.into || !input.files || !input.files[0]) return;
+  var target = document.querySelector("textarea[name=" + input.dataset.into + "]");
+  input.files[0].text().then(function (text) {
+    target.value = text;
+    if (input.dataset.into === "trace") document.querySelector("select[name=market]").value = "upload";
+  });
+});

@@ -6,7 +6,7 @@ import pytest
 
 from tests.broker.web.conftest import Dashboard
 
-PAGES = ["/", "/jobs", "/clusters", "/market"]
+PAGES = ["/", "/jobs", "/clusters", "/market", "/simulate"]
 
 
 def test_pages_send_a_signed_out_browser_to_sign_in(dashboard: Dashboard) -> None:
