@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -48,6 +49,10 @@ def dashboard(db_url: str, broker_home: Path) -> Iterator[Dashboard]:
     tokens = {team: create_api_token(store, team).token for team in ("alpha", "beta", "admin")}
     jobs = seed_fleet(store)
     server = BackgroundServer(app).start()
+    deadline = time.monotonic() + 60
+    while not server.server.started and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert server.server.started, "the dashboard server did not start"
     try:
         yield Dashboard(store, broker_home, server.url, TestClient(app), tokens, jobs)
     finally:

@@ -58,7 +58,7 @@ def test_every_page_renders_without_console_errors(dashboard: Dashboard, tab: Ta
                               ("/simulate", "simulate", "form.simulate")]:
         response = tab.goto(path)
         assert response.status == 200, path
-        tab.page.wait_for_selector(ready, timeout=15_000)
+        tab.page.wait_for_selector(ready, state="attached", timeout=15_000)
         tab.page.wait_for_timeout(300)
         tab.screenshot(name)
         assert tab.errors == [], f"{path}: {tab.errors}"
