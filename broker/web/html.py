@@ -9,7 +9,7 @@ from broker.web.session import Viewer
 
 NAV = (("/", "Overview"), ("/jobs", "Jobs"), ("/clusters", "Clusters"), ("/market", "Market"),
        ("/simulate", "Simulate"))
-CLOUD_COLOURS = {"aws": "#e07b00", "gcp": "#2f6fdb", "azure": "#12a39a"}
+CLOUD_COLOURS = {"aws": "#E69F00", "gcp": "#0072B2", "azure": "#009E73"}  # the report chart's
 FALLBACK_COLOURS = ("#8e44ad", "#c0392b", "#27ae60", "#7f8c8d")
 STATE_COLOURS = {"PENDING": "#bdc3c7", "PROVISIONING": "#f1c40f", "RUNNING": "#27ae60",
                  "CHECKPOINTING": "#e67e22", "MIGRATING": "#e74c3c", "SUCCEEDED": "#2c3e50",

@@ -256,7 +256,7 @@ def timeline_svg(view: JobView, now: datetime) -> str:
         target = (ev.detail or {}).get("to", "")
         parts.append(f'<g class="marker migration"><line x1="{x:.1f}" x2="{x:.1f}" y1="14" y2="{lanes_bottom}" '
                      f'stroke="#8e44ad" stroke-dasharray="4 2" stroke-width="2"/><title>migration {e(target)}</title>'
-                     f'</g>')
+                     f'<text x="{x + 3:.1f}" y="{lanes_bottom - 2}" fill="#8e44ad">migration</text></g>')
     price_top, price_h = lanes_bottom + 10, 60
     if view.prices:
         top = max(p for _, p in view.prices) or 1.0

@@ -12,7 +12,7 @@ from broker.reports.model import CAUSE_LABELS, IDLE_CAUSES, Report
 from broker.reports.render import render_json
 from broker.store import Store
 from broker.store.tables import LedgerRow
-from broker.web.html import cloud_colour, e, money, table
+from broker.web.html import e, money, table
 from broker.web.session import Viewer
 
 SINCE_CHOICES = ("1d", "7d", "30d", "90d")
@@ -47,19 +47,24 @@ def _card(label: str, value: str, key: str) -> str:
 
 
 def daily_chart_data(report: Report) -> dict[str, object]:
-    """Per-day series for the chart: one spend series per cloud and the on-demand equivalent of all."""
-    days = sorted({p.day for p in report.daily})
+    """A bar per UTC day of the window per cloud (the report chart's colours) and the on-demand equivalent."""
+    from broker.reports.charts import cloud_colours, window_days
+
+    days = [d.isoformat() for d in window_days(report)]
+    index = {d: i for i, d in enumerate(days)}
     clouds = sorted({p.cloud for p in report.daily})
+    colours = cloud_colours(clouds)
     spend = {c: [0.0] * len(days) for c in clouds}
     on_demand = [0.0] * len(days)
     for point in report.daily:
-        i = days.index(point.day)
-        spend[point.cloud][i] += point.spend
-        on_demand[i] += point.on_demand
-    stamps = [int(datetime.fromisoformat(d).replace(tzinfo=UTC).timestamp()) for d in days]
-    series = [{"label": f"{c} spend", "colour": cloud_colour(c, clouds), "values": [round(v, 4) for v in spend[c]],
-               "bars": True} for c in clouds]
-    series.append({"label": "on-demand equivalent", "colour": "#555555", "values": [round(v, 4) for v in on_demand],
+        i = index.get(point.day)
+        if i is not None:
+            spend[point.cloud][i] += point.spend
+            on_demand[i] += point.on_demand
+    stamps = [int(datetime.fromisoformat(d).replace(tzinfo=UTC).timestamp()) + 43200 for d in days]
+    series: list[dict[str, object]] = [{"label": f"{c} spend", "colour": colours[c],
+                                        "values": [round(v, 4) for v in spend[c]], "bars": True} for c in clouds]
+    series.append({"label": "on-demand equivalent", "colour": "#222222", "values": [round(v, 4) for v in on_demand],
                    "dash": True})
     return {"x": stamps, "series": series, "ylabel": "USD per day", "stacked": True}
 

@@ -12,10 +12,10 @@
         values[i] = values[i].map(function (v, j) { running[j] += v; return running[j]; });
       });
     }
-    var bars = uPlot.paths.bars({ size: [0.7, 60] });
+    var bars = uPlot.paths.bars({ size: [0.8, 240] });
     var series = [{}].concat(spec.series.map(function (s) {
       return { label: s.label, stroke: s.colour, width: s.bars ? 1 : 2, dash: s.dash ? [6, 4] : undefined,
-               fill: s.bars ? s.colour + "cc" : undefined, paths: s.bars ? bars : undefined,
+               fill: s.bars ? s.colour : undefined, paths: s.bars ? bars : undefined,
                points: { show: !s.bars && spec.x.length < 60 } };
     }));
     // Stacked bars are drawn from the top of the stack down so each lower cloud covers its share.

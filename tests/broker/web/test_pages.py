@@ -97,3 +97,37 @@ def test_market_page_charts_each_accelerator(dashboard: Dashboard) -> None:
     html = dashboard.signed_in("alpha").get("/market").text
     assert "A100: spot price per zone" in html and "us-east-1a" in html and "eastus-1" in html
     assert "preemption notice" not in html  # the notice is three days old: no zone is avoided now
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_overview_figures_equal_broker_report_json_for_the_same_window(dashboard: Dashboard, db_url: str) -> None:
+    import json
+    import os
+    import re
+    import subprocess
+    import sys
+    from html import unescape
+
+    from broker.reports.render import money
+    from tests.broker.web.seed import DAY0, NOW
+
+    start, end = f"{DAY0:%Y-%m-%dT%H:%M}", f"{NOW:%Y-%m-%dT%H:%M}"
+    done = subprocess.run([sys.executable, "-m", "broker", "report", "--from", start, "--to", end, "--team", "alpha",
+                           "--format", "json"], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "BROKER_DB_URL": db_url, "BROKER_HOME": str(dashboard.home)})
+    assert done.returncode == 0, done.stderr
+    cli = json.loads(done.stdout)
+    html = dashboard.signed_in("alpha").get("/", params={"from": start, "to": end}).text
+    shown = json.loads(re.search(r'<script type="application/json" id="report-json">(.*?)</script>', html,
+                                 re.S).group(1).replace("<\\/", "</"))  # type: ignore[union-attr]
+    cli.pop("generated_at"), shown.pop("generated_at")
+    assert shown == cli
+    assert cli["totals"]["spend"] > 0 and cli["totals"]["preemptions"] == 1 and cli["team"] == "alpha"
+    cards = dict(re.findall(r'data-figure="([a-z_]+)">([^<]*)<', html))
+    totals = cli["totals"]
+    assert unescape(cards["spend"]) == money(totals["spend"])
+    assert unescape(cards["on_demand"]) == money(totals["on_demand"])
+    assert unescape(cards["saving"]) == f"{money(totals['saving'])} ({totals['saving_pct']:.1f}%)"
+    assert cards["preemptions"] == str(totals["preemptions"]) and cards["migrations"] == str(totals["migrations"])
+    assert cards["idle_total_gpu_hours"] == f"{totals['idle_total_gpu_hours']:,.2f}"
