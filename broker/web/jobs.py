@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -49,22 +49,23 @@ class JobFilter:
         return cls(state.upper() if state else None, team or None, q or None, sort or "submitted", order != "asc")
 
 
-def progress_of(s: Any, job: JobRow, now: datetime) -> tuple[float | None, datetime | None]:
-    """Share of the job's work done and kept, and when it would finish at that pace (None when unknown)."""
-    if not job.work_s:
-        return (1.0, None) if job.state == JobState.SUCCEEDED.value else (None, None)
-    done = 0.0
-    for start, running, end in s.execute(select(AllocationRow.started_at, AllocationRow.running_at,
-                                                AllocationRow.ended_at).where(AllocationRow.job_id == job.id)):
-        done += max(((end or now) - (running or start)).total_seconds(), 0.0)
-    done = min(max(done - job.work_lost_s, 0.0), job.work_s)
+def progress_of(s: Any, job: JobRow, now: datetime,
+                spans: list[tuple[datetime, datetime | None, datetime | None]] | None = None,
+                ) -> tuple[float | None, datetime | None]:
+    """Share of the job's work done and kept, and when it would finish at that pace (None when unknown).
+
+    ``spans`` are the job's allocations as (started, running, ended), read here when not given.
+    """
     if job.state == JobState.SUCCEEDED.value:
         return 1.0, None
-    finish = None
-    if job.state == JobState.RUNNING.value:
-        from datetime import timedelta
-
-        finish = now + timedelta(seconds=job.work_s - done)
+    if not job.work_s:
+        return None, None
+    if spans is None:
+        spans = [tuple(r) for r in s.execute(select(AllocationRow.started_at, AllocationRow.running_at,  # type: ignore[misc]
+                                                    AllocationRow.ended_at).where(AllocationRow.job_id == job.id))]
+    done = sum(max(((end or now) - (running or start)).total_seconds(), 0.0) for start, running, end in spans)
+    done = min(max(done - job.work_lost_s, 0.0), job.work_s)
+    finish = now + timedelta(seconds=job.work_s - done) if job.state == JobState.RUNNING.value else None
     return done / job.work_s, finish
 
 
@@ -101,10 +102,16 @@ def list_jobs(store: Store, viewer: Viewer, where: JobFilter) -> tuple[list[dict
                     .where(ClusterRow.job_id.in_(ids), ClusterRow.up_at.is_not(None))
                     .order_by(ClusterRow.created_at)):
                 places[str(job_id)] = (cloud, zone)
+        spans: dict[str, list[tuple[datetime, datetime | None, datetime | None]]] = {i: [] for i in ids}
+        if ids:
+            for job_id, started, running, ended in s.execute(
+                    select(AllocationRow.job_id, AllocationRow.started_at, AllocationRow.running_at,
+                           AllocationRow.ended_at).where(AllocationRow.job_id.in_(ids))):
+                spans[job_id].append((started, running, ended))
         now = datetime.now(UTC)
         rows = []
         for job in jobs:
-            share, _ = progress_of(s, job, now) if job.work_s else ((1.0 if job.state == "SUCCEEDED" else None), None)
+            share, _ = progress_of(s, job, now, spans[job.id])
             rows.append({"id": job.id, "name": job.name, "team": job.team, "state": job.state,
                          "priority": job.priority, "where": "/".join(places.get(job.id, ())) or "-",
                          "cost": float(costs.get(job.id) or 0.0), "progress": share,
