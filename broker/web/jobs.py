@@ -274,7 +274,8 @@ def timeline_svg(view: JobView, now: datetime) -> str:
                      f'<text x="{width + 124:.0f}" y="{price_top + 10}" class="lane">${top:,.2f}/h</text>')
     axis_y = price_top + price_h + 16
     parts.append(f'<text x="120" y="{axis_y}" class="lane">{start:%Y-%m-%d %H:%M:%S}</text>'
-                 f'<text x="{width + 120:.0f}" y="{axis_y}" class="lane" text-anchor="end">{end:%H:%M:%S} UTC</text>')
+                 f'<text x="{width + 120:.0f}" y="{axis_y}" class="lane" text-anchor="end">'
+                 f'{end:%Y-%m-%d %H:%M:%S} UTC</text>')
     return (f'<svg class="timeline" viewBox="0 0 {width + 200:.0f} {axis_y + 6}" width="100%" '
             f'role="img" aria-label="job timeline">{"".join(parts)}</svg>')
 

@@ -58,6 +58,10 @@ def _history_chart(rows: list[Any], since: datetime, now: datetime, accelerator:
                 spot[key][i] = round(spot_price / max(gpus, 1), 4)
             if od_price is not None:
                 demand[cloud][i] = round(od_price / max(gpus, 1), 4)
+    for values in (*spot.values(), *demand.values()):
+        for i in range(1, len(values)):  # a quote stands until the next one changes it
+            if values[i] is None:
+                values[i] = values[i - 1]
     names = sorted(spot)
     series: list[dict[str, object]] = [{"label": f"{k} spot", "colour": cloud_colour(clouds[k]), "values": spot[k]}
                                        for k in names]
