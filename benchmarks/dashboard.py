@@ -31,10 +31,11 @@ CLOUDS = (("aws", "us-east-1a", "p4d.24xlarge"), ("gcp", "us-central1-a", "a2-hi
 
 
 def fill(db_url: str, jobs: int, ledger_rows: int, now: datetime) -> None:
-    """Jobs of ten teams, a cluster per job, 8 GPUs of each held, and ledger minutes spread over 30 days."""
+    """Jobs of ten teams started evenly over 30 days, a cluster per job, 8 GPUs of each held, and its ledger minutes."""
     start = now - timedelta(days=30)
     clusters = jobs
     per_cluster = max(ledger_rows // clusters, 1)
+    step = 30 * 86400 / jobs  # seconds between job starts: the jobs spread over the 30 days
     with psycopg.connect(db_url.replace("postgresql+psycopg://", "postgresql://"), autocommit=True) as conn:
         conn.execute("""
             INSERT INTO jobs (id, name, team, state, priority, spec, backend, num_nodes, gpus_per_node, accelerator,
@@ -43,9 +44,10 @@ def fill(db_url: str, jobs: int, ledger_rows: int, now: datetime) -> None:
             SELECT 'j-' || lpad(i::text, 6, '0'), 'job-' || i, 'team-' || (i %% 10),
                    (ARRAY['RUNNING','SUCCEEDED','PENDING','FAILED','CHECKPOINTING'])[1 + i %% 5],
                    100 * (i %% 9), '{}', 'local', 1, 8, 'A100', '/ckpt', 1, i %% 3, i %% 2, (i %% 7) * 60.0,
-                   '["us-east-1a"]', %(start)s + (i * interval '2 minutes'), %(start)s + (i * interval '2 minutes'),
+                   '["us-east-1a"]', %(start)s + (i * %(step)s * interval '1 second'),
+                   %(start)s + (i * %(step)s * interval '1 second'),
                    86400.0
-            FROM generate_series(1, %(jobs)s) AS i""", {"start": start, "jobs": jobs})
+            FROM generate_series(1, %(jobs)s) AS i""", {"start": start, "jobs": jobs, "step": step})
         conn.execute("""
             INSERT INTO clusters (id, launch_key, job_id, backend, cloud, region, zone, instance_type, accelerator,
                                   gpus_per_node, num_nodes, spot, price_per_node_hour, on_demand_price_per_node_hour,
@@ -55,18 +57,18 @@ def fill(db_url: str, jobs: int, ledger_rows: int, now: datetime) -> None:
                    (ARRAY['us-east-1a','us-central1-a','eastus-1'])[1 + i %% 3],
                    (ARRAY['p4d.24xlarge','a2-highgpu-8g','Standard_ND96asr_v4'])[1 + i %% 3], 'A100', 8, 1, true,
                    10.0 + i %% 5, 32.0, CASE WHEN i %% 20 = 0 THEN 'UP' ELSE 'TERMINATED' END, '{}',
-                   %(start)s + (i * interval '2 minutes'), %(start)s + (i * interval '2 minutes')
-            FROM generate_series(1, %(clusters)s) AS i""", {"start": start, "clusters": clusters})
+                   %(start)s + (i * %(step)s * interval '1 second'), %(start)s + (i * %(step)s * interval '1 second')
+            FROM generate_series(1, %(clusters)s) AS i""", {"start": start, "clusters": clusters, "step": step})
         conn.execute("""
             INSERT INTO allocations (job_id, cluster_id, attempt, gpus, started_at, running_at)
             SELECT 'j-' || lpad(i::text, 6, '0'), 'c-' || i, 1, '{"0": [0, 1, 2, 3, 4, 5, 6, 7]}',
-                   %(start)s + (i * interval '2 minutes'), %(start)s + (i * interval '2 minutes')
-            FROM generate_series(1, %(clusters)s) AS i""", {"start": start, "clusters": clusters})
+                   %(start)s + (i * %(step)s * interval '1 second'), %(start)s + (i * %(step)s * interval '1 second')
+            FROM generate_series(1, %(clusters)s) AS i""", {"start": start, "clusters": clusters, "step": step})
         conn.execute("""
             INSERT INTO ledger (cluster_id, minute, holder, job_id, team, usage, cloud, region, zone, instance_type,
                                 accelerator, nodes, gpus, seconds, spot, price_per_node_hour,
                                 on_demand_price_per_node_hour, cost, on_demand_cost)
-            SELECT 'c-' || c, %(start)s + (c * interval '2 minutes') + (m * interval '1 minute'),
+            SELECT 'c-' || c, %(start)s + (c * %(step)s * interval '1 second') + (m * interval '1 minute'),
                    'job:j-' || lpad(c::text, 6, '0'), 'j-' || lpad(c::text, 6, '0'), 'team-' || (c %% 10),
                    CASE WHEN m < 3 THEN 'provisioning' ELSE 'running' END,
                    (ARRAY['aws','gcp','azure'])[1 + c %% 3], 'r',
@@ -74,7 +76,7 @@ def fill(db_url: str, jobs: int, ledger_rows: int, now: datetime) -> None:
                    (ARRAY['p4d.24xlarge','a2-highgpu-8g','Standard_ND96asr_v4'])[1 + c %% 3], 'A100', 1, 8, 60, true,
                    10.0 + c %% 5, 32.0, (10.0 + c %% 5) / 60, 32.0 / 60
             FROM generate_series(1, %(clusters)s) AS c, generate_series(0, %(per)s - 1) AS m""",
-                     {"start": start, "clusters": clusters, "per": per_cluster})
+                     {"start": start, "clusters": clusters, "per": per_cluster, "step": step})
         for hour in range(0, 24 * 7, 1):
             for cloud, zone, itype in CLOUDS:
                 at = now - timedelta(hours=hour)
