@@ -49,12 +49,12 @@ job_bodies = st.one_of(
     st.fixed_dictionaries({"spec": job_files}, optional={"source": hostile_text}),
     st.fixed_dictionaries({"spec": json_values}),
 )
-notice_fields = {"cluster_id": st.one_of(st.just("c1"), hostile_text), "node": hostile_text,
+notice_fields = {"node": hostile_text,
                  "kind": st.one_of(st.just("terminate"), hostile_text), "action_time": hostile_text,
                  "noticed_at": hostile_text, "checkpoint": st.one_of(st.just("/ckpt/j1/step-1"), hostile_text),
                  "checkpoint_at": hostile_text}
-notice_bodies = st.one_of(json_values, st.fixed_dictionaries({"cluster_id": st.just("c1"), "kind": st.just("stop")},
-                                                             optional=notice_fields))
+notice_bodies = st.one_of(json_values, st.fixed_dictionaries(
+    {"cluster_id": st.one_of(st.just("c1"), hostile_text)}, optional=notice_fields))
 
 
 def _max_rss_mb() -> float:
