@@ -32,7 +32,7 @@ class NoticeReport(BaseModel):
     action_time: When = None
     noticed_at: When = None
     signaled_at: When = None
-    checkpoint: Text | None = Field(None, max_length=4096)
+    checkpoint: Text | None = Field(default=None, max_length=4096)
     checkpoint_at: When = None
 
 
