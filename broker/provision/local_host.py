@@ -81,7 +81,8 @@ def process_alive(pid: object) -> bool:
 @contextlib.contextmanager
 def zone_lock(root: Path) -> Iterator[None]:
     """One host at a time decides whether the zone has room (hosts are separate processes)."""
-    with open(root / ".capacity.lock", "a") as handle:
+    # Beside the clusters' directories, not among them (everything there is a cluster).
+    with open(root.parent / "capacity.lock", "a") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
         try:
             yield
