@@ -30,7 +30,7 @@ MAX_JSON_DEPTH = 32
 MAX_TARGET_BYTES = 8192
 # Generous: the first submission after a start loads SkyPilot's catalog, which takes tens of seconds
 # on a busy machine.
-TIME_BUDGET_SECONDS = 60.0
+TIME_BUDGET_SECONDS = 120.0
 # A write is not begun with less than this part of the budget left, so a request answered 503
 # has not stored anything behind the caller's back (its worker thread cannot be stopped).
 WRITE_MARGIN = 0.2
