@@ -136,3 +136,15 @@ def test_fuzzed_notices_never_5xx_and_store_only_accepted_ones(notice_store: Sto
 
     post()
     assert _max_rss_mb() - before < 300
+
+
+def test_a_billion_laughs_job_file_is_422_and_memory_stays_bounded(offline_api: Api) -> None:
+    lines = ["name: t", "run: 'true'", "envs:", '  a: &a ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]']
+    for previous, name in zip("abcdefgh", "bcdefghi", strict=True):
+        lines.append(f"  {name}: &{name} [" + ",".join([f"*{previous}"] * 9) + "]")
+    before = _max_rss_mb()
+    response = offline_api.client.post("/v1/jobs", json={"spec": "\n".join(lines) + "\n"}, headers=offline_api.alpha)
+    assert response.status_code == 422
+    assert "envs" in response.json()["detail"][0]["loc"]
+    assert _max_rss_mb() - before < 100
+    assert _count(offline_api.store, JobRow) == 0
