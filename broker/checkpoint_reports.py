@@ -17,7 +17,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from broker.store import Store
-from broker.store.tables import AllocationRow, CheckpointReportRow, ClusterRow, JobRow
+from broker.store.tables import AllocationRow, CheckpointReportRow, JobRow
 
 MAX_PATH_CHARS = 1024
 
@@ -89,8 +89,3 @@ def newest(s: Session, job: JobRow, since: datetime | None = None) -> Checkpoint
     if since is not None:
         query = query.where(CheckpointReportRow.written_at >= since)
     return s.scalar(query.order_by(CheckpointReportRow.written_at.desc(), CheckpointReportRow.id.desc()).limit(1))
-
-
-def cluster_accepts_reports(cluster: ClusterRow | None) -> bool:
-    """An agent token is good only while its cluster has not been terminated."""
-    return cluster is not None and cluster.terminated_at is None

@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-KINDS: tuple[str, ...] = ("selection", "placement", "preemption", "admission", "checkpointing")
+KINDS: tuple[str, ...] = ("selection", "placement", "preemption", "admission", "sharing", "checkpointing")
 
 _REGISTRY: dict[str, dict[str, Callable[..., Any]]] = {kind: {} for kind in KINDS}
 _DEFAULTS: dict[str, str] = {}
@@ -42,7 +42,8 @@ def _load_builtin() -> None:
     import policies.admission
     import policies.checkpointing
     import policies.placement
-    import policies.preemption  # noqa: F401
+    import policies.preemption
+    import policies.sharing  # noqa: F401
     from policies import selection  # noqa: F401
 
 

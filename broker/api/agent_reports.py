@@ -9,20 +9,19 @@ from __future__ import annotations
 
 import time
 from datetime import UTC, datetime
-from typing import Annotated, TypeVar
+from typing import Annotated
 
-from fastapi import APIRouter, Depends, HTTPException, Request, status
-from pydantic import BaseModel, Field, ValidationError
+from fastapi import APIRouter, Depends, HTTPException, status
+from pydantic import BaseModel, Field
 from sqlalchemy import select
 
-from broker.api.auth import bearer_token
-from broker.checkpoint_reports import CheckpointRefused, ReportedCheckpoint, cluster_accepts_reports, record
+from broker.api.auth import agent_dependency
+from broker.api.validation import body_schema, json_body
+from broker.checkpoint_reports import CheckpointRefused, ReportedCheckpoint, record
 from broker.clock import Clock
 from broker.store import Store
-from broker.store.tables import AllocationRow, ClusterRow, JobRow, ProgressRow
-from broker.tokens import token_digest
+from broker.store.tables import AllocationRow, JobRow, ProgressRow
 
-MAX_BODY_BYTES = 16 * 1024
 # An agent reports a checkpoint as it appears: a time far from now is a broken clock or a forgery.
 WALL_SKEW_SECONDS = 24 * 3600.0
 
@@ -50,31 +49,9 @@ class ProgressReport(BaseModel):
     at: datetime
 
 
-Report = TypeVar("Report", CheckpointReport, ProgressReport)
-
-
-def _agent_cluster(store: Store, token: str) -> str:
-    """The cluster an agent token belongs to, while that cluster is up; else 401."""
-    with store.transaction() as s:
-        cluster = s.scalar(select(ClusterRow).where(ClusterRow.token_hash == token_digest(token)))
-        if cluster_accepts_reports(cluster):
-            assert cluster is not None
-            return cluster.id
-    raise HTTPException(status.HTTP_401_UNAUTHORIZED, "unknown or expired agent token",
-                        headers={"WWW-Authenticate": "Bearer"})
-
-
-async def _read(request: Request, model: type[Report], cluster_id: str) -> Report:
-    body = await _bounded_body(request, MAX_BODY_BYTES)
-    try:
-        report = model.model_validate_json(body)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        field = ".".join(str(part) for part in first["loc"]) or "body"
-        raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, f"{field}: {first['msg']}") from None
-    if report.cluster_id != cluster_id:
+def _own_cluster(owner: str, reported: str) -> None:
+    if owner != reported:
         raise HTTPException(status.HTTP_403_FORBIDDEN, "cluster_id: this token may only report for its own cluster")
-    return report
 
 
 def _wall(value: datetime, field: str) -> float:
@@ -85,26 +62,15 @@ def _wall(value: datetime, field: str) -> float:
     return value.timestamp()
 
 
-async def _bounded_body(request: Request, limit: int) -> bytes:
-    """The body, read no further than ``limit`` bytes (a client may lie in Content-Length)."""
-    declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > limit:
-        raise HTTPException(status.HTTP_413_CONTENT_TOO_LARGE, f"body: at most {limit} bytes")
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise HTTPException(status.HTTP_413_CONTENT_TOO_LARGE, f"body: at most {limit} bytes")
-        chunks.append(chunk)
-    return b"".join(chunks)
-
-
 def agent_reports_router(store: Store, clock: Clock) -> APIRouter:
     router = APIRouter()
+    agent = agent_dependency(store)
 
-    @router.post("/v1/checkpoints", status_code=status.HTTP_202_ACCEPTED, response_model=CheckpointAccepted)
-    async def post_checkpoint(request: Request, token: Annotated[str, Depends(bearer_token)]) -> CheckpointAccepted:
-        report = await _read(request, CheckpointReport, _agent_cluster(store, token))
+    @router.post("/v1/checkpoints", status_code=status.HTTP_202_ACCEPTED, response_model=CheckpointAccepted,
+                 openapi_extra=body_schema(CheckpointReport))
+    def post_checkpoint(*, owner: str = Depends(agent), report: Annotated[
+            CheckpointReport, Depends(json_body(CheckpointReport))]) -> CheckpointAccepted:
+        _own_cluster(owner, report.cluster_id)
         written = _wall(report.written_at, "written_at")
         try:
             report_id, duplicate = record(store, ReportedCheckpoint(
@@ -114,9 +80,10 @@ def agent_reports_router(store: Store, clock: Clock) -> APIRouter:
             raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, str(exc)) from None
         return CheckpointAccepted(report_id=report_id, duplicate=duplicate)
 
-    @router.post("/v1/progress", status_code=status.HTTP_202_ACCEPTED)
-    async def post_progress(request: Request, token: Annotated[str, Depends(bearer_token)]) -> dict[str, bool]:
-        report = await _read(request, ProgressReport, _agent_cluster(store, token))
+    @router.post("/v1/progress", status_code=status.HTTP_202_ACCEPTED, openapi_extra=body_schema(ProgressReport))
+    def post_progress(*, owner: str = Depends(agent),
+                      report: Annotated[ProgressReport, Depends(json_body(ProgressReport))]) -> dict[str, bool]:
+        _own_cluster(owner, report.cluster_id)
         at = clock.to_clock(_wall(report.at, "at"))
         with store.transaction() as s:
             job = s.get(JobRow, report.job_id)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -99,7 +100,7 @@ def test_a_token_reports_only_for_its_own_cluster_and_job(store: Store) -> None:
     other_cluster = client.post("/v1/checkpoints", json=_report(cluster_id="c2"), headers=AUTH)
     other_job = client.post("/v1/checkpoints", json=_report(job_id="j2"), headers=AUTH)
     assert other_cluster.status_code == 403
-    assert other_job.status_code == 422 and "job_id" in other_job.json()["detail"]
+    assert other_job.status_code == 422 and "job_id" in json.dumps(other_job.json())
     assert _count(store) == 0
 
 
@@ -135,7 +136,7 @@ def test_hostile_fields_are_refused_naming_the_field(store: Store, field: str, v
     response = TestClient(create_app(store, WallClock())).post("/v1/checkpoints", json=_report(**{field: value}),
                                                               headers=AUTH)
     assert 400 <= response.status_code < 500, response.text
-    assert field in response.json()["detail"]
+    assert field in json.dumps(response.json())
     assert _count(store) == 0
 
 
@@ -194,5 +195,5 @@ def test_hostile_progress_is_refused_naming_the_field(store: Store, field: str, 
     response = TestClient(create_app(store, WallClock())).post("/v1/progress", json=_progress(**{field: value}),
                                                               headers=AUTH)
     assert 400 <= response.status_code < 500, response.text
-    assert field in response.json()["detail"]
+    assert field in json.dumps(response.json())
     assert _progress_rows(store) == []
