@@ -67,9 +67,10 @@ def test_every_checkpoint_the_job_marks_is_reported_with_its_step(tmp_path: Path
         with imds_server(FakeImds()) as metadata:
             code = subprocess.run(
                 [sys.executable, "-m", "broker.agent", "--cloud", "aws", "--metadata-url", metadata,
-                 "--poll", "50ms", "--cluster-id", "c1", "--token", "agent-secret", "--broker-url", server.url,
+                 "--poll", "50ms", "--cluster-id", "c1", "--broker-url", server.url,
                  "--checkpoint-dir", str(ckpt), "--status-file", str(status), "--", sys.executable, str(job)],
-                env={**os.environ, "BROKER_JOB_ID": "j1"}, timeout=60).returncode
+                env={**os.environ, "BROKER_JOB_ID": "j1", "BROKER_AGENT_TOKEN": "agent-secret"},
+                timeout=60).returncode
     finally:
         server.stop()
     assert code == 0

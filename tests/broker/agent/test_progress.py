@@ -105,10 +105,11 @@ def test_a_job_reports_progress_in_every_form_to_the_real_api(tmp_path: Path) ->
         with imds_server(FakeImds()) as metadata:
             result = subprocess.run(
                 [sys.executable, "-m", "broker.agent", "--cloud", "aws", "--metadata-url", metadata,
-                 "--poll", "50ms", "--cluster-id", "c1", "--token", "agent-secret", "--broker-url", server.url,
+                 "--poll", "50ms", "--cluster-id", "c1", "--broker-url", server.url,
                  "--checkpoint-dir", str(tmp_path), "--status-file", str(tmp_path / "status"),
                  "--", sys.executable, str(job)],
-                env={**os.environ, "BROKER_JOB_ID": "j1"}, timeout=60, capture_output=True)
+                env={**os.environ, "BROKER_JOB_ID": "j1", "BROKER_AGENT_TOKEN": "agent-secret"},
+                timeout=60, capture_output=True)
     finally:
         server.stop()
     assert result.returncode == 0
