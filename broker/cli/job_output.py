@@ -11,8 +11,6 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from broker.cli import app as cli
-
 if TYPE_CHECKING:
     from rich.table import Table
 
@@ -52,17 +50,21 @@ def print_status(summaries: list[dict[str, Any]], job_id: str | None, as_json: b
     if as_json:
         print(json.dumps(summaries[0] if job_id else summaries))
     else:
-        cli.console.print(status_table(summaries))
+        from broker.cli.app import console
+
+        console.print(status_table(summaries))
 
 
 def announce(job_id: str, name: str, num_nodes: int, detach: bool, as_json: bool) -> None:
     """The line a launch prints once the job is recorded (the JSON object instead, when detached)."""
+    from broker.cli.app import console
+
     if detach and as_json:
         print(json.dumps({"job_id": job_id, "state": PENDING}))
     elif detach:
-        cli.console.print(f"submitted [bold]{job_id}[/bold]; follow it with `broker logs {job_id} --follow`")
+        console.print(f"submitted [bold]{job_id}[/bold]; follow it with `broker logs {job_id} --follow`")
     elif not as_json:
-        cli.console.print(f"submitted [bold]{job_id}[/bold] ({name}, {num_nodes} node(s))")
+        console.print(f"submitted [bold]{job_id}[/bold] ({name}, {num_nodes} node(s))")
 
 
 def finish(summary: dict[str, Any], as_json: bool) -> None:
@@ -76,7 +78,8 @@ def finish(summary: dict[str, Any], as_json: bool) -> None:
 
 
 def print_summary(summary: dict[str, Any]) -> None:
-    console = cli.console
+    from broker.cli.app import console
+
     saving = f" ({summary['saving_pct']:.1f}% saved)" if summary["saving_pct"] is not None else ""
     console.print(f"\n[bold]{summary['job_id']}[/bold] {summary['name']}: [bold]{summary['state']}[/bold]")
     console.print(f"  wall time        {summary['wall_seconds']:.1f} s")
