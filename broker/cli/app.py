@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from typer import _click
-from typer.core import TyperCommand, TyperGroup
+from typer._coercion import RuntimeParam
+from typer.core import TyperCommand, TyperGroup, _TyperParameter
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -46,6 +47,47 @@ HIDDEN = frozenset({"run-engine"})
 PIPE_WIDTH = 10_000  # columns when stdout is not a terminal: tables are printed whole, never cut
 
 
+_TRUE, _FALSE = {"1", "true", "t", "yes", "y", "on"}, {"0", "false", "f", "no", "n", "off", ""}
+
+
+class _PlainParam(RuntimeParam):
+    """Coerce a str, int, float, bool or Path option without Pydantic.
+
+    Typer checks every value with a Pydantic TypeAdapter, and importing Pydantic costs a few hundred
+    milliseconds: more than `broker status --server` may take in all. Our options are plain types.
+    """
+
+    def _coerce_value(self, value: Any, param: _TyperParameter, ctx: _click.Context) -> Any:
+        kind = self.annotation
+        if isinstance(value, kind) and not (kind is int and isinstance(value, bool)):
+            return value
+        text = str(value)
+        if kind is bool and text.strip().lower() in _TRUE | _FALSE:
+            return text.strip().lower() in _TRUE
+        if kind is not bool:
+            try:
+                return kind(text)
+            except (TypeError, ValueError):
+                pass
+        shown = text if len(text) <= 80 else text[:80] + "..."
+        label = {int: "whole number", float: "number", bool: "boolean (true or false)"}.get(kind, kind.__name__)
+        raise _click.exceptions.BadParameter(f"{shown!r} is not a valid {label}.", ctx=ctx, param=param)
+
+
+_PLAIN_TYPES = (str, int, float, bool, Path)
+_typer_runtime_param = _TyperParameter.get_runtime_param
+
+
+def _runtime_param(self: _TyperParameter) -> RuntimeParam:
+    if self._runtime_param is None and self.type_descriptor.annotation in _PLAIN_TYPES:
+        self._runtime_param = _PlainParam(self.type_descriptor.parameter_info, self.type_descriptor.annotation)
+    return _typer_runtime_param(self)
+
+
+# Every parameter Typer builds (help options included) asks this for its coercion.
+_TyperParameter.get_runtime_param = _runtime_param  # type: ignore[method-assign]
+
+
 def register_all() -> None:
     """Import every command module (tests and shell completion want the whole app)."""
     import importlib
@@ -76,7 +118,8 @@ class LazyGroup(TyperGroup):
             importlib.import_module(COMMANDS[cmd_name][0])
         else:
             register_all()
-        self.commands.update(typer.main.get_group(app).commands)
+        for name, command in typer.main.get_group(app).commands.items():
+            self.commands.setdefault(name, command)
         return self.commands.get(cmd_name)
 
     def format_help(self, ctx: _click.Context, formatter: _click.HelpFormatter) -> None:

@@ -11,7 +11,7 @@ from typing import Annotated, Any
 
 import typer
 
-from broker.cli.app import ConfigOption, JsonOption, UsageError, app, console, err_console
+from broker.cli.app import ConfigOption, JsonOption, UsageError, app
 
 DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$")
 UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
@@ -73,6 +73,7 @@ def prices(
     config: ConfigOption = None,
 ) -> None:
     """Spot and on-demand GPU prices, cheapest per GPU-hour first."""
+    from broker.cli.app import console, err_console
     from broker.config import load_settings
     from broker.market import NoQuotes, PriceBook, QuoteFilter
     from broker.store import open_store
@@ -142,6 +143,7 @@ def _accelerator(gpu: str, book: Any) -> str:
 def _refresh(book: Any, settings: Any, clouds: tuple[str, ...], region: str | None, show_progress: bool) -> list[Any]:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+    from broker.cli.app import err_console
     from broker.pricing import poll_prices, price_sources
 
     sources = price_sources(settings, clouds)
