@@ -162,7 +162,7 @@ def _wide_console(stderr: bool = False) -> Console:
         @property
         def size(self) -> ConsoleDimensions:
             size = Console.size.fget(self)  # type: ignore[attr-defined]
-            if self._width is None and not self.is_terminal:
+            if not self.is_terminal:  # even when COLUMNS is set: a pipe has no width to fit
                 return ConsoleDimensions(PIPE_WIDTH, size.height)
             return size  # type: ignore[no-any-return]
 

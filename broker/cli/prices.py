@@ -113,6 +113,7 @@ def prices(
             else:
                 console.print(f"wrote {export.rows} rows ({export.zones} zones x {export.ticks} ticks of "
                               f"{_age(export.tick_seconds)}) from {export.start:%Y-%m-%d %H:%M} UTC to {export.path}")
+            _fail_if_nothing_polled(polls)
             return
         rows = _rows(book.latest(where), spot=spot, on_demand=on_demand, max_price=max_price)
         if as_json:
@@ -124,6 +125,20 @@ def prices(
             console.print(_table(rows, on_demand=on_demand))
     finally:
         store.dispose()
+    _fail_if_nothing_polled(polls)
+
+
+def _fail_if_nothing_polled(polls: list[Any]) -> None:
+    """--refresh could not do what was asked when no cloud answered: say why on stderr and exit 1."""
+    if not polls or any(p.status == "ok" for p in polls):
+        return
+    from broker.cli.app import err_console
+
+    what = ", ".join(f"{p.cloud} {p.status}" for p in polls)
+    err_console.print(f"error: --refresh: no cloud could be polled ({what}); anything shown is from earlier "
+                      "polls", highlight=False, markup=False, soft_wrap=True)
+    # Not typer.Exit: with standalone_mode=False click returns its code and main() drops it.
+    raise SystemExit(1)
 
 
 def _accelerator(gpu: str, book: Any) -> str:

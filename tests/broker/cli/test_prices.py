@@ -162,3 +162,23 @@ def test_export_with_an_empty_book_is_an_error_and_writes_nothing(capsys: pytest
     code, _, err = run(capsys, "--export-trace", str(path))
     assert code == 2 and "no quotes with an on-demand price between" in err
     assert not path.exists()
+
+
+@pytest.mark.slow
+def test_refresh_exits_1_with_the_reason_when_every_cloud_failed(clouds: FakeClouds,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    clouds.aws.fail("DescribeSpotPriceHistory", 500, times=None)
+    clouds.gcp.fail("skus", 500, times=None)
+    clouds.azure.fail("retail", 500, times=None)
+    code, out, err = run(capsys, "--refresh", "--json")
+    assert code == 1
+    assert [p["status"] for p in json.loads(out)["polls"]] == ["failed", "failed", "failed"]
+    last = err.strip().splitlines()[-1]
+    assert last == "error: --refresh: no cloud could be polled (aws failed, gcp failed, azure failed); anything " \
+                   "shown is from earlier polls"
+    assert "Traceback" not in err
+    code, _, err = run(capsys, "--refresh", "--cloud", "azure")  # the table form fails the same way
+    assert code == 1 and "error: --refresh: no cloud could be polled (azure failed)" in err
+    clouds.azure.clear_faults()
+    code, _, err = run(capsys, "--refresh", "--cloud", "azure")  # and succeeds once a cloud answers
+    assert code == 0, err
