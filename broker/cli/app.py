@@ -170,7 +170,8 @@ def _wide_console(stderr: bool = False) -> Console:
         def size(self, new_size: tuple[int, int]) -> None:
             Console.size.fset(self, new_size)  # type: ignore[attr-defined]
 
-    return CliConsole(stderr=stderr, no_color=_no_color() or None)
+    # NO_COLOR alone would still leave bold and dim: without a colour system Rich writes no escapes at all.
+    return CliConsole(stderr=stderr, no_color=_no_color() or None, color_system=None if _no_color() else "auto")
 
 
 def make_console(stderr: bool = False) -> Console:
@@ -221,6 +222,7 @@ def _set_no_color(value: bool) -> None:
         os.environ["NO_COLOR"] = "1"  # consoles made from now on, and Rich's own default, see it
         for made in _consoles.values():
             made.no_color = True
+            made._color_system = None
 
 
 @app.callback()
