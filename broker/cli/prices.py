@@ -113,7 +113,8 @@ def prices(
             else:
                 console.print(f"wrote {export.rows} rows ({export.zones} zones x {export.ticks} ticks of "
                               f"{_age(export.tick_seconds)}) from {export.start:%Y-%m-%d %H:%M} UTC to {export.path}")
-            _fail_if_nothing_polled(polls)
+            if refresh:
+                _fail_if_nothing_polled(polls)
             return
         rows = _rows(book.latest(where), spot=spot, on_demand=on_demand, max_price=max_price)
         if as_json:
@@ -125,16 +126,17 @@ def prices(
             console.print(_table(rows, on_demand=on_demand))
     finally:
         store.dispose()
-    _fail_if_nothing_polled(polls)
+    if refresh:
+        _fail_if_nothing_polled(polls)
 
 
 def _fail_if_nothing_polled(polls: list[Any]) -> None:
     """--refresh could not do what was asked when no cloud answered: say why on stderr and exit 1."""
-    if not polls or any(p.status == "ok" for p in polls):
+    if any(p.status == "ok" for p in polls):
         return
     from broker.cli.app import err_console
 
-    what = ", ".join(f"{p.cloud} {p.status}" for p in polls)
+    what = ", ".join(f"{p.cloud} {p.status}" for p in polls) or "no SDK installed"
     err_console.print(f"error: --refresh: no cloud could be polled ({what}); anything shown is from earlier "
                       "polls", highlight=False, markup=False, soft_wrap=True)
     # Not typer.Exit: with standalone_mode=False click returns its code and main() drops it.
@@ -160,7 +162,14 @@ def _refresh(book: Any, settings: Any, clouds: tuple[str, ...], region: str | No
 
     from broker.cli.app import err_console
     from broker.pricing import poll_prices, price_sources
+    from providers.sdk import missing_sdk
 
+    for cloud in clouds:
+        if (reason := missing_sdk(cloud)) is not None:
+            err_console.print(f"{cloud}: {reason}; skipped", highlight=False, markup=False, soft_wrap=True)
+    clouds = tuple(c for c in clouds if missing_sdk(c) is None)
+    if not clouds:
+        return []
     sources = price_sources(settings, clouds)
     with Progress(TextColumn("{task.description:<6}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=err_console, transient=True,

@@ -182,3 +182,17 @@ def test_refresh_exits_1_with_the_reason_when_every_cloud_failed(clouds: FakeClo
     clouds.azure.clear_faults()
     code, _, err = run(capsys, "--refresh", "--cloud", "azure")  # and succeeds once a cloud answers
     assert code == 0, err
+
+
+def test_a_cloud_whose_sdk_is_not_installed_names_the_extra(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    import sys
+
+    monkeypatch.setenv("BROKER_HOME", str(tmp_path))
+    monkeypatch.setitem(sys.modules, "boto3", None)  # how Python marks a module as not importable
+    code, _, err = run(capsys, "--refresh", "--cloud", "aws")
+    assert code == 1
+    lines = err.strip().splitlines()
+    assert lines[0] == "aws: the AWS SDK (boto3) is not installed; install the extra: pip install " \
+                       "'spot-broker[aws]' (or [all]); skipped"
+    assert lines[-1].startswith("error: --refresh: no cloud could be polled")
