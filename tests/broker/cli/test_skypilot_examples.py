@@ -38,6 +38,7 @@ def test_the_bundled_market_offers_every_catalog_type_on_its_cloud() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1200)
 def test_skypilot_example_task_files_are_accepted_by_a_detached_local_launch(tmp_path: Path) -> None:
     home = tmp_path / "home"
     job_ids = []
