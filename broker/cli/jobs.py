@@ -182,13 +182,29 @@ def _open(config: Path | None) -> tuple[Settings, Store]:
     return settings, open_store(settings.database_url)
 
 
+def store_url(config: Path | None) -> str:
+    """The store's URL as the settings model derives it (flag-free: BROKER_DB_URL, then the file, then home).
+
+    `broker status` reads only this, so it does not pay for importing the whole settings model.
+    """
+    import os
+
+    values = remote.read_settings_file(config)
+    url = os.environ.get("BROKER_DB_URL") or remote.text_setting(values, "db_url")
+    if url:
+        return url
+    home = os.environ.get("BROKER_HOME") or remote.text_setting(values, "home")
+    return f"sqlite:///{Path(home) if home else Path.home() / '.broker'}/broker.db"
+
+
 def _local_summaries(config: Path | None, job_id: str | None) -> list[dict[str, Any]]:
     from sqlalchemy import select
 
+    from broker.store import open_store
     from broker.store.tables import JobRow
     from broker.summary import job_summary
 
-    _, store = _open(config)
+    store = open_store(store_url(config))
     try:
         if job_id is not None:
             return [_summary(store, job_id)]

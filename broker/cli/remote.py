@@ -45,13 +45,13 @@ def server_settings(config: Path | None, server: str | None) -> Served | None:
     Read without the full settings model (pydantic-settings alone costs a few hundred ms to import),
     in the same order of precedence: flag, then environment, then file.
     """
-    file_values = _settings_file(config)
-    url = server or os.environ.get("BROKER_SERVER") or _text(file_values, "server")
+    file_values = read_settings_file(config)
+    url = server or os.environ.get("BROKER_SERVER") or text_setting(file_values, "server")
     if not url:
         return None
     if len(url) > 2048 or "\x00" in url:
         raise UsageError("--server: expected a URL like http://127.0.0.1:8470 (at most 2048 characters)")
-    token = os.environ.get("BROKER_TOKEN") or _text(file_values, "token")
+    token = os.environ.get("BROKER_TOKEN") or text_setting(file_values, "token")
     return Served(url=url, token=token or None)
 
 
@@ -62,7 +62,8 @@ def full_settings(config: Path | None, served: Served) -> Served:
     return Served(served.url, served.token, load_settings(config, server=served.url).poll_seconds)
 
 
-def _settings_file(config: Path | None) -> dict[str, Any]:
+def read_settings_file(config: Path | None) -> dict[str, Any]:
+    """The settings file's mapping (``--config``, or config.yaml in the broker home), {} when there is none."""
     if config is not None and not config.exists():
         raise UsageError(f"--config {config}: no such file")
     home = Path(os.environ.get("BROKER_HOME") or Path.home() / ".broker")
@@ -84,7 +85,7 @@ def _settings_file(config: Path | None) -> dict[str, Any]:
     return data
 
 
-def _text(values: dict[str, Any], key: str) -> str | None:
+def text_setting(values: dict[str, Any], key: str) -> str | None:
     value = values.get(key)
     if value is None:
         return None

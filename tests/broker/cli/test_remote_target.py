@@ -62,3 +62,16 @@ def test_a_huge_settings_file_is_refused_unread(tmp_path: Path) -> None:
     config.write_text("# " + "x" * (2 << 20) + "\nserver: http://a\n")
     with pytest.raises(UsageError, match="over 1024 KiB"):
         server_settings(config, None)
+
+
+def test_status_finds_the_store_as_the_settings_model_does(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from broker.cli.jobs import store_url
+    from broker.config import load_settings
+
+    config = tmp_path / "broker.yaml"
+    monkeypatch.delenv("BROKER_DB_URL", raising=False)
+    for text in ("speed: 60\n", f"home: {tmp_path / 'elsewhere'}\n", "db_url: sqlite:////tmp/x.db\n"):
+        config.write_text(text)
+        assert store_url(config) == load_settings(config).database_url, text
+    monkeypatch.setenv("BROKER_DB_URL", "postgresql://u@h/db")
+    assert store_url(config) == load_settings(config).database_url == "postgresql://u@h/db"
