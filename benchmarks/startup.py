@@ -2,7 +2,8 @@
 
 Every figure is the median wall time of N fresh processes (default 10) of the installed `broker`
 script, measured in the same run as the interpreter's own start-up (`python -c pass`), which is
-printed first as the baseline. Commands:
+printed first as the baseline; the CPU seconds (user + system) of each process are printed too,
+since on a shared machine wall time mostly measures the others' load. Commands:
 
 - `broker --help` and `broker COMMAND --help` for the main commands;
 - `broker status` on the embedded store (a SQLite store in a fresh broker home, migrated once first);
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import socket
 import statistics
 import subprocess
@@ -43,13 +45,20 @@ def broker_command(*args: str) -> list[str]:
     return [BROKER, *args] if BROKER else [sys.executable, "-m", "broker", *args]
 
 
+CPU: dict[int, list[float]] = {}  # id(times) -> CPU seconds (user + system) of each run's process
+
+
 def timed(command: Sequence[str], env: dict[str, str], runs: int) -> list[float]:
-    times = []
+    times: list[float] = []
+    cpu = CPU.setdefault(id(times), [])
     for _ in range(runs):
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
         started = time.perf_counter()
         done = subprocess.run(list(command), env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                               timeout=300)
         times.append(time.perf_counter() - started)
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpu.append(after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime)
         if done.returncode != 0:
             raise SystemExit(f"{' '.join(command)} failed ({done.returncode}): {done.stderr.decode()[-1500:]}")
     return times
@@ -125,12 +134,16 @@ def main() -> None:
                 time.sleep(2)
 
     baseline = statistics.median(rows[0][1])
-    print(f"{'command':<52} {'runs':>4} {'median s':>9} {'min s':>7} {'minus baseline':>15}  target")
+    base_cpu = statistics.median(CPU[id(rows[0][1])])
+    print(f"{'command':<52} {'runs':>4} {'median s':>9} {'min s':>7} {'x baseline':>10} {'CPU s':>7} "
+          f"{'CPU x base':>10}  target (median wall)")
     for name, times, target in rows:
         median = statistics.median(times)
+        cpu = statistics.median(CPU[id(times)])
         goal = TARGETS.get(target)
         verdict = "" if goal is None else f"< {goal} s: {'met' if median < goal else 'MISSED'}"
-        print(f"{name:<52} {len(times):>4} {median:>9.3f} {min(times):>7.3f} {median - baseline:>15.3f}  {verdict}")
+        print(f"{name:<52} {len(times):>4} {median:>9.3f} {min(times):>7.3f} {median / baseline:>10.1f} "
+              f"{cpu:>7.3f} {cpu / base_cpu:>10.1f}  {verdict}")
     print(f"python {sys.version.split()[0]}, {os.cpu_count()} CPU(s), load average "
           f"{', '.join(f'{x:.2f}' for x in os.getloadavg())}")
 

@@ -66,6 +66,6 @@ def test_status_json_and_no_color(tmp_path: Path) -> None:
 
 
 def test_unknown_job_is_one_line_on_stderr_and_exit_2(tmp_path: Path) -> None:
-    result = _broker(tmp_path / "home", "status", "j-\x00" + "9" * 5000)
+    result = _broker(tmp_path / "home", "status", "j-\u2028;--" + "9" * 5000)
     assert result.returncode == 2
     assert result.stdout == "" and len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr

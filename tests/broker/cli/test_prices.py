@@ -116,9 +116,10 @@ def test_a_cloud_without_credentials_is_skipped_with_one_line(clouds: FakeClouds
     monkeypatch.delenv("AWS_ACCESS_KEY_ID")
     monkeypatch.delenv("AWS_SECRET_ACCESS_KEY")
     code, _, err = run(capsys, "--refresh", "--cloud", "aws")
-    assert code == 0
+    assert code == 1  # the one cloud asked for could not be polled: the refresh did not happen
     assert err.strip().splitlines()[0] == \
         "aws: no credentials found (environment, ~/.aws or instance role); skipped"
+    assert err.strip().splitlines()[-1].startswith("error: --refresh: no cloud could be polled (aws skipped)")
     assert "Traceback" not in err
 
 
