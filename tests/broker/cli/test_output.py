@@ -57,7 +57,7 @@ def test_status_json_and_no_color(tmp_path: Path) -> None:
     ids = _jobs(home, 2)
     listed = json.loads(_broker(home, "status", "--json").stdout)
     assert [item["job_id"] for item in listed] == ids and listed[0]["name"] == LONG_NAME
-    forced = {"FORCE_COLOR": "1", "TTY_COMPATIBLE": "1"}
+    forced = {"FORCE_COLOR": "1", "TTY_COMPATIBLE": "1", "COLUMNS": "200"}  # a wide forced terminal
     coloured = _broker(home, "status", **forced)
     assert "\x1b[" in coloured.stdout  # a forced terminal gets styles ...
     for plain in (_broker(home, "--no-color", "status", **forced), _broker(home, "status", NO_COLOR="1", **forced)):
