@@ -32,8 +32,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "prices": ("broker.cli.prices", "Spot and on-demand GPU prices, cheapest per GPU-hour first."),
     "simulate": ("broker.cli.simulate", "Compare selection policies on a job over a recorded market: cost, "
                                         "preemptions, deadlines."),
-    "simulate-placement": ("broker.cli.placement", "Replay a Philly-style job trace on a fixed cluster and compare "
-                                                   "placement policies."),
+    "simulate-placement": ("broker.cli.placement", "Replay a job trace on a fixed cluster and compare placement "
+                                                   "policies."),
     "show-topology": ("broker.cli.placement", "Print how the GPUs of an instance type are linked, its network and its "
                                               "placement level."),
     "report": ("broker.cli.report", "Spend, on-demand equivalent, savings, preemptions and idle GPU-hours by job, "
