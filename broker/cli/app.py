@@ -40,6 +40,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
                                     "team, cloud, region, GPU."),
     "serve": ("broker.cli.serve", "Run the broker as a service; start one per machine on a shared PostgreSQL for "
                                   "high availability."),
+    "dashboard": ("broker.cli.dashboard", "Open the dashboard on this machine's store; prints a sign-in token that "
+                                          "is revoked when it stops."),
     "token": ("broker.cli.tokens", "API tokens for teams (the service's `Authorization: Bearer` tokens)."),
     "run-engine": ("broker.cli.jobs", ""),
 }
