@@ -184,8 +184,10 @@ def _entry_wait(option: _Option, budget: Budget, od_price: float, worth: float, 
 def _paced(request: SelectionRequest, budget: Budget) -> float:
     """Slack to keep if it is spent evenly until the deadline (Uniform Progress's line)."""
     job = request.job
-    if job.deadline is None:
-        return 0.0  # no deadline: slack is never short
+    if job.deadline is None or job.remaining_work_s is None:
+        # No deadline, or no idea of the work left (see policies.work_estimate): slack is never
+        # short; the deadline floor alone still turns to on-demand when the deadline comes near.
+        return 0.0
     if job.total_work_s is None or job.started_at is None:
         return float(budget.slack)  # pace unknown: keep what is left, a middling pressure
     span = (job.deadline - job.started_at).total_seconds() / budget.step_s
