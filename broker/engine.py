@@ -355,7 +355,7 @@ class Engine:
                 restart_overhead_s=self.options.restart_overhead_s, checkpoint_gb=self.options.checkpoint_gb,
                 max_price_per_hour=spec.broker.max_price,
                 allowed_clouds=frozenset(c.cloud for c in spec.broker.clouds),
-                total_work_s=work.total_s, started_at=job.created_at,
+                total_work_s=work.total_s, started_at=job.created_at, speed=spec.broker.speed,
             ),
             offers=offers,
             current=current,

@@ -84,6 +84,7 @@ class BrokerSection:
     team: str = "default"
     checkpoint: CheckpointSpec = CheckpointSpec()
     topology: TopologySpec = TopologySpec()
+    speed: tuple[tuple[str, float], ...] = ()  # relative training speed per accelerator, as stated
 
     def deadline_at(self, submitted: datetime) -> datetime | None:
         if self.deadline is None:
@@ -237,5 +238,6 @@ def _section(model: BrokerModel) -> BrokerSection:
         team=model.team,
         checkpoint=CheckpointSpec(model.checkpoint.dir, model.checkpoint.signal, model.checkpoint.grace),
         topology=TopologySpec(model.topology.level, model.topology.required),
+        speed=model.speed,
     )
 

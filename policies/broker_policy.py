@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_left, bisect_right
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -52,6 +52,7 @@ from policies.selection import (
     on_demand_plan,
     spot_ok,
 )
+from policies.speed import rank_accelerators
 
 RUN_WINDOW_S = 4 * 86400.0  # availability runs and outages that ended this recently describe a zone
 MIN_RUNS = 20  # fewer runs of its own (too few for a survival curve): judged on every zone's runs
@@ -78,6 +79,7 @@ class _Option:
 @register("selection", "broker", default=True)
 def broker(request: SelectionRequest) -> Plan:
     """Cheapest expected progress among spot zones, waiting or on-demand as the slack allows."""
+    request = _one_gpu_type(request)
     budget = Budget.of(request)
     k, slack, work = budget.overhead, budget.slack, max(budget.work, 1)
     n = request.job.num_nodes
@@ -133,6 +135,33 @@ def broker(request: SelectionRequest) -> Plan:
     if expected * worth < k * (od_price + worth) and have - expected >= need * WAIT_FLOOR:
         return Plan((), reason="capacity is likely back before on-demand would pay off")
     return on_demand_plan(request, "slack is short and the outage looks long: on-demand")
+
+
+def _one_gpu_type(request: SelectionRequest) -> SelectionRequest:
+    """With offers of several GPU types (``any_of``), the request narrowed to the type whose unit of
+    work is cheapest (policies.speed), its work counted in time on that type. A job on spot stays
+    on its type unless another is SWITCH_GAIN cheaper per unit of work."""
+    kinds = {o.accelerator for o in request.offers}
+    job = request.job
+    if len(kinds) < 2 or job.accelerator is None:
+        return request
+    stated = dict(job.speed)
+    up = [o for o in eligible_offers(request) if spot_ok(o, job.num_nodes)] or eligible_offers(request)
+    ranked = rank_accelerators(((o.accelerator, o.spot_price) for o in up), job.accelerator, stated)
+    if not ranked:
+        return request
+    best = ranked[0]
+    here = current_offer(request)
+    if here is not None:
+        mine = next((c for c in ranked if c.accelerator == here.accelerator), None)
+        if mine is not None and best.per_work >= mine.per_work * (1 - SWITCH_GAIN):
+            best = mine
+    scale = 1 / best.speed
+    return replace(
+        request, offers=tuple(o for o in request.offers if o.accelerator == best.accelerator),
+        job=replace(job, accelerator=best.accelerator,
+                    remaining_work_s=None if job.remaining_work_s is None else job.remaining_work_s * scale,
+                    total_work_s=None if job.total_work_s is None else job.total_work_s * scale))
 
 
 def _entry_gain(option: _Option, budget: Budget, od_price: float, worth: float, age: int | None = None) -> float:
