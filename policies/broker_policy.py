@@ -63,6 +63,7 @@ PRESSED = 0.5  # at this multiple or less: a step of slack is worth a step of on
 PICKINESS = 0.15  # with slack to spare, enter spot costing at most this much over the best possible
 SWITCH_GAIN = 0.08  # move between zones only for this much cheaper progress
 WAITS = (1, 2, 3, 4, 6)  # steps young capacity may be given to prove itself before entering
+SPOT_MARGIN = 0.5  # slack at this multiple of what spot alone is expected to spend is not short
 WAIT_FLOOR = 0.8  # under pressure, waiting never takes the slack below this fraction of the reserve
 
 @dataclass(frozen=True, slots=True)
@@ -81,7 +82,7 @@ def broker(request: SelectionRequest) -> Plan:
     """Cheapest expected progress among spot zones, waiting or on-demand as the slack allows."""
     request = _one_gpu_type(request)
     budget = Budget.of(request)
-    k, slack, work = budget.overhead, budget.slack, max(budget.work, 1)
+    k, slack = budget.overhead, budget.slack
     n = request.job.num_nodes
     here = current_offer(request)
     on_spot = here is not None and spot_ok(here, n)
@@ -97,6 +98,8 @@ def broker(request: SelectionRequest) -> Plan:
     # How likely the slack is to run out: a step of slack is then worth a step of on-demand
     # instead of spot later; with plenty to spare it is worth nothing.
     pressure = 0.0 if need <= 0 else min(1.0, max(0.0, (RELAXED - have / need) / (RELAXED - PRESSED)))
+    if pressure > 0 and have >= _spot_only_need(request, budget):
+        pressure = 0.0  # behind the even pace, but spot alone is expected to finish in time
     worth = pressure * max(od_price - cheapest, 0.0)
     options = sorted((_price(request, budget, o, worth) for o in offers if spot_ok(o, n) and o is not here),
                      key=lambda opt: (opt.cost, opt.offer.location))
@@ -118,7 +121,9 @@ def broker(request: SelectionRequest) -> Plan:
 
     if pressure == 0.0:
         # the best any spot could do: the cheapest price with one restart for all the work left
-        if best is not None and best.cost <= cheapest * (k + work) / work * (1 + PICKINESS):
+        # (or, where runs are short in every zone, as good as a fresh run in the best zone gives:
+        # waiting for a run no zone gives would spend the slack for nothing)
+        if best is not None and best.cost <= cheapest * _fresh_ratio(request, budget, offers) * (1 + PICKINESS):
             if _entry_wait(best, budget, od_price, worth, idle=True) > 0:
                 return Plan((), reason="this capacity often vanishes this young: see if it lasts")
             return _go(best, options, "good spot: expected progress near the cheapest price")
@@ -222,6 +227,61 @@ def _paced(request: SelectionRequest, budget: Budget) -> float:
     span = (job.deadline - job.started_at).total_seconds() / budget.step_s
     total = job.total_work_s / budget.step_s
     return budget.left * max(span - total, 0.0) / max(span, 1e-9)
+
+
+def _fresh_ratio(request: SelectionRequest, budget: Budget, offers: list[ZoneOffer]) -> float:
+    """Steps paid per step of progress when entering a fresh run of the zone whose runs amortise a
+    restart best (up or not now); at best one restart for all the work left."""
+    k, work = budget.overhead, max(budget.work, 1)
+    ratio = (k + work) / work
+    history = request.history
+    if history is None:
+        return ratio
+    window = round(RUN_WINDOW_S / budget.step_s)
+    found = math.inf
+    for offer in offers:
+        column = history.column(offer.location)
+        if column is None:
+            continue
+        runs = _runs(history, request.job.num_nodes, column, window)
+        if runs.x:
+            paid, progress = runs.expected(1, k, work)
+            found = min(found, paid / max(progress, 1e-9))
+    return max(ratio, found) if math.isfinite(found) else ratio
+
+
+def _spot_only_need(request: SelectionRequest, budget: Budget) -> float:
+    """Slack that running the rest of the work on spot alone is expected to spend, with a margin.
+
+    From the recent market: while no zone can take the gang the job waits, and each preemption
+    costs a restart and the step it happens in. When the slack covers that (times SPOT_MARGIN),
+    it is not short, however it compares with Uniform Progress's even pace: on an easy market a
+    job on pace with days of slack must not go to on-demand for an outage of an hour."""
+    history = request.history
+    if history is None or request.job.remaining_work_s is None:
+        return math.inf
+    n = request.job.num_nodes
+    key = ("broker.spot_only", n)
+    table = history.series.memo.get(key)
+    if table is None:
+        gang = history.series.gang(n)
+        ends = np.zeros(gang.up.shape[0], dtype=np.int64)
+        for zone_ends in gang.run_end:
+            np.add.at(ends, zone_ends, 1)
+        table = history.series.memo[key] = (
+            np.concatenate([[0], np.cumsum(gang.up.any(axis=1))]).tolist(),
+            np.concatenate([[0], np.cumsum(ends)]).tolist(),
+            gang.cum_up.sum(axis=1).tolist(),
+        )
+    assert isinstance(table, tuple)
+    cum_any, cum_ends, cum_up = table
+    now = history.now
+    lo = max(0, now + 1 - round(RUN_WINDOW_S / budget.step_s))
+    up = (cum_any[now + 1] - cum_any[lo]) / max(now + 1 - lo, 1)
+    if up <= 0:
+        return math.inf
+    hazard = (cum_ends[now + 1] - cum_ends[lo]) / max(cum_up[now + 1] - cum_up[lo], 1)
+    return SPOT_MARGIN * budget.work * ((1 - up) / up + hazard * (budget.overhead + 1))
 
 
 def _go(first: _Option, options: list[_Option], reason: str) -> Plan:
