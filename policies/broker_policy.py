@@ -10,10 +10,17 @@ long the current one has lasted already, so capacity that tends to vanish young 
 Slack (steps left minus work left) is spent against a reserve that would spend it evenly until the
 deadline (Uniform Progress's line: when spot cannot cover the work, the cheapest plans use spot
 until the end, so slack must not run out early). Its *pressure* sets what a step of slack is
-worth: nothing with slack to spare, a step of on-demand instead of spot when short. Then:
+worth: nothing with slack to spare, a step of on-demand instead of spot when short. Slack is
+never short while it is at least ``SPOT_MARGIN`` x what running on spot alone is expected to spend
+(outages and restarts learned from the recent market): on an easy market, falling behind the even
+pace is no reason for on-demand. A job whose work is unknown (no ``work``, no estimate: see
+``policies.work_estimate``) has no pressure; the deadline floor alone guards it. With offers of
+several GPU types (``any_of``) the job is narrowed first to the type whose unit of work is
+cheapest (``policies.speed``). Then:
 
 - on spot: stay, unless another zone gives progress much cheaper, restart and egress included;
-- idle with slack to spare: enter spot whose expected cost is near the cheapest price, else wait;
+- idle with slack to spare: enter spot whose expected cost is near the cheapest price (with the
+  restart amortised as well as the best fresh run any zone gives), else wait;
 - idle under pressure: enter spot cheaper than on-demand (slack it risks counted), unless
   letting young capacity prove itself is cheaper; with no such spot, wait if the outage is likely
   shorter than on-demand's two restarts would justify (time to capacity learned from the zones'
