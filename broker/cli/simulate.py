@@ -33,11 +33,12 @@ def simulate_command(
     """Compare selection policies on a job over a recorded market: cost, preemptions, deadlines."""
     from broker.sim.market import Market, SimJob
     from broker.sim.runs import random_starts, run_all
-    from broker.spec import load_job_spec
+    from broker.spec import load_job_spec, market_offers
     from policies import registry
     from providers.trace import parse_time, read_trace
 
-    spec = load_job_spec(job_file)
+    whole = read_trace(market)
+    spec = load_job_spec(job_file, market=market_offers(whole.zones))  # judged by the trace, not a catalog
     if not spec.accelerators:
         raise UsageError(f"{job_file}: resources.accelerators: required for simulate, expected NAME:COUNT "
                          "(e.g. V100:1) to pick the trace's rows")
@@ -56,7 +57,6 @@ def simulate_command(
     if starts is not None and starts < 1:
         raise UsageError(f"--starts: expected a positive count, got {starts}")
 
-    whole = read_trace(market)
     present = [a for a in spec.accelerators if whole.select(a.name, a.count).zones]
     if not present:
         have = sorted({f"{z.accelerator}:{z.gpus_per_node}" for z in whole.zones})

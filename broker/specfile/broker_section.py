@@ -61,6 +61,13 @@ class BrokerModel(_Section):
     def _check_speed(cls, value: Any) -> tuple[tuple[str, float], ...]:
         return _speeds(value)
 
+    gpu_memory: float | None = None  # GB per GPU share, for a job asking for a fraction of a GPU
+
+    @field_validator("gpu_memory", mode="before")
+    @classmethod
+    def _check_gpu_memory(cls, value: Any) -> float | None:
+        return None if value is None else values.gpu_memory(value)
+
     @field_validator("priority", mode="before")
     @classmethod
     def _check_priority(cls, value: Any) -> int:
