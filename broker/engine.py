@@ -42,6 +42,7 @@ from policies import registry
 from policies.history import MarketHistory, MarketSeries
 from policies.preemption import PreemptionRequest
 from policies.selection import IDLE, ON_DEMAND, JobView, Location, Plan, SelectionRequest, ZoneOffer, ZoneRecord
+from policies.work_estimate import MAX_PAST_RUNS, WorkEstimate, estimate_work
 from providers.base import OfferKey, SpotQuote
 
 if TYPE_CHECKING:
@@ -341,7 +342,7 @@ class Engine:
                       q.available_nodes, q.capacity_score)
             for q in fitting
         )
-        remaining = max(job.work_s - self._progress_s(s, job), 0.0) if job.work_s is not None else None
+        work = self.work_estimate(s, job)
         alloc = self._current_allocation(s, job)
         in_location = (now - (alloc.running_at or alloc.started_at)).total_seconds() \
             if alloc is not None and alloc.ended_at is None and current.kind != IDLE else 0.0
@@ -350,11 +351,11 @@ class Engine:
             now=now,
             job=JobView(
                 num_nodes=job.num_nodes, gpus_per_node=job.gpus_per_node, accelerator=job.accelerator,
-                remaining_work_s=remaining, deadline=job.deadline,
+                remaining_work_s=work.remaining_s, deadline=job.deadline,
                 restart_overhead_s=self.options.restart_overhead_s, checkpoint_gb=self.options.checkpoint_gb,
                 max_price_per_hour=spec.broker.max_price,
                 allowed_clouds=frozenset(c.cloud for c in spec.broker.clouds),
-                total_work_s=job.work_s, started_at=job.created_at,
+                total_work_s=work.total_s, started_at=job.created_at, speed=spec.broker.speed,
             ),
             offers=offers,
             current=current,
@@ -366,6 +367,17 @@ class Engine:
             in_location_s=in_location,
             egress_per_gb=self.options.egress_per_gb,
         )
+
+    def work_estimate(self, s: Session, job: JobRow) -> WorkEstimate:
+        """The job's work: stated, else the median of its name and team's finished runs, else unknown."""
+        done = self._progress_s(s, job)
+        past: list[float] = []
+        if job.work_s is None:
+            rows = s.scalars(select(JobRow).where(JobRow.name == job.name, JobRow.team == job.team,
+                                                  JobRow.state == JobState.SUCCEEDED.value, JobRow.id != job.id)
+                             .order_by(JobRow.finished_at.desc()).limit(MAX_PAST_RUNS))
+            past = [self._progress_s(s, row) for row in rows]
+        return estimate_work(job.work_s, done, past)
 
     def _policy_now(self) -> datetime:
         """The moment a policy reasons about: on a replayed trace, the start of the current tick (as simulated)."""

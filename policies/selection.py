@@ -77,6 +77,7 @@ class JobView:
     allowed_clouds: frozenset[str] = frozenset()
     total_work_s: float | None = None  # the whole job's work, for policies that pace progress
     started_at: datetime | None = None  # when the job was submitted (the deadline counts from it)
+    speed: tuple[tuple[str, float], ...] = ()  # stated relative speed per accelerator (policies.speed)
 
 
 @dataclass(frozen=True, slots=True)
