@@ -227,7 +227,8 @@ def status(
         table.add_column(column)
     for item in summaries:
         where = f"{item['cloud']}/{item['zone']}" if item["zone"] else "-"
-        table.add_row(item["job_id"], item["name"], item["team"], item["state"], where, str(item["preemptions"]),
+        state = f"{item['state']} ({item['checkpoint_reason']})" if item.get("checkpoint_reason") else item["state"]
+        table.add_row(item["job_id"], item["name"], item["team"], state, where, str(item["preemptions"]),
                       str(item["migrations"]), f"${item['cost']:.4f}", f"${item['on_demand_cost']:.4f}")
     console.print(table)
 
