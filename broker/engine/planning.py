@@ -88,7 +88,7 @@ class Planner:
         self._series: dict[tuple[str, int], MarketSeries] = {}
 
     def plan(self, s: Session, job: JobRow, current: Location, exclude: set[str]) -> Plan:
-        return self.parts.selection(self.selection_request(s, job, current, exclude))  # type: ignore[no-any-return]
+        return self.parts.selection(self.selection_request(s, job, current, exclude))
 
     def selection_request(self, s: Session, job: JobRow, current: Location, exclude: set[str]) -> SelectionRequest:
         """What the selection policy sees: the same request the simulator builds for the same moment."""
