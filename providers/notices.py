@@ -45,16 +45,17 @@ def parse_iso_time(text: str | None) -> datetime | None:
 class OnceWarnings:
     """Log each distinct problem once, not on every poll."""
 
-    def __init__(self) -> None:
+    def __init__(self, logger: logging.Logger | None = None) -> None:
         self._warned: set[str] = set()
         self._lock = threading.Lock()
+        self._log = logger or log
 
     def warn(self, key: str, message: str) -> None:
         with self._lock:
             if key in self._warned:
                 return
             self._warned.add(key)
-        log.warning(message)
+        self._log.warning(message)
 
 
 def reader_for(cloud: str, metadata_url: str | None) -> NoticeReader:

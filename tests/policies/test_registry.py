@@ -1,4 +1,4 @@
-"""The policy registry: typed by kind, names checked where settings are read, simulator-only policies kept out of live brokers."""
+"""The policy registry: names checked where settings are read, simulator-only policies kept out of live brokers."""
 
 from __future__ import annotations
 
@@ -52,7 +52,7 @@ def test_a_bad_policy_name_is_exit_2_before_anything_is_written(
 
 
 def test_a_nul_in_a_policy_name_names_the_setting(broker_home: Path) -> None:
-    with pytest.raises(ConfigError, match="selection_policy: .*unknown selection policy"):
+    with pytest.raises(ConfigError, match=r"selection_policy: .*unknown selection policy"):
         load_settings(selection_policy="broker\x00")
 
 
@@ -74,7 +74,8 @@ def test_simulator_only_policies_are_refused_for_a_live_engine(broker_home: Path
     world = LocalWorld.begin(broker_home, str(BUNDLED_MARKET), 60.0)
     with pytest.raises(registry.UnknownPolicy, match="optimal"):
         Engine(store, world.clock, world.market(), LocalProvisioner(broker_home, world),
-               EngineOptions(home=broker_home, selection_policy="optimal"), tokens=SharedAgentTokens(store, broker_home))
+               EngineOptions(home=broker_home, selection_policy="optimal"),
+               tokens=SharedAgentTokens(store, broker_home))
     store.dispose()
 
 
