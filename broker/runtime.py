@@ -185,5 +185,5 @@ def open_broker(settings: Settings, fresh_market: bool = False) -> EmbeddedBroke
     if settings.backend == "skypilot":
         from broker.runtime_skypilot import SkyPilotBroker
 
-        return SkyPilotBroker(settings)
+        return SkyPilotBroker(assemble(settings))
     return EmbeddedBroker(settings, fresh_market=fresh_market)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import select
 
@@ -23,23 +23,27 @@ from broker.provision.agent_wheel import build_agent_wheel
 from broker.provision.base import ClusterInfo
 from broker.provision.sky_task import AgentPackage, cluster_task, sky_cluster_name
 from broker.provision.skypilot import SkyPilotProvisioner
-from broker.runtime import assemble
 from broker.spec import JobSpec
-from broker.store import Store
 from broker.store.tables import ClusterRow
+
+if TYPE_CHECKING:
+    from broker.runtime import Runtime
 
 log = logging.getLogger("broker.runtime")
 
 
 class SkyPilotBroker:
-    def __init__(self, settings: Settings, store: Store | None = None, sdk: Any = None, catalog: Any = None) -> None:
-        self.settings = settings
+    """Built by ``broker.runtime.open_broker`` over the parts ``broker.runtime.assemble`` put together."""
+
+    def __init__(self, runtime: Runtime) -> None:
+        assert isinstance(runtime.provisioner, SkyPilotProvisioner)
+        self.runtime = runtime
+        self.settings = settings = runtime.settings
         self.home = settings.home
-        self.runtime = assemble(settings, store, sdk=sdk, catalog=catalog)
         self.store = self.runtime.store
         self.clock = self.runtime.clock
         self.market = self.runtime.market
-        self.provisioner: SkyPilotProvisioner = self.runtime.provisioner  # type: ignore[assignment]
+        self.provisioner = runtime.provisioner
         self.tokens = self.runtime.tokens
         self.server: BackgroundServer | None = None
         self.engine: Engine | None = None

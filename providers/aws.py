@@ -23,7 +23,7 @@ from typing import Any
 from providers import catalog
 from providers.base import CloudUnavailable, SpotQuote
 from providers.fetching import Backoff, Progress, fan_out, with_retries
-from providers.notices import NodeNotice, OnceWarnings, parse_iso_time
+from providers.node_notice import NodeNotice, OnceWarnings, parse_iso_time
 
 # ---------------------------------------------------------------------------------------------
 # Prices and catalog
