@@ -26,7 +26,7 @@ resources:
 run: python train.py
 """
 
-# A replay begun a day ago at twice wall speed: its clock is a day ahead of the wall's.
+# A replay begun a day ago at twice wall speed: its clock runs a day (and then some) ahead of the wall's.
 MARKET = AcceleratedClock(time.time() - 86400.0, 2.0)
 
 
@@ -76,8 +76,9 @@ def test_an_illegal_transition_is_refused_and_nothing_changes(store: Store, brok
 
 def test_cancel_goes_through_the_machine_on_market_time(store: Store, broker_home: Path) -> None:
     job_id = _submit(store, broker_home)
-    assert machine.cancel_job(store, job_id, MARKET) == "CANCELLED"
-    assert machine.cancel_job(store, job_id, MARKET) == "CANCELLED"  # once cancelled, it stays so
+    market = AcceleratedClock(time.time() - 86400.0, 2.0)  # a day ahead of the wall's, from now
+    assert machine.cancel_job(store, job_id, market) == "CANCELLED"
+    assert machine.cancel_job(store, job_id, market) == "CANCELLED"  # once cancelled, it stays so
     with store.transaction() as s:
         job = s.get(JobRow, job_id)
         assert job is not None and job.finished_at is not None and job.wall_finished_at is not None
@@ -86,7 +87,7 @@ def test_cancel_goes_through_the_machine_on_market_time(store: Store, broker_hom
     (cancelled,) = [e for e in _events(store, job_id) if e.to_state == "CANCELLED"]
     assert cancelled.from_state == "PENDING" and cancelled.detail == {"reason": "cancelled by user"}
     with pytest.raises(machine.UnknownJob, match="no job 'j-nothere'"):
-        machine.cancel_job(store, "j-nothere", MARKET)
+        machine.cancel_job(store, "j-nothere", market)
 
 
 def test_a_cluster_says_why_it_goes_and_cannot_come_back(store: Store, broker_home: Path) -> None:
