@@ -25,6 +25,11 @@ class ConfigError(ValueError):
     pass
 
 
+# A settings file is a few KB; anything near this is not one.
+MAX_CONFIG_BYTES = 1024 * 1024
+DATABASE_SCHEMES = ("sqlite", "postgresql")
+
+
 class _YamlFile(PydanticBaseSettingsSource):
     def __init__(self, settings_cls: type[BaseSettings], path: Path | None) -> None:
         super().__init__(settings_cls)
@@ -37,11 +42,27 @@ class _YamlFile(PydanticBaseSettingsSource):
         if self.path is None or not self.path.exists():
             return {}
         try:
-            data = yaml.safe_load(self.path.read_text()) or {}
+            with self.path.open("rb") as handle:
+                raw = handle.read(MAX_CONFIG_BYTES + 1)
+        except OSError as exc:
+            raise ConfigError(f"{self.path}: cannot read the settings file: {exc.strerror or exc}") from None
+        if len(raw) > MAX_CONFIG_BYTES:
+            raise ConfigError(f"{self.path}: larger than {MAX_CONFIG_BYTES} bytes; not a settings file")
+        try:
+            text = raw.decode("utf-8")
+            if "\x00" in text:
+                raise UnicodeDecodeError("utf-8", raw, text.index("\x00"), text.index("\x00") + 1, "NUL byte")
+        except UnicodeDecodeError:
+            raise ConfigError(f"{self.path}: not text (a binary file?); expected YAML settings") from None
+        try:
+            data = yaml.safe_load(text) or {}
         except yaml.YAMLError as exc:
-            raise ConfigError(f"{self.path}: not valid YAML: {exc}") from exc
+            raise ConfigError(f"{self.path}: not valid YAML: {' '.join(str(exc).split())}") from None
+        except RecursionError:
+            raise ConfigError(f"{self.path}: nested too deeply to be settings") from None
         if not isinstance(data, dict):
-            raise ConfigError(f"{self.path}: expected a mapping of settings at the top level")
+            raise ConfigError(f"{self.path}: expected a mapping of settings at the top level, "
+                              f"got {type(data).__name__}")
         return data
 
 
@@ -152,6 +173,34 @@ class Settings(BaseSettings):
     offline_catalog: bool = Field(False, description="validate submitted job files against the built-in catalog only")
     policy_schedules: list[PolicySchedule] = Field(default_factory=list, description="time-based policy changes")
 
+    @field_validator("home", mode="after")
+    @classmethod
+    def _home_is_a_directory(cls, value: Path) -> Path:
+        if "\x00" in str(value):
+            raise ValueError("contains a NUL byte")
+        if value.exists() and not value.is_dir():
+            raise ValueError(f"{value} is not a directory (state, logs and checkpoints go there)")
+        return value
+
+    @field_validator("db_url", mode="after")
+    @classmethod
+    def _db_url_is_a_database(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        if "\x00" in value:
+            raise ValueError("contains a NUL byte")
+        from sqlalchemy.engine import make_url
+        from sqlalchemy.exc import ArgumentError
+
+        try:
+            url = make_url(value)
+        except (ArgumentError, ValueError):
+            raise ValueError("not a database URL; expected sqlite:///PATH or postgresql://HOST/DB") from None
+        if url.get_backend_name() not in DATABASE_SCHEMES:
+            raise ValueError(f"unsupported database {url.get_backend_name()!r}; "
+                             "expected sqlite:///PATH or postgresql://HOST/DB")
+        return value
+
     @property
     def database_url(self) -> str:
         if self.db_url:
@@ -186,6 +235,6 @@ def load_settings(config: Path | None = None, **overrides: Any) -> Settings:
         problems = "; ".join(
             f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in exc.errors()
         )
-        raise ConfigError(f"invalid settings: {problems}") from exc
+        raise ConfigError(f"invalid settings: {' '.join(problems.split())}") from None
     finally:
         _CONFIG_PATH = None

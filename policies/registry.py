@@ -19,12 +19,13 @@ if TYPE_CHECKING:
     from policies.placement import ClusterSnapshot, PlacementRequest
     from policies.preemption import PreemptionPlan, PreemptionRequest, RunningGang
     from policies.selection import Plan, SelectionRequest
+    from policies.sharing import SharingCluster, SharingPlacement, SharingRequest
 
-Kind = Literal["selection", "placement", "preemption", "admission"]
-KINDS: tuple[Kind, ...] = ("selection", "placement", "preemption", "admission")
+Kind = Literal["selection", "placement", "preemption", "admission", "sharing"]
+KINDS: tuple[Kind, ...] = ("selection", "placement", "preemption", "admission", "sharing")
 # The modules whose import registers the built-in policies.
 BUILTIN = ("policies.selection", "policies.baselines", "policies.broker_policy", "policies.optimal",
-           "policies.placement", "policies.preemption", "policies.admission")
+           "policies.placement", "policies.preemption", "policies.admission", "policies.sharing")
 
 
 class SelectionPolicy(Protocol):
@@ -52,11 +53,18 @@ class AdmissionPolicy(Protocol):
     def __call__(self, request: AdmissionRequest, /) -> bool: ...
 
 
-Policy = SelectionPolicy | PlacementPolicy | PreemptionPolicy | AdmissionPolicy
+class SharingPolicy(Protocol):
+    """Which node and GPU fractions a task that shares GPUs takes; None if it does not fit."""
+
+    def __call__(self, request: SharingRequest, cluster: SharingCluster, /) -> SharingPlacement | None: ...
+
+
+Policy = SelectionPolicy | PlacementPolicy | PreemptionPolicy | AdmissionPolicy | SharingPolicy
 S = TypeVar("S", bound=SelectionPolicy)
 P = TypeVar("P", bound=PlacementPolicy)
 X = TypeVar("X", bound=PreemptionPolicy)
 A = TypeVar("A", bound=AdmissionPolicy)
+H = TypeVar("H", bound=SharingPolicy)
 
 _REGISTRY: dict[str, dict[str, Policy]] = {kind: {} for kind in KINDS}
 _DEFAULTS: dict[str, str] = {}
@@ -80,6 +88,9 @@ def register(kind: Literal["preemption"], name: str, *, default: bool = False,
 @overload
 def register(kind: Literal["admission"], name: str, *, default: bool = False,
              simulator_only: bool = False) -> Callable[[A], A]: ...
+@overload
+def register(kind: Literal["sharing"], name: str, *, default: bool = False,
+             simulator_only: bool = False) -> Callable[[H], H]: ...
 def register(kind: Kind, name: str, *, default: bool = False,  # type: ignore[misc]
              simulator_only: bool = False) -> Callable[[Policy], Policy]:
     if kind not in _REGISTRY:
@@ -132,6 +143,8 @@ def get(kind: Literal["placement"], name: str | None = None, *, live: bool = Fal
 def get(kind: Literal["preemption"], name: str | None = None, *, live: bool = False) -> PreemptionPolicy: ...
 @overload
 def get(kind: Literal["admission"], name: str | None = None, *, live: bool = False) -> AdmissionPolicy: ...
+@overload
+def get(kind: Literal["sharing"], name: str | None = None, *, live: bool = False) -> SharingPolicy: ...
 def get(kind: Kind, name: str | None = None, *, live: bool = False) -> Policy:
     """The policy ``name`` of ``kind`` (None: the kind's default); ``live``: refuse simulator-only ones."""
     return _find(kind, name, live)

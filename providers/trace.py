@@ -9,6 +9,8 @@ from __future__ import annotations
 import csv
 import gzip
 import io
+import math
+import zlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -30,6 +32,13 @@ COLUMNS: tuple[str, ...] = (
     "on_demand_price",
     "available_nodes",
 )
+
+
+# The most GPUs per node or nodes per zone a row may name (int64 arrays hold them).
+MAX_COUNT = 1_000_000
+# Ticks times zones of the dense arrays (about 25 bytes each): a trace with a stray far-off
+# timestamp would otherwise ask for terabytes.
+MAX_CELLS = 50_000_000
 
 
 class TraceError(ValueError):
@@ -153,8 +162,21 @@ def read_trace(path: str | Path) -> MarketTrace:
     path = Path(path)
     if not path.exists():
         raise TraceError(f"{path}: no such market trace")
-    with _open_text(path) as handle:
-        return parse_trace(handle, source=str(path))
+    if path.is_dir():
+        raise TraceError(f"{path}: a directory, not a market trace")
+    try:
+        with _open_text(path) as handle:
+            return parse_trace(handle, source=str(path))
+    except gzip.BadGzipFile:
+        raise TraceError(f"{path}: named .gz but not gzip data; expected a gzipped CSV market trace") from None
+    except (EOFError, zlib.error):
+        raise TraceError(f"{path}: truncated or corrupt gzip data") from None
+    except UnicodeDecodeError as exc:
+        raise TraceError(f"{path}: not text (byte {exc.start} is not UTF-8); expected a CSV market trace") from None
+    except csv.Error as exc:
+        raise TraceError(f"{path}: not a CSV market trace ({exc})") from None
+    except OSError as exc:
+        raise TraceError(f"{path}: cannot read the market trace: {exc.strerror or exc}") from None
 
 
 def parse_trace(lines: Iterable[str], source: str = "<trace>") -> MarketTrace:
@@ -164,6 +186,8 @@ def parse_trace(lines: Iterable[str], source: str = "<trace>") -> MarketTrace:
     except StopIteration:
         raise TraceError(f"{source}: empty file, expected a header {','.join(COLUMNS)}") from None
     header = [h.strip() for h in header]
+    if any("\x00" in h for h in header):
+        raise TraceError(f"{source}:1: the header holds a NUL byte; not a CSV market trace")
     missing = [c for c in COLUMNS if c not in header]
     if missing:
         raise TraceError(f"{source}: header lacks column(s) {', '.join(missing)}; expected {','.join(COLUMNS)}")
@@ -178,6 +202,9 @@ def parse_trace(lines: Iterable[str], source: str = "<trace>") -> MarketTrace:
             continue
         if len(row) < len(header):
             raise TraceError(f"{source}:{lineno}: {len(row)} columns, expected {len(header)}")
+        for name, index in col.items():
+            if "\x00" in row[index] or len(row[index]) > 200:
+                raise TraceError(f"{source}:{lineno}: column {name}: a NUL byte or over 200 characters")
         try:
             when = parse_time(row[col["time"]])
         except ValueError:
@@ -189,9 +216,16 @@ def parse_trace(lines: Iterable[str], source: str = "<trace>") -> MarketTrace:
                            ("available_nodes", int)):
             text = row[col[name]].strip()
             try:
-                values[name] = kind(float(text)) if kind is int else kind(text)
+                number = float(text)
             except ValueError:
-                raise TraceError(f"{source}:{lineno}: column {name}: expected a number, got {text!r}") from None
+                raise TraceError(f"{source}:{lineno}: column {name}: expected a number, "
+                                 f"got {text[:40]!r}") from None
+            if not math.isfinite(number) or number < 0:
+                raise TraceError(f"{source}:{lineno}: column {name}: expected a non-negative number, got {text!r}")
+            if kind is int and (number != int(number) or number > MAX_COUNT):
+                raise TraceError(f"{source}:{lineno}: column {name}: expected a whole number up to {MAX_COUNT}, "
+                                 f"got {text!r}")
+            values[name] = int(number) if kind is int else number
         if key not in zone_index:
             zone_index[key] = len(zones)
             zones.append(TraceZone(key, row[col["accelerator"]], int(values["gpus_per_node"])))
@@ -211,6 +245,10 @@ def parse_trace(lines: Iterable[str], source: str = "<trace>") -> MarketTrace:
         raise TraceError(f"{source}: ticks must be evenly spaced and increasing")
     start = ordered[0]
     num_ticks = round((ordered[-1] - start).total_seconds() / tick_seconds) + 1
+    if num_ticks * max(len(zones), 1) > MAX_CELLS:
+        raise TraceError(f"{source}: column time: {format_time(start)} to {format_time(ordered[-1])} in steps of "
+                         f"{tick_seconds:g} s is {num_ticks} ticks; at most {MAX_CELLS // max(len(zones), 1)} "
+                         f"for {len(zones)} zone(s)")
     slot_of = {t: round((t - start).total_seconds() / tick_seconds) for t in ordered}
     order = {times[t]: slot_of[t] for t in ordered}
 

@@ -8,21 +8,25 @@ from collections.abc import Callable
 
 import uvicorn
 from fastapi import FastAPI
+from fastapi.exceptions import RequestValidationError
 
 from broker.api.auth import team_dependency
 from broker.api.jobs import JobIntake, jobs_router
+from broker.api.limits import Limits, RequestLimits
 from broker.api.metrics import install_metrics
 from broker.api.notices import notices_router
 from broker.api.prices import prices_router
 from broker.api.reports import reports_router
+from broker.api.validation import validation_error_response
 from broker.clock import Clock
 from broker.store import Store
 
 
 def create_app(store: Store, clock: Clock, intake: JobIntake | None = None,
-               is_leader: Callable[[], bool] | None = None) -> FastAPI:
+               is_leader: Callable[[], bool] | None = None, limits: Limits | None = None) -> FastAPI:
     """The notice API alone (the embedded broker), or with ``intake`` the whole service API."""
     app = FastAPI(title="spot broker", version="1", docs_url=None, redoc_url=None)
+    app.add_exception_handler(RequestValidationError, validation_error_response)
     app.include_router(notices_router(store, clock))
 
     @app.get("/v1/health")
@@ -35,6 +39,11 @@ def create_app(store: Store, clock: Clock, intake: JobIntake | None = None,
         app.include_router(prices_router(store, team))
         app.include_router(reports_router(store, team))
         install_metrics(app, store, is_leader)
+        from broker.web.app import mount_dashboard
+
+        mount_dashboard(app, store, clock, intake.home)
+    # Added last, so it is outermost: nothing inside sees a request over a limit.
+    app.add_middleware(RequestLimits, limits=limits or Limits())
     return app
 
 

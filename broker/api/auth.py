@@ -1,4 +1,5 @@
-"""Bearer-token authentication of team API calls: the team a token belongs to, or 401."""
+"""Bearer-token authentication: team API calls (the team a token belongs to) and node agents (their
+cluster, while it lives), or 401 before anything else about the request is looked at."""
 
 from __future__ import annotations
 
@@ -6,24 +7,51 @@ from collections.abc import Callable
 from typing import Annotated
 
 from fastapi import Header, HTTPException, status
+from sqlalchemy import select
 
+from broker.model import ClusterState
 from broker.store import Store
-from broker.tokens import team_of_token
+from broker.store.tables import ClusterRow
+from broker.tokens import team_of_token, token_digest
+
+# Our tokens are well under this; a longer header is refused before it is hashed or looked up.
+MAX_TOKEN_CHARS = 512
+
+
+def _unauthorized(message: str) -> HTTPException:
+    return HTTPException(status.HTTP_401_UNAUTHORIZED, message, headers={"WWW-Authenticate": "Bearer"})
 
 
 def bearer_token(authorization: Annotated[str | None, Header()] = None) -> str:
     if not authorization or not authorization.lower().startswith("bearer "):
-        raise HTTPException(status.HTTP_401_UNAUTHORIZED, "missing bearer token: send `Authorization: Bearer <token>`",
-                            headers={"WWW-Authenticate": "Bearer"})
-    return authorization.split(" ", 1)[1].strip()
+        raise _unauthorized("missing bearer token: send `Authorization: Bearer <token>`")
+    token = authorization.split(" ", 1)[1].strip()
+    if not token or len(token) > MAX_TOKEN_CHARS or "\x00" in token:
+        raise _unauthorized("unknown or revoked token")
+    return token
 
 
 def team_dependency(store: Store) -> Callable[[str | None], str]:
     def team(authorization: Annotated[str | None, Header()] = None) -> str:
         found = team_of_token(store, bearer_token(authorization))
         if found is None:
-            raise HTTPException(status.HTTP_401_UNAUTHORIZED, "unknown or revoked token",
-                                headers={"WWW-Authenticate": "Bearer"})
+            raise _unauthorized("unknown or revoked token")
         return found
 
     return team
+
+
+def agent_dependency(store: Store) -> Callable[[str | None], str]:
+    """The cluster whose agent token is presented; 401 for an unknown token or a cluster that ended
+    (an agent token dies with its cluster, so a leaked one is worth nothing afterwards)."""
+    def cluster(authorization: Annotated[str | None, Header()] = None) -> str:
+        digest = token_digest(bearer_token(authorization))
+        with store.transaction() as s:
+            found = s.execute(select(ClusterRow.id, ClusterRow.state).where(ClusterRow.token_hash == digest)).first()
+        if found is None:
+            raise _unauthorized("unknown token")
+        if not ClusterState(found.state).live:
+            raise _unauthorized(f"the token's cluster is {found.state.lower()}: its agent token has expired")
+        return str(found.id)
+
+    return cluster

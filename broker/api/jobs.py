@@ -7,15 +7,20 @@ from there) and a cancel only marks the job (the leader tears its clusters down)
 from __future__ import annotations
 
 import dataclasses
+import logging
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, HTTPException, Query, status
+from fastapi import APIRouter, Depends, HTTPException, Query, Request, status
+from fastapi import Path as PathParam
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 from sqlalchemy import select
 
+from broker.api.limits import out_of_time
+from broker.api.validation import Text, body_schema, json_body
 from broker.clock import Clock
 from broker.engine.machine import cancel_job, submit_job
 from broker.joblogs import read_new
@@ -24,6 +29,8 @@ from broker.spec import JobSpec, SpecError, parse_job_spec
 from broker.store import Store
 from broker.store.tables import JobRow
 from broker.summary import job_summary
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -39,9 +46,18 @@ class JobIntake:
 
 
 class JobSubmission(BaseModel):
-    spec: str = Field(min_length=1, max_length=1_000_000, description="the job file's text (YAML)")
-    source: str | None = Field(None, max_length=4096,
-                               description="the job file's path; a relative workdir is resolved against it")
+    spec: Text = Field(min_length=1, max_length=1_000_000, description="the job file's text (YAML)")
+    source: Text | None = Field(None, max_length=4096,
+                                description="the job file's path; a relative workdir is resolved against it")
+
+
+submission_body = json_body(JobSubmission)
+# Job ids are ``j-`` and 8 hex digits; the column holds 32 characters.
+JobId = Annotated[str, PathParam(max_length=32, pattern=r"^[A-Za-z0-9_.-]+$")]
+# The widest integer every store takes (PostgreSQL's INTEGER).
+MAX_STORED_INT = 2**31 - 1
+# A log offset past this is no file's; seeking there overflows.
+MAX_LOG_OFFSET = 2**53
 
 
 class CancelResult(BaseModel):
@@ -69,6 +85,33 @@ def spec_error_response(exc: SpecError) -> JSONResponse:
     }], "message": str(exc)})
 
 
+def _row_problem(spec: JobSpec, now: datetime) -> SpecError | None:
+    """What the store's columns cannot hold, found before the database sees it (PostgreSQL refuses
+    what SQLite would take, and an error from the database would be a 500)."""
+    if len(spec.name) > 200:
+        return SpecError(f"at most 200 characters, got {len(spec.name)}", field="name")
+    for field, number in (("num_nodes", spec.num_nodes), ("broker.priority", spec.broker.priority),
+                          ("resources.accelerators", spec.gpus_per_node)):
+        if not -MAX_STORED_INT <= number <= MAX_STORED_INT:
+            return SpecError(f"{number} is out of range (at most {MAX_STORED_INT})", field=field)
+    if spec.accelerator is not None and len(spec.accelerator) > 50:
+        return SpecError("accelerator name longer than 50 characters", field="resources.accelerators")
+    try:
+        deadline = spec.broker.deadline_at(now)
+    except OverflowError:
+        deadline = datetime.max.replace(tzinfo=UTC)
+    if deadline is not None and deadline.year > 9000:
+        return SpecError("too far in the future", field="broker.deadline")
+    if spec.broker.work is not None and spec.broker.work.days > 365 * 1000:
+        return SpecError("too long", field="broker.work")
+    texts = {"name": spec.name, "broker.team": spec.broker.team, "broker.checkpoint.dir": spec.broker.checkpoint.dir,
+             "resources.accelerators": spec.accelerator}
+    for field, text in texts.items():
+        if text is not None and "\x00" in text:
+            return SpecError("contains a NUL byte", field=field)
+    return None
+
+
 def _market_problem(spec: JobSpec, offered: frozenset[tuple[str, int]] | None) -> SpecError | None:
     if offered is None or not spec.accelerators:
         return None
@@ -91,19 +134,28 @@ def jobs_router(store: Store, clock: Clock, intake: JobIntake, team_of: Any) -> 
             raise HTTPException(status.HTTP_403_FORBIDDEN, f"job {job_id!r} belongs to another team")
         return job  # type: ignore[no-any-return]
 
-    @router.post("", status_code=status.HTTP_201_CREATED, responses={422: {"description": "invalid job file"}})
-    def submit(body: JobSubmission, team: str = Depends(team_of)) -> Any:
+    @router.post("", status_code=status.HTTP_201_CREATED, responses={422: {"description": "invalid job file"}},
+                 openapi_extra=body_schema(JobSubmission))
+    def submit(request: Request, *, team: str = Depends(team_of),
+               body: Annotated[JobSubmission, Depends(submission_body)]) -> Any:
         """Validate a job file and queue it as PENDING for the caller's team."""
         try:
             spec = parse_job_spec(body.spec, source=body.source or "job file", offline=intake.offline)
         except SpecError as exc:
             return spec_error_response(exc)
-        problem = _market_problem(spec, intake.offered)
+        except Exception as exc:  # whatever the parser trips on is the file's fault, not a 500
+            log.warning("job file refused: the parser raised %s", type(exc).__name__)
+            said = " ".join(str(exc).split())[:200]
+            return spec_error_response(SpecError(f"the job file cannot be read: {type(exc).__name__}: {said}"))
+        problem = _row_problem(spec, clock.now()) or _market_problem(spec, intake.offered)
         if problem is not None:
             return spec_error_response(problem)
         if "team" in spec.broker_config and spec.broker.team != team:
             raise HTTPException(status.HTTP_403_FORBIDDEN,
                                 f"broker.team: the job file names team {spec.broker.team!r}, the token is {team!r}'s")
+        if out_of_time(request.state):
+            raise HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE,
+                                "the request's time budget ran out before the job was stored; nothing was stored")
         with store.transaction() as s:
             priority = priority_for(s, queue_of(spec.to_data()))
         section = dataclasses.replace(spec.broker, team=team,
@@ -114,7 +166,7 @@ def jobs_router(store: Store, clock: Clock, intake: JobIntake, team_of: Any) -> 
 
     @router.get("")
     def list_jobs(team: str = Depends(team_of),
-                  state: Annotated[str | None, Query(description="only jobs in this state")] = None,
+                  state: Annotated[str | None, Query(description="only jobs in this state", max_length=20)] = None,
                   ) -> list[dict[str, Any]]:
         """The caller's team's jobs, oldest first."""
         with store.transaction() as s:
@@ -124,29 +176,33 @@ def jobs_router(store: Store, clock: Clock, intake: JobIntake, team_of: Any) -> 
             return [job_summary(s, job) for job in s.scalars(query)]
 
     @router.get("/{job_id}")
-    def get_job(job_id: str, team: str = Depends(team_of)) -> dict[str, Any]:
+    def get_job(job_id: JobId, team: str = Depends(team_of)) -> dict[str, Any]:
         """One job: the fields of `broker status JOB --json`."""
         with store.transaction() as s:
             return job_summary(s, owned(s, job_id, team))
 
     @router.post("/{job_id}/cancel", response_model=CancelResult)
-    def cancel(job_id: str, team: str = Depends(team_of)) -> CancelResult:
+    def cancel(job_id: JobId, team: str = Depends(team_of)) -> CancelResult:
         """Cancel a job; the leader's engine tears its clusters down on its next step."""
         with store.transaction() as s:
             owned(s, job_id, team)
         return CancelResult(job_id=job_id, state=cancel_job(store, job_id, clock))
 
     @router.get("/{job_id}/logs", response_model=JobLogs)
-    def logs(job_id: str, team: str = Depends(team_of),
+    def logs(job_id: JobId, team: str = Depends(team_of),
              offset: Annotated[list[str] | None, Query(description="FILE:BYTES already read, repeatable")] = None,
              ) -> JobLogs:
         """New output of every attempt and node, past the offsets the caller already has."""
         offsets: dict[str, int] = {}
+        if len(offset or []) > 1000:
+            raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, "offset: at most 1000 of them")
         for item in offset or []:
             name, _, number = item.rpartition(":")
-            if not name or not number.isdigit():
+            if (not name or len(item) > 300 or not number.isascii() or not number.isdigit()
+                    or len(number) > 16 or int(number) > MAX_LOG_OFFSET):
                 raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT,
-                                    f"offset: expected FILE:BYTES like attempt-1-node-0:1024, got {item!r}")
+                                    f"offset: expected FILE:BYTES like attempt-1-node-0:1024 with BYTES at most "
+                                    f"{MAX_LOG_OFFSET}, got {item[:80]!r}")
             offsets[name] = int(number)
         with store.transaction() as s:
             job = owned(s, job_id, team)

@@ -7,29 +7,36 @@ the agent racing) is recorded once; a later report may only add the checkpoint.
 
 from __future__ import annotations
 
+import posixpath
+import re
 from datetime import UTC, datetime
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Header, HTTPException, status
+from fastapi import APIRouter, Depends, HTTPException, status
 from pydantic import BaseModel, Field
 from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 
+from broker.api.auth import agent_dependency
+from broker.api.validation import Text, When, body_schema, json_body
 from broker.clock import Clock
 from broker.store import Store
-from broker.store.tables import ClusterRow, NoticeRow
-from broker.tokens import token_digest
+from broker.store.tables import ClusterRow, JobRow, NoticeRow
 
 
 class NoticeReport(BaseModel):
-    cluster_id: str = Field(min_length=1)
-    node: str = "0"
+    # Lengths are those of the columns the values are stored in.
+    cluster_id: Text = Field(min_length=1, max_length=64)
+    node: Text = Field("0", max_length=100)
     kind: str = Field(pattern="^(terminate|stop|hibernate|rebalance|maintenance)$")
-    action_time: datetime | None = None
-    noticed_at: datetime | None = None
-    signaled_at: datetime | None = None
-    checkpoint: str | None = None
-    checkpoint_at: datetime | None = None
+    action_time: When = None
+    noticed_at: When = None
+    signaled_at: When = None
+    checkpoint: Text | None = Field(default=None, max_length=4096)
+    checkpoint_at: When = None
+
+
+notice_body = json_body(NoticeReport)
 
 
 class NoticeAccepted(BaseModel):
@@ -37,35 +44,70 @@ class NoticeAccepted(BaseModel):
     duplicate: bool
 
 
-def _bearer(authorization: Annotated[str | None, Header()] = None) -> str:
-    if not authorization or not authorization.lower().startswith("bearer "):
-        raise HTTPException(status.HTTP_401_UNAUTHORIZED, "missing bearer token",
-                            headers={"WWW-Authenticate": "Bearer"})
-    return authorization.split(" ", 1)[1].strip()
+def checkpoint_allowed(path: str, checkpoint_dir: str, job_id: str, backend: str) -> bool:
+    """``path`` lies inside the job's checkpoint directory as a node sees it (``..`` cannot climb out)."""
+    from broker.provision.sky_task import CHECKPOINT_MOUNT, LOCAL_CHECKPOINT_ROOT, is_bucket, split_bucket
+
+    if is_bucket(checkpoint_dir):
+        inside = split_bucket(checkpoint_dir)[1]
+        roots = [checkpoint_dir.rstrip("/"), posixpath.join(CHECKPOINT_MOUNT, inside) if inside else CHECKPOINT_MOUNT]
+    else:
+        roots = [posixpath.normpath(checkpoint_dir)]
+    if ".." in path.split("/"):
+        return False
+    candidate = path.rstrip("/") if "://" in path else posixpath.normpath(path)
+    if any(candidate == root or candidate.startswith(root.rstrip("/") + "/") for root in roots):
+        return True
+    # A cloud node without a bucket keeps the job's checkpoints under its own $HOME (see sky_task).
+    node_local = re.compile(rf"^/.+/{re.escape(LOCAL_CHECKPOINT_ROOT)}/{re.escape(job_id)}(/|$)")
+    return backend != "local" and not is_bucket(checkpoint_dir) and bool(node_local.match(candidate))
+
+
+def _unprocessable(field: str, message: str, kind: str) -> HTTPException:
+    return HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT,
+                         [{"loc": ["body", field], "type": kind, "msg": f"{field}: {message}"}])
 
 
 def notices_router(store: Store, clock: Clock) -> APIRouter:
     router = APIRouter()
+    agent = agent_dependency(store)
 
-    @router.post("/v1/notices", status_code=status.HTTP_202_ACCEPTED, response_model=NoticeAccepted)
-    def post_notice(report: NoticeReport, token: Annotated[str, Depends(_bearer)]) -> NoticeAccepted:
-        digest = token_digest(token)
-        with store.transaction() as s:
-            owner = s.scalar(select(ClusterRow.id).where(ClusterRow.token_hash == digest))
-            if owner is None:
-                raise HTTPException(status.HTTP_401_UNAUTHORIZED, "unknown token")
-            if owner != report.cluster_id:
-                raise HTTPException(status.HTTP_403_FORBIDDEN, "this token may only report for its own cluster")
+    @router.post("/v1/notices", status_code=status.HTTP_202_ACCEPTED, response_model=NoticeAccepted,
+                 openapi_extra=body_schema(NoticeReport))
+    def post_notice(*, owner: str = Depends(agent),
+                    report: Annotated[NoticeReport, Depends(notice_body)]) -> NoticeAccepted:
+        if owner != report.cluster_id:
+            raise HTTPException(status.HTTP_403_FORBIDDEN, "this token may only report for its own cluster")
+        for field in ("action_time", "noticed_at", "signaled_at", "checkpoint_at"):
+            value = getattr(report, field)
+            try:
+                _to_clock(clock, value, strict=True)
+            except (OverflowError, ValueError):
+                raise _unprocessable(field, f"{value.isoformat()} is beyond what the broker's clock can hold",
+                                     "time_range") from None
+        if report.checkpoint is not None:
+            with store.transaction() as s:
+                job = s.execute(select(JobRow.id, JobRow.checkpoint_dir, JobRow.backend)
+                                .join(ClusterRow, ClusterRow.job_id == JobRow.id)
+                                .where(ClusterRow.id == owner)).first()
+            if job is None or not checkpoint_allowed(report.checkpoint, job.checkpoint_dir, job.id, job.backend):
+                raise _unprocessable("checkpoint", "must lie under the job's checkpoint directory",
+                                     "checkpoint_outside")
         return record_notice(store, clock, report)
 
     return router
 
 
-def _to_clock(clock: Clock, value: datetime | None) -> datetime | None:
+def _to_clock(clock: Clock, value: datetime | None, strict: bool = False) -> datetime | None:
     if value is None:
         return None
     value = value if value.tzinfo else value.replace(tzinfo=UTC)
-    return clock.to_clock(value.timestamp())
+    try:
+        return clock.to_clock(value.timestamp())
+    except (OverflowError, ValueError):
+        if strict:
+            raise
+        return None  # beyond what the clock can express: no deadline the engine could plan on
 
 
 def record_notice(store: Store, clock: Clock, report: NoticeReport, source: str = "agent") -> NoticeAccepted:

@@ -59,6 +59,46 @@ class LocalWorld:
         return LocalMarket(trace or read_trace(self.trace_path), self.clock.origin)
 
 
+# Linux's limit on one string of an exec's arguments or environment (MAX_ARG_STRLEN).
+MAX_EXPORTED_BYTES = 128 * 1024
+
+
+def private_file(path: Path, text: str) -> Path:
+    """Write ``text`` to a file only its owner may read (created so, never widened after)."""
+    with contextlib.suppress(FileNotFoundError):
+        path.unlink()
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(descriptor, "w") as handle:
+        handle.write(text)
+    return path
+
+
+def job_script(node_dir: Path, signal_name: str, workdir: Path, setup: str | None, run: str,
+               variables: dict[str, str]) -> Path:
+    """The node's shell script: its variables (from a private file), then ``setup`` and ``run``."""
+    lines = []
+    for name, value in variables.items():
+        if not name.isidentifier():
+            continue
+        if len(name) + len(value) + 2 > MAX_EXPORTED_BYTES:
+            # Linux refuses to exec anything whose environment holds a string this long, so the
+            # variable is the job script's own and its commands do not inherit it.
+            lines.append(f"{name}={shlex.quote(value)}\n")
+            warning = (f"[broker] {name} holds {len(value)} bytes, over the {MAX_EXPORTED_BYTES} an exported "
+                       "variable may: set in the job script, not exported")
+            lines.append(f"echo {shlex.quote(warning)} >&2\n")
+        else:
+            lines.append(f"export {name}={shlex.quote(value)}\n")
+    env_file = private_file(node_dir / "env.sh", "".join(lines))
+    script = "\n".join(
+        [f"trap '' {signal_name.removeprefix('SIG')}", f". {shlex.quote(str(env_file))}", "set -e",
+         f"cd {shlex.quote(str(workdir))}"]
+        + ([setup] if setup else [])
+        + [run, ""]
+    )
+    return private_file(node_dir / "job.sh", script)
+
+
 class LocalProvisioner:
     name = "local"
 
@@ -150,11 +190,6 @@ class LocalProvisioner:
         spec = launch.spec
         workdir = spec.resolved_workdir() or (Path(spec.source).parent if spec.source else Path.cwd())
         signal_name = spec.broker.checkpoint.signal
-        script = "\n".join(
-            [f"trap '' {signal_name.removeprefix('SIG')}", "set -e", f"cd {shlex.quote(str(workdir))}"]
-            + ([spec.setup] if spec.setup else [])
-            + [spec.run]
-        )
         node_ips = ["127.0.0.1"] * len(launch.placement.nodes)
         Path(launch.log_dir).mkdir(parents=True, exist_ok=True)
         Path(launch.checkpoint_dir).mkdir(parents=True, exist_ok=True)
@@ -163,6 +198,10 @@ class LocalProvisioner:
             if (node_dir / "started").exists():
                 continue  # started before the broker restarted: do not start a second copy
             node_dir.mkdir(parents=True, exist_ok=True)
+            variables = launch.env(rank, node_ips)
+            # The job's command and variables go through files: the argument list and the
+            # environment of an exec hold 128 KB per string, and a job file may hold more.
+            script = job_script(node_dir, signal_name, workdir, spec.setup, spec.run, variables)
             command = [
                 sys.executable, "-m", "broker.agent", "--cloud", "local",
                 "--metadata-url", f"http://127.0.0.1:{port}",
@@ -174,9 +213,10 @@ class LocalProvisioner:
             if launch.broker_url:
                 command += ["--broker-url", launch.broker_url]
             if cluster.agent_token:
-                command += ["--token", cluster.agent_token]
-            command += ["--", "bash", "-c", script]
-            env = {**os.environ, **launch.env(rank, node_ips), "PYTHONUNBUFFERED": "1",
+                command += ["--token-file", str(private_file(node_dir / "token", cluster.agent_token))]
+            command += ["--", "bash", str(script)]
+            small = {k: v for k, v in variables.items() if k not in spec.envs and len(k) + len(v) < 4096}
+            env = {**os.environ, **small, "PYTHONUNBUFFERED": "1",
                    # A local node's `python` is the broker's own interpreter, as a cloud image's would be.
                    "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])}
             log_path = Path(launch.log_dir) / f"attempt-{launch.attempt}-node-{rank}.log"

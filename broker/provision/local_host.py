@@ -11,6 +11,7 @@ SIGTERM) tears the cluster down.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import math
 import os
@@ -19,6 +20,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -30,6 +32,9 @@ from providers.local import NOTICE_SECONDS, LocalMarket
 from providers.trace import read_trace
 
 TICK_WALL_SECONDS = 0.05
+# How often a spot cluster re-reads its zone's other clusters (their ends move its preemption later).
+ZONE_CHECK_WALL_SECONDS = 0.5
+LIVE_STATES = ("PROVISIONING", "UP")
 
 
 def write_json(path: Path, data: dict[str, Any]) -> None:
@@ -58,6 +63,49 @@ def kill_node_processes(directory: Path) -> int:
             os.killpg(pgid, signal.SIGKILL)
             killed += 1
     return killed
+
+
+def process_alive(pid: object) -> bool:
+    try:
+        os.kill(int(str(pid)), 0)
+    except (ProcessLookupError, ValueError):
+        return False
+    except PermissionError:
+        return True
+    try:  # a zombie has exited
+        return "Z" not in Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
+    except OSError:
+        return True
+
+
+@contextlib.contextmanager
+def zone_lock(root: Path) -> Iterator[None]:
+    """One host at a time decides whether the zone has room (hosts are separate processes)."""
+    # Beside the clusters' directories, not among them (everything there is a cluster).
+    with open(root.parent / "capacity.lock", "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def claimed_before(root: Path, key: dict[str, Any], me: Path, my_claim: tuple[float, str] | None) -> int:
+    """Spot nodes of the zone's live clusters that claimed capacity before ``my_claim`` (all when None)."""
+    nodes = 0
+    for other in root.iterdir():
+        if other == me or not other.is_dir():
+            continue
+        config, status = read_json(other / "cluster.json"), read_json(other / "status.json")
+        if config is None or status is None or not config.get("spot") or config.get("key") != key:
+            continue
+        if status.get("state") not in LIVE_STATES or "claimed_wall" not in status:
+            continue
+        if my_claim is not None and (float(status["claimed_wall"]), other.name) >= my_claim:
+            continue
+        if process_alive(status.get("host_pid")):
+            nodes += int(config.get("num_nodes", 0))
+    return nodes
 
 
 class MetadataState:
@@ -137,27 +185,49 @@ class ClusterHost:
         kill_node_processes(self.dir)
         self.save(state="TERMINATED", reason=reason, ended_wall=time.time())
 
+    def claim(self, launched: datetime) -> bool:
+        """Take room for the nodes in the zone, counting every live spot cluster there: the trace's
+        ``available_nodes`` is the zone's, not each cluster's."""
+        with zone_lock(self.dir.parent):
+            have = self.market.available(self.key, launched)
+            taken = claimed_before(self.dir.parent, self.config["key"], self.dir, None)
+            if have - taken < self.nodes:
+                self.save(state="FAILED", capacity_error=True,
+                          reason=f"InsufficientInstanceCapacity: {max(0, have - taken)} of {self.nodes} spot nodes "
+                                 f"available in {self.key.zone} ({taken} of its {have} in use)")
+                return False
+            self.save(state="PROVISIONING", claimed_wall=time.time())
+            return True
+
+    def preemption(self, launched: datetime) -> datetime | None:
+        """When the trace leaves too little room for this cluster after the older ones in its zone."""
+        older = claimed_before(self.dir.parent, self.config["key"], self.dir,
+                               (float(self.status["claimed_wall"]), self.dir.name))
+        return self.market.preemption_time(self.key, older + self.nodes, launched)
+
     def run(self) -> None:
         signal.signal(signal.SIGTERM, lambda *_: self.stop.set())
         launched = self.clock.now()
         spot = bool(self.config["spot"])
-        if spot and self.market.available(self.key, launched) < self.nodes:
-            have = self.market.available(self.key, launched)
-            self.save(state="FAILED", capacity_error=True,
-                      reason=f"InsufficientInstanceCapacity: {have} of {self.nodes} spot nodes available "
-                             f"in {self.key.zone}")
+        if spot and not self.claim(launched):
             return
         port = self.serve_metadata()
         up_at = launched + timedelta(seconds=float(self.config["provision_seconds"]))
-        preempt_at = self.market.preemption_time(self.key, self.nodes, launched) if spot else None
+        preempt_at = self.preemption(launched) if spot else None
         if preempt_at is not None and preempt_at <= up_at:
             self.save(state="FAILED", capacity_error=True,
                       reason=f"capacity in {self.key.zone} was reclaimed while the nodes were starting")
             return
         self.save(state="PROVISIONING", metadata_port=port)
         notice_at = preempt_at - timedelta(seconds=NOTICE_SECONDS) if preempt_at else None
+        checked = time.time()
         while not self.stop.is_set():
             now = self.clock.now()
+            if spot and self.metadata.notice is None and time.time() - checked > ZONE_CHECK_WALL_SECONDS:
+                # Older clusters that ended leave room: the preemption can only move later.
+                checked = time.time()
+                preempt_at = self.preemption(launched)
+                notice_at = preempt_at - timedelta(seconds=NOTICE_SECONDS) if preempt_at else None
             if (self.dir / "terminate").exists():
                 self.end("terminated on request")
                 return

@@ -4,8 +4,9 @@
 region, zone, instance type, spot or not), the spec's disk, image and other resource keys, the
 user's file mounts and workdir, the checkpoint bucket mounted through SkyPilot storage, and a
 ``setup`` that installs the node agent before the user's own setup. ``job_task`` is what
-``sky.exec`` runs on it: the job's ``run`` wrapped in the node agent, with the broker's checkpoint
-contract in ``envs`` and the agent's token in ``secrets`` (SkyPilot redacts secrets in its logs).
+``sky.exec`` runs on it: the job's ``run`` (written to a file on the node) wrapped in the node
+agent, with the broker's checkpoint contract in ``envs`` and the agent's token in ``secrets``
+(SkyPilot redacts secrets in its logs).
 
 Both are plain mappings (``sky.Task.from_yaml_config`` takes them), so they print as YAML for
 ``--dryrun`` and are checked in tests without SkyPilot.
@@ -162,10 +163,16 @@ def job_name(job_id: str, attempt: int) -> str:
 
 
 def agent_command(cluster: ClusterInfo, launch: JobLaunch) -> str:
-    """The shell line each node runs: the node agent wrapping the job's own ``run``."""
+    """The shell lines each node runs: the job's ``run`` written to a script file (an argument is
+    limited to 128 KB, a job's ``run`` is not), then the node agent running that script.
+
+    The agent reads its token from ``$BROKER_AGENT_TOKEN`` (a SkyPilot secret), not from its
+    argument list, where every user of the node could see it in ``ps``.
+    """
     signal_name = launch.spec.broker.checkpoint.signal
     # The wrapper shell ignores the checkpoint signal, so only job processes that handle it react.
-    inner = f"trap '' {signal_name.removeprefix('SIG')}\n{launch.spec.run}"
+    inner = f"trap '' {signal_name.removeprefix('SIG')}\n{launch.spec.run}\n"
+    script = f"{run_status_file(launch.job_id, launch.attempt)}.sh"
     words = [f"{AGENT_VENV}/bin/python", "-m", "broker.agent", "--cloud", "auto",
              "--signal", signal_name, "--cluster-id", cluster.id,
              "--status-file", run_status_file(launch.job_id, launch.attempt)]
@@ -173,9 +180,16 @@ def agent_command(cluster: ClusterInfo, launch: JobLaunch) -> str:
         words += ["--broker-url", launch.broker_url]
     line = " ".join(w if w.startswith("~/") else shlex.quote(w) for w in words)
     line += ' --checkpoint-dir "$BROKER_CHECKPOINT_DIR"'
-    if cluster.agent_token:
-        line += f' --token "${TOKEN_SECRET}"'
-    return f'{line} --node "$SKYPILOT_NODE_RANK" -- bash -c {shlex.quote(inner)}'
+    return (f"{heredoc(script, inner)}\n"
+            f'{line} --node "$SKYPILOT_NODE_RANK" -- bash {script}')
+
+
+def heredoc(path: str, text: str) -> str:
+    """Shell lines writing ``text`` to ``path`` verbatim (a quoted here-document: nothing expands)."""
+    marker = "BROKER_RUN_EOF"
+    while marker in text:
+        marker += "_"
+    return f"cat > {path} <<'{marker}'\n{text}{marker}"
 
 
 def run_status_file(job_id: str, attempt: int) -> str:

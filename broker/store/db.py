@@ -113,7 +113,8 @@ def open_store(url: str, migrate: bool = True) -> Store:
             store.migrate()
     except Exception as exc:
         store.dispose()
-        raise StoreError(f"cannot open the store at {_redact(url)}: {exc}") from exc
+        said = next((line for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
+        raise StoreError(f"cannot open the store at {_redact(url)}: {said}") from exc
     return store
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -70,11 +71,12 @@ def _run_agent(tmp_path: Path, metadata: str, broker: str | None, state: FakeImd
     job.write_text(JOB)
     status = tmp_path / "status"
     command = [sys.executable, "-m", "broker.agent", "--cloud", "aws", "--metadata-url", metadata,
-               "--poll", "50ms", "--cluster-id", "c1", "--token", "secret-token",
+               "--poll", "50ms", "--cluster-id", "c1",
                "--checkpoint-dir", str(ckpt), "--status-file", str(status)]
     if broker:
         command += ["--broker-url", broker]
-    process = subprocess.Popen([*command, "--", sys.executable, str(job)])
+    process = subprocess.Popen([*command, "--", sys.executable, str(job)],
+                               env={**os.environ, "BROKER_AGENT_TOKEN": "secret-token"})
     time.sleep(0.5)
     state.action = {"action": "terminate",
                     "time": (datetime.now(UTC) + timedelta(seconds=4)).strftime("%Y-%m-%dT%H:%M:%SZ")}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -56,7 +57,7 @@ def test_run_line_wraps_the_job_in_the_agent_on_each_node(tmp_path: Path) -> Non
     done = subprocess.run(["bash", "-c", run], env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert out.read_text().strip() == "1 j-1 it's"  # node 1's GPUs, and the job's own quoting intact
-    assert '--token "$BROKER_AGENT_TOKEN"' in task["run"] and "s3cr3t" not in task["run"]
+    assert "--token" not in task["run"] and "s3cr3t" not in task["run"]  # the agent reads $BROKER_AGENT_TOKEN
 
 
 def _expand(word: str, home: Path) -> str:
@@ -91,3 +92,26 @@ def test_the_task_is_plain_data() -> None:
     task = job_task(cluster, launch)
     assert json.loads(json.dumps(task)) == task  # SkyPilot sends tasks as YAML/JSON: nothing exotic inside
     assert task["resources"]["use_spot"] is False and "secrets" not in task
+
+
+def test_a_1mb_run_reaches_the_node_as_a_file_not_an_argument(tmp_path: Path) -> None:
+    marker_line = "echo done-BROKER_RUN_EOF > \"$OUT\""  # the here-document's marker inside the job's own text
+    run = "\n".join(f"# {i:07d} " + "x" * 110 for i in range(9000)) + "\n" + marker_line + "\n"
+    spec = dataclasses.replace(parse_job_spec("name: t\nresources:\n  accelerators: V100:1\nrun: 'true'\n",
+                                              offline=True), run=run)
+    cluster = ClusterInfo("j-2-c1", "aws", "us-east-1", "us-east-1a", "p3.2xlarge", 1, 1, True, agent_token="tok")
+    launch = JobLaunch("j-2", 1, spec, GangPlacement("j-2-c1", ((0, (0,)),)), "/srv/ckpt", None, None,
+                       str(tmp_path / "logs"))
+    task = job_task(cluster, launch)
+    assert len(run) > 1024 * 1024
+    venv = tmp_path / "home" / ".broker-agent" / "bin"
+    venv.mkdir(parents=True)
+    (venv / "python").symlink_to(sys.executable)
+    out = tmp_path / "out.txt"
+    script = tmp_path / "task.sh"  # SkyPilot runs `run` as a script file too
+    script.write_text(task["run"].replace(" --cloud auto", " --cloud local"))
+    env = {**os.environ, "HOME": str(tmp_path / "home"), "PYTHONPATH": str(REPO), "SKYPILOT_NODE_RANK": "0",
+           "BROKER_AGENT_TOKEN": "tok", "OUT": str(out)}
+    done = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert out.read_text().strip() == "done-BROKER_RUN_EOF"

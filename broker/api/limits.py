@@ -1,0 +1,160 @@
+"""What one request may cost the service: body size, JSON depth, NULs in the target, a time budget.
+
+``RequestLimits`` is the outermost ASGI layer, so a request over a limit is refused before any
+route, JSON parser or database sees it. Bodies are read once, counted as they arrive (a lying or
+absent ``Content-Length`` does not help) and handed on to the app unchanged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import time
+from collections.abc import Awaitable, Callable, MutableMapping
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import parse_qsl, unquote_to_bytes
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+# A job file may be 1,000,000 characters; JSON escaping of its newlines and quotes needs room.
+MAX_BODY_BYTES = 2 * 1024 * 1024
+# The deepest body a route takes is 2 levels; 32 leaves room and stops recursion bombs.
+MAX_JSON_DEPTH = 32
+# Longest URL path plus query string; ids, states and offsets are all short.
+MAX_TARGET_BYTES = 8192
+# Generous: the first submission after a start loads SkyPilot's catalog, which takes tens of seconds
+# on a busy machine.
+TIME_BUDGET_SECONDS = 120.0
+# A write is not begun with less than this part of the budget left, so a request answered 503
+# has not stored anything behind the caller's back (its worker thread cannot be stopped).
+WRITE_MARGIN = 0.2
+
+_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"', re.DOTALL)
+_BRACKETS = re.compile(rb"[\[\]{}]")
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_body_bytes: int = MAX_BODY_BYTES
+    max_json_depth: int = MAX_JSON_DEPTH
+    max_target_bytes: int = MAX_TARGET_BYTES
+    time_budget_s: float = TIME_BUDGET_SECONDS
+
+
+def json_depth(body: bytes) -> int:
+    """How deeply arrays and objects nest in ``body``, without parsing it (brackets in strings skipped)."""
+    depth = deepest = 0
+    for bracket in _BRACKETS.findall(_STRING.sub(b'""', body)):
+        if bracket in (b"[", b"{"):
+            depth += 1
+            deepest = max(deepest, depth)
+        else:
+            depth = max(0, depth - 1)
+    return deepest
+
+
+def target_problem(scope: Scope, limit: int) -> str | None:
+    """Why the URL path or query string cannot be served (too long, a NUL), naming the part."""
+    raw_path = scope.get("raw_path") or str(scope.get("path", "")).encode()
+    query: bytes = scope.get("query_string") or b""
+    if len(raw_path) + len(query) > limit:
+        return f"URL: longer than {limit} bytes"
+    if b"\x00" in unquote_to_bytes(raw_path):
+        return "path: contains a NUL byte"
+    try:
+        pairs = parse_qsl(query.decode("latin-1"), keep_blank_values=True, errors="strict")
+    except (UnicodeDecodeError, ValueError):
+        return "query string: not valid URL encoding"
+    for name, value in pairs:
+        if "\x00" in name or "\x00" in value:
+            return f"query parameter {name.replace(chr(0), '') or '?'!r}: contains a NUL byte"
+    return None
+
+
+async def refuse(send: Send, status: int, message: str, field: list[str] | None = None) -> None:
+    """Answer with the API's error shape: ``detail`` (with ``loc`` when a field is named) and ``message``."""
+    detail: Any = [{"loc": field, "msg": message, "type": "limit"}] if field else message
+    body = json.dumps({"detail": detail, "message": message}).encode()
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": body})
+
+
+class RequestLimits:
+    def __init__(self, app: ASGIApp, limits: Limits | None = None) -> None:
+        self.app = app
+        self.limits = limits or Limits()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        limits = self.limits
+        problem = target_problem(scope, limits.max_target_bytes)
+        if problem is not None:
+            await refuse(send, 400, problem)
+            return
+        declared = dict(scope.get("headers") or []).get(b"content-length")
+        if declared is not None and (not declared.isdigit() or int(declared) > limits.max_body_bytes):
+            await refuse(send, 413, f"body: larger than {limits.max_body_bytes} bytes", ["body"])
+            return
+        chunks: list[bytes] = []
+        size = 0
+        more = True
+        while more:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > limits.max_body_bytes:
+                await refuse(send, 413, f"body: larger than {limits.max_body_bytes} bytes", ["body"])
+                return
+            chunks.append(chunk)
+            more = bool(message.get("more_body"))
+        body = b"".join(chunks)
+        if body and json_depth(body) > limits.max_json_depth:
+            await refuse(send, 422, f"body: nested deeper than {limits.max_json_depth} levels", ["body"])
+            return
+        scope.setdefault("state", {})["deadline"] = time.monotonic() + limits.time_budget_s * (1 - WRITE_MARGIN)
+        await self._within_budget(scope, _replay(body), send)
+
+    async def _within_budget(self, scope: Scope, receive: Receive, send: Send) -> None:
+        started = False
+
+        async def tracked(message: Message) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await asyncio.wait_for(self.app(scope, receive, tracked), self.limits.time_budget_s)
+        except TimeoutError:
+            if not started:
+                await refuse(send, 503, f"request took longer than its {self.limits.time_budget_s:g} s budget")
+
+
+def out_of_time(state: Any) -> bool:
+    """True when the request's budget is nearly spent: too late to begin a write."""
+    deadline = getattr(state, "deadline", None)
+    return deadline is not None and time.monotonic() > deadline
+
+
+def _replay(body: bytes) -> Receive:
+    sent = False
+
+    async def receive() -> Message:
+        nonlocal sent
+        if sent:
+            await asyncio.Event().wait()  # nothing more comes: wait as a quiet client would
+        sent = True
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    return receive

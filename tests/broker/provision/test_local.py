@@ -1,0 +1,158 @@
+"""The local backend's node start and capacity, with real cluster hosts and node agents."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import stat
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from broker.model import GangPlacement
+from broker.provision.base import ClusterInfo, ClusterPhase, JobLaunch, RunPhase
+from broker.provision.local import LocalProvisioner, LocalWorld
+from broker.spec import parse_job_spec
+
+TOKEN = "agent-token-must-not-show-in-ps"
+
+
+def _trace(path: Path, available: list[int]) -> Path:
+    """One zone, one tick a minute, ``available`` spot nodes per tick."""
+    start = datetime.now(UTC).replace(microsecond=0) - timedelta(minutes=1)
+    rows = ["time,cloud,region,zone,instance_type,accelerator,gpus_per_node,spot_price,on_demand_price,"
+            "available_nodes"]
+    for tick, nodes in enumerate(available):
+        when = (start + timedelta(minutes=tick)).strftime("%Y-%m-%dT%H:%M:%SZ")
+        rows.append(f"{when},aws,us-east-1,us-east-1a,p3.2xlarge,V100,1,0.9,3.06,{nodes}")
+    path.write_text("\n".join(rows) + "\n")
+    return path
+
+
+def _cluster(name: str, token: str | None = None) -> ClusterInfo:
+    return ClusterInfo(name, "aws", "us-east-1", "us-east-1a", "p3.2xlarge", 1, 1, True, agent_token=token)
+
+
+def _wait(predicate, timeout: float = 60.0):  # type: ignore[no-untyped-def]
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError("timed out")
+
+
+@pytest.fixture
+def provisioner(broker_home: Path, tmp_path: Path) -> LocalProvisioner:
+    # Trace time runs at wall speed, so nothing is preempted during a test.
+    world = LocalWorld.begin(broker_home, str(_trace(tmp_path / "trace.csv", [2] * 600)), speed=1.0)
+    return LocalProvisioner(broker_home, world, provision_seconds=0)
+
+
+def _stop_all(provisioner: LocalProvisioner, clusters: list[ClusterInfo]) -> None:
+    for cluster in clusters:
+        provisioner.terminate(cluster)
+    for cluster in clusters:
+        _wait(lambda c=cluster: provisioner.status(c).phase in (ClusterPhase.TERMINATED, ClusterPhase.FAILED))
+
+
+def _all_command_lines() -> list[str]:
+    lines = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                lines.append((proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace"))
+            except OSError:
+                continue
+    return lines
+
+
+def test_a_1mb_run_and_300kb_envs_start_and_the_token_stays_off_argv(provisioner: LocalProvisioner,
+                                                                     tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    spec = parse_job_spec("name: big\nresources:\n  accelerators: V100:1\nrun: 'true'\n", offline=True)
+    filler = "\n".join(f"# filler line {i:07d} " + "x" * 100 for i in range(1024 * 1024 // 120))
+    run = (f"{filler}\n"
+           f'echo "run ${{#BIG}} $([ -n "${{BROKER_AGENT_TOKEN:-}}" ] && echo leaked || echo clean)" > {out}\n'
+           "sleep 3\n")
+    spec = dataclasses.replace(spec, run=run, envs={"BIG": "y" * 300_000, "SMALL": "it's"})
+    assert len(run) > 1024 * 1024
+    cluster = _cluster("c-big", TOKEN)
+    provisioner.launch(cluster)
+    try:
+        _wait(lambda: provisioner.status(cluster).phase is ClusterPhase.UP)
+        launch = JobLaunch("j-big", 1, spec, GangPlacement("c-big", ((0, (0,)),)), str(tmp_path / "ckpt"), None,
+                           None, str(tmp_path / "logs"))
+        provisioner.start_job(cluster, launch)
+        _wait(lambda: out.exists() and out.read_text().strip())
+        assert out.read_text().split() == ["run", "300000", "clean"]
+        assert provisioner.run_status(cluster, "j-big", 1).phase is RunPhase.RUNNING
+        # While the job runs: the token is in no process's argument list, only in a private file.
+        assert not [line for line in _all_command_lines() if TOKEN in line]
+        node = provisioner.cluster_dir(cluster) / "runs" / "j-big-1" / "node-0"
+        for name in ("token", "env.sh", "job.sh"):
+            assert stat.S_IMODE((node / name).stat().st_mode) == 0o600, name
+        assert (node / "token").read_text() == TOKEN
+        _wait(lambda: provisioner.run_status(cluster, "j-big", 1).phase is RunPhase.SUCCEEDED)
+    finally:
+        _stop_all(provisioner, [cluster])
+
+
+def test_spot_clusters_never_exceed_the_zones_available_nodes(provisioner: LocalProvisioner) -> None:
+    clusters = [_cluster(f"c-{i}") for i in range(4)]
+    for cluster in clusters:
+        provisioner.launch(cluster)
+    try:
+        phases = _wait(lambda: [p for p in (provisioner.status(c).phase for c in clusters)
+                                if p is not ClusterPhase.PROVISIONING] if all(
+            provisioner.status(c).phase is not ClusterPhase.PROVISIONING for c in clusters) else None)
+        assert phases.count(ClusterPhase.UP) == 2  # the trace offers 2 nodes in the zone
+        failed = [provisioner.status(c) for c in clusters if provisioner.status(c).phase is ClusterPhase.FAILED]
+        assert len(failed) == 2 and all(s.capacity_error and "2 of its 2 in use" in (s.reason or "") for s in failed)
+        # A cluster that ends gives its room back.
+        up = [c for c in clusters if provisioner.status(c).phase is ClusterPhase.UP]
+        provisioner.terminate(up[0])
+        _wait(lambda: provisioner.status(up[0]).phase is ClusterPhase.TERMINATED)
+        again = _cluster("c-again")
+        clusters.append(again)
+        provisioner.launch(again)
+        _wait(lambda: provisioner.status(again).phase is ClusterPhase.UP)
+    finally:
+        _stop_all(provisioner, clusters)
+
+
+def test_when_the_zone_shrinks_the_youngest_cluster_is_preempted(broker_home: Path, tmp_path: Path) -> None:
+    # 2 nodes for 20 ticks (20 wall seconds), then 1: of two 1-node clusters only the older may stay.
+    world = LocalWorld.begin(broker_home, str(_trace(tmp_path / "shrink.csv", [2] * 20 + [1] * 600)), speed=60.0)
+    provisioner = LocalProvisioner(broker_home, world, provision_seconds=0)
+    older, younger = _cluster("c-old"), _cluster("c-young")
+    provisioner.launch(older)
+    _wait(lambda: provisioner.status(older).phase is ClusterPhase.UP)
+    provisioner.launch(younger)
+    try:
+        _wait(lambda: provisioner.status(younger).phase is ClusterPhase.UP)
+        _wait(lambda: provisioner.status(younger).phase is ClusterPhase.TERMINATED, timeout=60)
+        assert "reclaimed" in (provisioner.status(younger).reason or "")
+        assert provisioner.status(older).phase is ClusterPhase.UP
+        status = json.loads((provisioner.cluster_dir(younger) / "status.json").read_text())
+        assert status.get("notice_wall")  # a notice came first, as a cloud's would
+    finally:
+        _stop_all(provisioner, [older, younger])
+
+
+def test_the_agent_refuses_a_token_file_others_can_read(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    token = tmp_path / "token"
+    token.write_text("t")
+    token.chmod(0o644)
+    done = subprocess.run([sys.executable, "-m", "broker.agent", "--cloud", "local", "--token-file", str(token),
+                           "--", "true"], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "BROKER_HOME": str(tmp_path)})
+    assert done.returncode != 0
+    assert "readable by others" in done.stderr and "Traceback" not in done.stderr
