@@ -24,11 +24,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from broker.model import GangPlacement
 from broker.sim.placement import PlacementResult, simulate
 from broker.sim.speed import BandwidthSpeed, ProfileSpeed, SpeedModel
 from broker.sim.workload import read_workload
 from policies import registry
+from policies.gang import GangPlacement
 from policies.placement import ClusterSnapshot, MeasuredSplitCost, PlacementRequest
 
 POLICIES = ("topology", "first_fit", "random", "packed_sticky")

@@ -39,10 +39,9 @@ import psycopg
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from broker.engine import hash_token  # noqa: E402
 from broker.store import open_store  # noqa: E402
 from broker.store.tables import ClusterRow, JobRow, NoticeRow  # noqa: E402
-from broker.tokens import create_api_token  # noqa: E402
+from broker.tokens import create_api_token, token_digest  # noqa: E402
 
 JOB = """\
 name: load-{index}
@@ -130,7 +129,7 @@ def main() -> None:
                 s.add(ClusterRow(id=cluster_id, launch_key=cluster_id, job_id="j-agents", backend="local",
                                  cloud="aws", region="us-east-1", zone="us-east-1a", instance_type="p3.2xlarge",
                                  gpus_per_node=1, num_nodes=4, spot=True, price_per_node_hour=0.9,
-                                 on_demand_price_per_node_hour=3.06, state="UP", token_hash=hash_token(token),
+                                 on_demand_price_per_node_hour=3.06, state="UP", token_hash=token_digest(token),
                                  handle={}, created_at=now))
 
         port = free_port()

@@ -1,9 +1,12 @@
-"""The price book: every quote the pollers bring back, with history, in the store.
+"""The market the engine reads, and the price book: every quote the pollers bring back, with history, in the store.
 
 A row is a run of unchanged quotes for one offer (cloud, zone, instance type): a poll that sees
 the same prices moves the row's ``confirmed_at`` forward, a change starts a new row. From that:
 the latest quote per offer, the quote in force at a time, the series of changes in a window, and
 a window exported as a market trace (evenly spaced ticks, forward-filled) for ``broker simulate``.
+
+``Market`` is what the engine asks of any market (a replayed trace, SkyPilot's catalog): quotes
+now, one offer's quote at a time, and, where the market moves in ticks, its ticks and its past.
 """
 
 from __future__ import annotations
@@ -12,22 +15,69 @@ from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
-import numpy as np
 from sqlalchemy import Select, and_, func, select
 from sqlalchemy.orm import Session
 
 from broker.store import Store
 from broker.store.tables import PriceQuoteRow
 from providers.base import OfferKey, SpotQuote
-from providers.trace import write_trace
+from providers.trace import MarketTrace, write_trace
+
+if TYPE_CHECKING:
+    import numpy as np
 
 # An AWS spot placement score below this says a launch is unlikely: exported as no capacity.
 LIKELY_SCORE = 4.0
 
 Q = TypeVar("Q", bound="Select[*tuple[Any, ...]]")
 OfferId = tuple[str, str, str]  # (cloud, zone, instance_type): unique, as zones are per cloud
+
+
+class Market(Protocol):
+    """The market as the engine uses it."""
+
+    def quotes(self, when: datetime) -> list[SpotQuote]:
+        """Every offer's quote at ``when``."""
+        ...
+
+    def quote(self, key: OfferKey, when: datetime) -> SpotQuote:
+        """One offer's quote at ``when`` (for metering and for where a job runs now)."""
+        ...
+
+    @property
+    def tick_seconds(self) -> float | None:
+        """How often the market moves (a replayed trace's tick); None for a market quoted live."""
+        ...
+
+    def tick_at(self, when: datetime) -> int:
+        """The tick ``when`` falls in (0 for a market quoted live)."""
+        ...
+
+    def tick_start(self, when: datetime) -> datetime:
+        """The start of the tick ``when`` falls in (``when`` itself for a market quoted live)."""
+        ...
+
+    def past(self, accelerator: str, gpus_per_node: int) -> MarketTrace | None:
+        """The market's whole history for one kind of node, where it has one (a replayed trace)."""
+        ...
+
+
+class LiveQuotes:
+    """The tick and history abilities of a market quoted as it is asked (a catalog, a cloud's API):
+    no ticks, no past. Such a market supplies ``quotes`` and ``quote`` itself."""
+
+    tick_seconds: float | None = None
+
+    def tick_at(self, when: datetime) -> int:
+        return 0
+
+    def tick_start(self, when: datetime) -> datetime:
+        return when
+
+    def past(self, accelerator: str, gpus_per_node: int) -> MarketTrace | None:
+        return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -203,6 +253,8 @@ class PriceBook:
         end = min(until, last_seen)
         ticks = int((end - start).total_seconds() // tick_seconds) + 1 if end >= start else 1
         tick_times = [start + timedelta(seconds=tick_seconds * i) for i in range(ticks)]
+        import numpy as np
+
         tick_epochs = np.array([t.timestamp() for t in tick_times])
         columns = [self._column(rows, tick_epochs, nodes_when_offered) for rows in offers.values()]
         keys = [rows[0] for rows in offers.values()]
@@ -224,6 +276,8 @@ class PriceBook:
     def _column(rows: list[PriceQuoteRow], ticks: np.ndarray,
                 nodes_when_offered: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Spot price, on-demand price and spot nodes of one offer at every tick."""
+        import numpy as np
+
         first_on_demand = next(r.on_demand_price for r in rows if r.on_demand_price is not None)
         spot, on_demand, nodes, confirmed = [], [], [], []
         last_on_demand = first_on_demand

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
-from datetime import datetime
 
 
 class JobState(enum.StrEnum):
@@ -23,6 +21,8 @@ class JobState(enum.StrEnum):
 
 
 TERMINAL_STATES = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED})
+# The states the engine still drives, as stored.
+ACTIVE_STATES = [s.value for s in JobState if not s.terminal]
 
 # PENDING -> PROVISIONING -> RUNNING -> (CHECKPOINTING -> MIGRATING -> RUNNING)* -> terminal.
 # PROVISIONING -> PENDING is a requeue when every offer of a plan failed; RUNNING -> PENDING is a
@@ -67,6 +67,26 @@ class ClusterState(enum.StrEnum):
         return self in (ClusterState.PROVISIONING, ClusterState.UP, ClusterState.TERMINATING)
 
 
+LIVE_CLUSTER_STATES = [s.value for s in ClusterState if s.live]
+
+
+class CheckpointReason(enum.StrEnum):
+    """Why a job is CHECKPOINTING: what asked it to save its work and leave."""
+
+    NOTICE = "notice"  # the cloud is taking its nodes away
+    MOVE = "move"  # the selection policy chose a better place and the new nodes are up
+    PREEMPTED = "preempted"  # a higher-priority gang is taking its GPUs inside the cluster
+
+
+class TeardownReason(enum.StrEnum):
+    """Why a cluster is going away (or went away)."""
+
+    IDLE = "idle"  # no active job holds it or is heading to it
+    REPLACED = "replaced"  # its job is starting on another cluster and must leave this one first
+    CLOUD = "cloud"  # the cloud or backend ended it (a preemption, a lost node)
+    LAUNCH_FAILED = "launch_failed"  # it never came up
+
+
 class Usage(enum.StrEnum):
     """What a ledger minute of GPUs was spent on; the idle causes feed the waste report."""
 
@@ -76,54 +96,3 @@ class Usage(enum.StrEnum):
     WAITING = "waiting"  # cluster up, nothing placed on these GPUs yet (queue empty)
     UNALLOCATED = "unallocated"  # free GPUs no queued gang fits (fragmentation)
     FINISHED = "finished"  # held by a job that has ended, until teardown
-
-
-@dataclass(frozen=True, slots=True)
-class GangPlacement:
-    """The GPUs a gang holds on a cluster: for every node rank, the GPU indices it uses."""
-
-    cluster_id: str
-    gpus: tuple[tuple[int, tuple[int, ...]], ...]  # ((node_rank, (gpu, ...)), ...)
-
-    @property
-    def nodes(self) -> tuple[int, ...]:
-        return tuple(rank for rank, _ in self.gpus)
-
-    @property
-    def gpu_count(self) -> int:
-        return sum(len(g) for _, g in self.gpus)
-
-    def visible_devices(self, node_rank: int) -> str:
-        for rank, gpus in self.gpus:
-            if rank == node_rank:
-                return ",".join(str(g) for g in gpus)
-        return ""
-
-    @classmethod
-    def whole_nodes(cls, cluster_id: str, num_nodes: int, gpus_per_node: int) -> GangPlacement:
-        return cls(cluster_id, tuple((r, tuple(range(gpus_per_node))) for r in range(num_nodes)))
-
-    def to_json(self) -> dict[str, list[int]]:
-        return {str(rank): list(gpus) for rank, gpus in self.gpus}
-
-    @classmethod
-    def from_json(cls, cluster_id: str, data: dict[str, list[int]]) -> GangPlacement:
-        return cls(cluster_id, tuple(sorted((int(k), tuple(v)) for k, v in data.items())))
-
-
-@dataclass(frozen=True, slots=True)
-class PreemptionNotice:
-    """A cloud's warning that a node will be taken away at ``action_time``."""
-
-    cluster_id: str
-    node: str
-    kind: str  # terminate | rebalance | maintenance
-    action_time: datetime | None
-    source: str  # agent | sqs | backend
-    checkpoint: str | None = None
-    signaled_at: float | None = None  # agent's wall clock when it signalled the job
-    detail: dict[str, object] = field(default_factory=dict)
-
-    @property
-    def dedup_key(self) -> str:
-        return f"{self.cluster_id}:{self.kind}"

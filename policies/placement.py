@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from functools import cached_property, lru_cache
 from operator import is_
 
-from broker.model import GangPlacement
+from policies.gang import GangPlacement
 from policies.registry import register
 from providers.topology import NodeTopology, ring_table, topology
 

@@ -29,7 +29,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from broker.model import GangPlacement
+from policies.gang import GangPlacement
 from policies.placement import ClusterSnapshot, PlacementRequest, topology_aware
 from policies.registry import register
 

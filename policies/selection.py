@@ -213,7 +213,3 @@ def cheapest_spot(request: SelectionRequest) -> Plan:
         locations.append(Location(ON_DEMAND, on_demand[0]))
     return Plan(tuple(locations), reason="cheapest spot with capacity, on-demand last")
 
-
-# The other selection policies live in their own modules; importing them here registers them
-# whenever the registry loads this one.
-from policies import baselines, broker_policy, optimal  # noqa: E402, F401

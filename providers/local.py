@@ -24,12 +24,22 @@ class LocalMarket:
         self.origin = origin
         self._zone_index = {z.key: i for i, z in enumerate(trace.zones)}
 
+    @property
+    def tick_seconds(self) -> float:
+        return self.trace.tick_seconds
+
+    def past(self, accelerator: str, gpus_per_node: int) -> MarketTrace:
+        return self.trace.select(accelerator, gpus_per_node)
+
     def tick_at(self, when: datetime) -> int:
         offset = (when - self.origin).total_seconds() / self.trace.tick_seconds
         return max(0, min(self.trace.num_ticks - 1, int(offset)))
 
     def time_of(self, tick: int) -> datetime:
         return self.origin + timedelta(seconds=tick * self.trace.tick_seconds)
+
+    def tick_start(self, when: datetime) -> datetime:
+        return self.time_of(self.tick_at(when))
 
     def quotes(self, when: datetime) -> list[SpotQuote]:
         return [replace(q, observed_at=when) for q in self.trace.quotes_at(self.tick_at(when))]

@@ -9,11 +9,10 @@ from typing import Annotated
 from fastapi import Header, HTTPException, status
 from sqlalchemy import select
 
-from broker.engine import hash_token
 from broker.model import ClusterState
 from broker.store import Store
 from broker.store.tables import ClusterRow
-from broker.tokens import team_of_token
+from broker.tokens import team_of_token, token_digest
 
 # Our tokens are well under this; a longer header is refused before it is hashed or looked up.
 MAX_TOKEN_CHARS = 512
@@ -46,7 +45,7 @@ def agent_dependency(store: Store) -> Callable[[str | None], str]:
     """The cluster whose agent token is presented; 401 for an unknown token or a cluster that ended
     (an agent token dies with its cluster, so a leaked one is worth nothing afterwards)."""
     def cluster(authorization: Annotated[str | None, Header()] = None) -> str:
-        digest = hash_token(bearer_token(authorization))
+        digest = token_digest(bearer_token(authorization))
         with store.transaction() as s:
             found = s.execute(select(ClusterRow.id, ClusterRow.state).where(ClusterRow.token_hash == digest)).first()
         if found is None:

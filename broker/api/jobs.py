@@ -22,7 +22,7 @@ from sqlalchemy import select
 from broker.api.limits import out_of_time
 from broker.api.validation import Text, body_schema, json_body
 from broker.clock import Clock
-from broker.engine import cancel_job, submit_job
+from broker.engine.machine import cancel_job, submit_job
 from broker.joblogs import read_new
 from broker.service.timepolicy import priority_for, queue_of
 from broker.spec import JobSpec, SpecError, parse_job_spec
@@ -186,7 +186,7 @@ def jobs_router(store: Store, clock: Clock, intake: JobIntake, team_of: Any) -> 
         """Cancel a job; the leader's engine tears its clusters down on its next step."""
         with store.transaction() as s:
             owned(s, job_id, team)
-        return CancelResult(job_id=job_id, state=cancel_job(store, job_id))
+        return CancelResult(job_id=job_id, state=cancel_job(store, job_id, clock))
 
     @router.get("/{job_id}/logs", response_model=JobLogs)
     def logs(job_id: JobId, team: str = Depends(team_of),

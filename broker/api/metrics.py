@@ -18,8 +18,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 from sqlalchemy import and_, func, inspect, select, text
 
-from broker.engine import LIVE_CLUSTER_STATES
-from broker.model import JobState, Usage
+from broker.model import LIVE_CLUSTER_STATES, JobState, Usage
 from broker.store import Store
 from broker.store.tables import AllocationRow, ClusterRow, JobRow, LedgerRow, NoticeRow, PriceQuoteRow
 

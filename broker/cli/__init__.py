@@ -12,7 +12,7 @@ from broker.cli.app import UsageError, app, register_all
 # imported cannot have been raised.
 USER_ERRORS = (
     ("broker.config", "ConfigError"),
-    ("broker.engine", "UnknownJob"),
+    ("broker.engine.machine", "UnknownJob"),
     ("broker.spec", "SpecError"),
     ("broker.store.db", "StoreError"),
     ("providers.trace", "TraceError"),

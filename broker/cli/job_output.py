@@ -41,7 +41,8 @@ def status_table(summaries: list[dict[str, Any]]) -> Table:
         table.add_column(column, no_wrap=column != "name")
     for item in summaries:
         where = f"{item['cloud']}/{item['zone']}" if item["zone"] else "-"
-        table.add_row(item["job_id"], item["name"], item["team"], item["state"], where, str(item["preemptions"]),
+        state = f"{item['state']} ({item['checkpoint_reason']})" if item.get("checkpoint_reason") else item["state"]
+        table.add_row(item["job_id"], item["name"], item["team"], state, where, str(item["preemptions"]),
                       str(item["migrations"]), f"${item['cost']:.4f}", f"${item['on_demand_cost']:.4f}")
     return table
 

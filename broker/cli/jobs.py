@@ -129,7 +129,7 @@ def launch(
         if not sky_dryrun(settings, spec):
             raise typer.Exit(1)
         return
-    from broker.engine import submit_job
+    from broker.engine.machine import submit_job
     from broker.runtime import open_broker
 
     broker = open_broker(settings, fresh_market=market_clock == "own")
@@ -238,11 +238,12 @@ def cancel(job_id: Annotated[str, typer.Argument(help="the job's id")], config: 
     if (served := remote.server_settings(config, server)) is not None:
         console.print(f"{job_id}: {remote.cancel(served, job_id)}")
         return
-    from broker.engine import cancel_job
+    from broker.engine.machine import cancel_job
+    from broker.runtime import broker_clock
 
-    _, store = _open(config)
+    settings, store = _open(config)
     try:
-        state = cancel_job(store, job_id)
+        state = cancel_job(store, job_id, broker_clock(settings))
     finally:
         store.dispose()
     console.print(f"{job_id}: {state}")

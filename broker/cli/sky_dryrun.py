@@ -9,9 +9,7 @@ would provision.
 from __future__ import annotations
 
 import copy
-import math
 import threading
-from datetime import timedelta
 from typing import Any
 
 import yaml
@@ -20,40 +18,24 @@ from rich.table import Table
 from broker.cli.app import UsageError, console
 from broker.clock import WallClock
 from broker.config import Settings
+from broker.engine.parts import CLOUD_RESTART_OVERHEAD_S, restart_overhead
+from broker.engine.planning import preview_request
 from broker.provision.base import ClusterInfo
 from broker.provision.sky_market import SkyCatalogMarket
 from broker.runtime_skypilot import dryrun_task
 from broker.spec import JobSpec
 from policies import registry
-from policies.selection import IDLE, ON_DEMAND, JobView, Location, Plan, SelectionRequest, ZoneOffer
+from policies.selection import IDLE, ON_DEMAND, Plan
 from providers.base import SpotQuote
 
 DRYRUN_TIMEOUT_SECONDS = 600.0
 
 
-def _fits(spec: JobSpec, quote: SpotQuote) -> bool:
-    return not spec.accelerators or any(
-        a.name.lower() == quote.accelerator.lower() and a.count == quote.gpus_per_node for a in spec.accelerators)
-
-
-def preview_plan(spec: JobSpec, quotes: list[SpotQuote], policy: str | None) -> Plan:
-    now = WallClock().now()
-    offers = tuple(
-        ZoneOffer(q.cloud, q.region, q.zone, q.instance_type, q.accelerator, q.gpus_per_node,
-                  float(q.spot_price or math.inf), float(q.on_demand_price or math.inf), q.available_nodes,
-                  q.capacity_score)
-        for q in quotes if q.spot_price is not None and q.on_demand_price is not None and _fits(spec, q))
-    work = spec.broker.work
-    request = SelectionRequest(
-        now=now,
-        job=JobView(num_nodes=spec.num_nodes, gpus_per_node=spec.gpus_per_node, accelerator=spec.accelerator,
-                    remaining_work_s=work.total_seconds() if isinstance(work, timedelta) else None,
-                    deadline=spec.broker.deadline_at(now), restart_overhead_s=720.0,
-                    max_price_per_hour=spec.broker.max_price,
-                    allowed_clouds=frozenset(c.cloud for c in spec.broker.clouds)),
-        offers=offers, current=Location(IDLE), record={}, excluded=frozenset(),
-    )
-    return registry.get("selection", policy)(request)  # type: ignore[no-any-return]
+def preview_plan(spec: JobSpec, quotes: list[SpotQuote], policy: str | None,
+                 restart_overhead_s: float = CLOUD_RESTART_OVERHEAD_S) -> Plan:
+    """The plan the engine would make for ``spec`` if it were submitted now (the engine's own request builder)."""
+    request = preview_request(spec, quotes, WallClock().now(), restart_overhead_s)
+    return registry.get("selection", policy, live=True)(request)
 
 
 class _TaskDumper(yaml.SafeDumper):
@@ -123,7 +105,8 @@ def dryrun(settings: Settings, spec: JobSpec, catalog: Any = None) -> bool:
     """Print the plan and the task, run SkyPilot's dry run; False when SkyPilot refused it."""
     names = [a.name for a in spec.accelerators]
     market = SkyCatalogMarket(lambda: names, catalog=catalog)
-    plan = preview_plan(spec, market.quotes(WallClock().now()), settings.selection_policy)
+    plan = preview_plan(spec, market.quotes(WallClock().now()), settings.selection_policy,
+                        restart_overhead(settings))
     cluster = first_cluster(spec, plan)
     if cluster is None:
         wanted = ", ".join(f"{a.name}:{a.count}" for a in spec.accelerators) or "any"

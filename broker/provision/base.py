@@ -12,12 +12,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol
 
-from broker.model import GangPlacement
 from broker.spec import JobSpec
-
-
-class CapacityError(RuntimeError):
-    """The cloud has no capacity (or quota) for the whole gang in that zone: try the next offer."""
+from policies.gang import GangPlacement
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,6 +15,7 @@ from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
+from broker.market import LiveQuotes
 from providers.base import OfferKey, SpotQuote
 
 CLOUDS = ("aws", "gcp", "azure")
@@ -28,7 +29,7 @@ def _price(value: Any) -> float | None:
     return None if math.isnan(number) or number <= 0 else number
 
 
-class SkyCatalogMarket:
+class SkyCatalogMarket(LiveQuotes):
     def __init__(self, accelerators: Callable[[], Iterable[str]], clouds: Iterable[str] = CLOUDS,
                  catalog: Any = None) -> None:
         self.accelerators = accelerators  # the names wanted now (those of the active jobs)

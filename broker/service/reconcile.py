@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from broker.engine import LIVE_CLUSTER_STATES
+from broker.model import LIVE_CLUSTER_STATES
 from broker.provision.local_host import read_json
 from broker.store import Store
 from broker.store.tables import ClusterRow

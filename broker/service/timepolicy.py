@@ -18,8 +18,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from broker.engine import ACTIVE_STATES
-from broker.model import JobState
+from broker.model import ACTIVE_STATES, JobState
 from broker.service.schedule_config import PolicySchedule, policy_cron_trigger
 from broker.specfile.values import PRIORITY_CLASSES
 from broker.store import Store
@@ -105,10 +104,6 @@ def _reprioritise(s: Session, queue: str, priority: int) -> None:
     for job in s.scalars(select(JobRow).where(JobRow.state.in_(ACTIVE_STATES))):
         if queue_of(job.spec) == queue and job.priority != priority:
             job.priority = priority
-
-
-def active_overrides(s: Session) -> dict[str, float]:
-    return {row.key: row.value for row in s.scalars(select(PolicyOverrideRow))}
 
 
 def priority_for(s: Session, queue: str) -> int | None:

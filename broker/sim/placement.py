@@ -35,9 +35,9 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
-from broker.model import GangPlacement
 from broker.sim.speed import SpeedModel
 from broker.sim.workload import TraceJob
+from policies.gang import GangPlacement
 from policies.placement import LEVEL_GROUP, LEVEL_NODE, ClusterSnapshot, PlacementRequest, fewest_nodes
 
 Placer = Callable[[PlacementRequest, ClusterSnapshot], GangPlacement | None]

@@ -31,8 +31,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Protocol
 
-from broker.model import GangPlacement
 from broker.sim.workload import WorkloadError
+from policies.gang import GangPlacement
 from policies.placement import ClusterSnapshot, MeasuredSplitCost, PlacementRequest, topology_aware
 from providers.topology import NodeTopology, ring_bandwidth_gb_s
 

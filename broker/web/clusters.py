@@ -7,8 +7,7 @@ from typing import Any
 
 from sqlalchemy import select
 
-from broker.engine import LIVE_CLUSTER_STATES
-from broker.model import JobState
+from broker.model import LIVE_CLUSTER_STATES, JobState
 from broker.store import Store
 from broker.store.tables import AllocationRow, ClusterRow, JobRow
 from broker.web.html import e

@@ -8,7 +8,7 @@ from typing import Any
 
 from sqlalchemy import select
 
-from broker.engine import AVOID_ZONE_FOR
+from broker.engine.planning import AVOID_ZONE_FOR
 from broker.store import Store
 from broker.store.tables import ClusterRow, JobEventRow, JobRow, NoticeRow, PriceQuoteRow
 from broker.web.html import cloud_colour, e, table

@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from broker.model import GangPlacement
 from policies import registry
+from policies.gang import GangPlacement
 from policies.placement import (
     ClusterSnapshot,
     MeasuredSplitCost,

@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from broker.model import GangPlacement
 from policies import registry
+from policies.gang import GangPlacement
 from policies.placement import ClusterSnapshot, PlacementRequest
 from policies.preemption import PreemptionRequest, RunningGang, plan_preemption, victim_order
 

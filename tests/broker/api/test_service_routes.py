@@ -7,9 +7,9 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from sqlalchemy import func, select
 
-from broker.engine import hash_token
 from broker.market import PriceBook
 from broker.store.tables import ClusterRow, JobRow, LedgerRow, NoticeRow
+from broker.tokens import token_digest
 from providers.base import SpotQuote
 from tests.broker.api.conftest import Api
 
@@ -106,7 +106,7 @@ def test_a_forged_notice_for_another_cluster_changes_nothing(api: Api) -> None:
             s.add(ClusterRow(id=cluster_id, launch_key=cluster_id, job_id=job_id, backend="local", cloud="aws",
                              region="r", zone="z", instance_type="p3.2xlarge", gpus_per_node=1, num_nodes=1,
                              spot=True, price_per_node_hour=1.0, on_demand_price_per_node_hour=3.0, state="UP",
-                             token_hash=hash_token(f"agent-{cluster_id}"), handle={}, created_at=now))
+                             token_hash=token_digest(f"agent-{cluster_id}"), handle={}, created_at=now))
     notice = {"cluster_id": "c2", "kind": "terminate", "action_time": "2026-03-01T12:02:00Z"}
     forged = api.client.post("/v1/notices", json=notice, headers={"Authorization": "Bearer agent-c1"})
     team_token = api.client.post("/v1/notices", json=notice, headers=api.alpha)

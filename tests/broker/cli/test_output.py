@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from broker.clock import WallClock
-from broker.engine import submit_job
+from broker.engine.machine import submit_job
 from broker.spec import parse_job_spec
 from broker.store import open_store
 

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from broker.model import GangPlacement
 from broker.provision.agent_wheel import build_agent_wheel
 from broker.provision.base import ClusterInfo, JobLaunch
 from broker.provision.sky_task import CheckpointDirError, job_task, node_checkpoint_dir, split_bucket
 from broker.spec import parse_job_spec
+from policies.gang import GangPlacement
 
 REPO = Path(__file__).resolve().parents[3]
 UV = Path(sys.executable).parent / "uv"

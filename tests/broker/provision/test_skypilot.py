@@ -12,8 +12,9 @@ from sqlalchemy import select
 
 from broker.clock import WallClock
 from broker.engine import Engine, EngineOptions
+from broker.market import LiveQuotes
 from broker.provision.skypilot import SkyPilotOptions, SkyPilotProvisioner
-from broker.runtime_skypilot import store_specs
+from broker.runtime import store_specs
 from broker.spec import parse_job_spec
 from broker.store import Store, open_store
 from broker.store.tables import ClusterRow, JobEventRow, JobRow
@@ -40,7 +41,7 @@ QUOTES = [  # us-east-1a cheapest, then us-west-2b, then GCP
 ]
 
 
-class StaticMarket:
+class StaticMarket(LiveQuotes):
     def quotes(self, when: datetime) -> list[SpotQuote]:
         return list(QUOTES)
 

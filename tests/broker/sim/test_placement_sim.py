@@ -6,11 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from broker.model import GangPlacement
 from broker.sim.placement import simulate
 from broker.sim.speed import BandwidthSpeed, ProfileSpeed
 from broker.sim.workload import TraceJob, WorkloadError, read_workload
 from policies import registry
+from policies.gang import GangPlacement
 from policies.placement import ClusterSnapshot, MeasuredSplitCost
 
 TINY = [

@@ -10,9 +10,8 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select
 
-from broker import packing
 from broker.config import load_settings
-from broker.engine import Engine
+from broker.engine import Engine, packing
 from broker.reports.build import Window, build_report
 from broker.runtime import EmbeddedBroker
 from broker.spec import parse_job_spec
@@ -22,7 +21,7 @@ from providers.base import SpotQuote
 from providers.topology import NVLINK, topology
 from providers.trace import write_trace
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
 
 JOB = """\
 name: {name}

@@ -11,20 +11,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Protocol
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from broker.clock import Clock
+from broker.market import Market
 from broker.model import JobState, Usage
+from broker.store import Store
 from broker.store.tables import AllocationRow, ClusterRow, JobRow, LedgerRow
-from providers.base import OfferKey, SpotQuote
-
-TERMINATE_KINDS = ("terminate", "stop", "hibernate", "maintenance")
-
-
-class PriceAt(Protocol):
-    def quote(self, key: OfferKey, when: datetime) -> SpotQuote: ...
+from providers.base import OfferKey
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,7 +90,7 @@ class ClusterHistory:
         return [*shares, Share(f"idle:{cause.value}", cause, free)]
 
 
-def meter_cluster(s: Session, row: ClusterRow, now: datetime, market: PriceAt) -> int:
+def meter_cluster(s: Session, row: ClusterRow, now: datetime, market: Market) -> int:
     """Write the ledger rows of every minute of ``row`` not yet metered; returns rows written."""
     start = row.metered_until or row.created_at
     end = min(row.terminated_at, now) if row.terminated_at else now
@@ -127,3 +123,18 @@ def meter_cluster(s: Session, row: ClusterRow, now: datetime, market: PriceAt) -
         minute = closing
     row.metered_until = minute
     return written
+
+
+def meter(store: Store, clock: Clock, market: Market) -> None:
+    """Meter every cluster with minutes not yet in the ledger, each in its own transaction."""
+    now = clock.now()
+    with store.transaction() as s:
+        ids = list(s.scalars(select(ClusterRow.id).where(ClusterRow.up_at.is_not(None))
+                             .where((ClusterRow.metered_until.is_(None))
+                                    | (ClusterRow.terminated_at.is_(None))
+                                    | (ClusterRow.metered_until < ClusterRow.terminated_at))))
+    for cluster_id in ids:
+        with store.transaction() as s:
+            row = s.get(ClusterRow, cluster_id, with_for_update=True)
+            if row is not None:
+                meter_cluster(s, row, now, market)

@@ -9,6 +9,7 @@ from pathlib import Path
 from broker.clock import AcceleratedClock
 from broker.config import load_settings
 from broker.engine import Engine, engine_options
+from broker.engine.planning import work_estimate
 from broker.provision.local import LocalProvisioner, LocalWorld
 from broker.runtime import BUNDLED_MARKET
 from broker.spec import parse_job_spec
@@ -44,7 +45,7 @@ def test_deadline_only_job_is_estimated_from_its_name_and_team_then_runs_on_spot
     with store.transaction() as s:
         job = s.get(JobRow, first)
         assert job is not None
-        assert engine.work_estimate(s, job).remaining_s is None  # no history: unknown
+        assert work_estimate(s, job, engine.clock.now()).remaining_s is None  # no history: unknown
         plan = registry.get("selection", "broker")(engine.selection_request(s, job, Location(IDLE), set()))
         assert plan.locations and plan.locations[0].kind == "spot", plan.reason
         # it ran 5 hours and finished
@@ -61,13 +62,13 @@ def test_deadline_only_job_is_estimated_from_its_name_and_team_then_runs_on_spot
     with store.transaction() as s:
         job = s.get(JobRow, second)
         assert job is not None
-        found = engine.work_estimate(s, job)
+        found = work_estimate(s, job, engine.clock.now())
         assert (found.source, found.total_s, found.remaining_s) == ("history", 5 * 3600.0, 5 * 3600.0)
         request = engine.selection_request(s, job, Location(IDLE), set())
         assert request.job.remaining_work_s == 5 * 3600.0
         assert registry.get("selection", "broker")(request).locations[0].kind == "spot"
         other = s.get(JobRow, third)
-        assert other is not None and engine.work_estimate(s, other).source == "unknown"
+        assert other is not None and work_estimate(s, other, engine.clock.now()).source == "unknown"
         for row in (job, other):
             row.state = "CANCELLED"
     store.dispose()

@@ -1,0 +1,178 @@
+"""Cluster lifecycle: launch, sync with the backend, relaunch after a crash, release, reap.
+
+This module is the only writer of ``ClusterRow.state``, and every change goes through
+``CLUSTER_TRANSITIONS``. A cluster row is written (PROVISIONING) before its launch is asked
+for, so an engine that crashed in between launches it again on its next sync; launches are
+idempotent in the provisioner.
+
+PROVISIONING -> UP -> TERMINATING -> TERMINATED, or PROVISIONING -> FAILED (it never came up)
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from broker.engine import packing
+from broker.engine.checkpoints import end_allocation
+from broker.engine.notices import record_backend_notice
+from broker.engine.parts import AfterCommit, Parts, cluster_info
+from broker.model import LIVE_CLUSTER_STATES, ClusterState, JobState, TeardownReason
+from broker.provision.base import ClusterPhase
+from broker.store.tables import AllocationRow, ClusterRow, JobRow
+from broker.tokens import token_digest
+from policies.selection import IDLE, ON_DEMAND, Plan
+
+log = logging.getLogger("broker.engine")
+
+CLUSTER_TRANSITIONS: dict[ClusterState, frozenset[ClusterState]] = {
+    ClusterState.PROVISIONING: frozenset({ClusterState.UP, ClusterState.FAILED, ClusterState.TERMINATING,
+                                          ClusterState.TERMINATED}),
+    ClusterState.UP: frozenset({ClusterState.TERMINATING, ClusterState.TERMINATED, ClusterState.FAILED}),
+    ClusterState.TERMINATING: frozenset({ClusterState.TERMINATED, ClusterState.FAILED}),
+    ClusterState.TERMINATED: frozenset(),
+    ClusterState.FAILED: frozenset(),
+}
+HOLDING = [ClusterState.PROVISIONING.value, ClusterState.UP.value]  # clusters whose GPUs count
+
+
+class IllegalClusterTransition(RuntimeError):
+    pass
+
+
+def _move(row: ClusterRow, target: ClusterState) -> None:
+    current = ClusterState(row.state)
+    if target not in CLUSTER_TRANSITIONS[current]:
+        raise IllegalClusterTransition(f"cluster {row.id} cannot move from {current} to {target}")
+    row.state = target.value
+
+
+def sync(parts: Parts) -> None:
+    """Bring every live cluster row in line with what the backend says of it."""
+    with parts.store.transaction() as s:
+        rows = list(s.scalars(select(ClusterRow).where(ClusterRow.state.in_(LIVE_CLUSTER_STATES))))
+    for row in rows:
+        info = cluster_info(row, parts.tokens(row.id))
+        status = parts.provisioner.status(info)
+        now = parts.clock.now()
+        if status.phase is ClusterPhase.UNKNOWN and row.state == ClusterState.PROVISIONING:
+            parts.provisioner.launch(info)  # written to the store but never launched: a crash
+            continue
+        if status.notice_action_at is not None:
+            record_backend_notice(parts.store, parts.clock, row.id, status.notice_action_at)
+        with parts.store.transaction() as s:
+            current = s.get(ClusterRow, row.id)
+            if current is None or current.state != row.state:
+                continue
+            if status.handle:
+                current.handle = {**(current.handle or {}), **status.handle}
+            if status.phase is ClusterPhase.UP and current.state == ClusterState.PROVISIONING:
+                _move(current, ClusterState.UP)
+                current.up_at = status.up_at or now
+            elif status.phase is ClusterPhase.FAILED:
+                _move(current, ClusterState.FAILED)
+                current.teardown_reason = TeardownReason.LAUNCH_FAILED.value
+                current.reason = status.reason
+                current.terminated_at = now
+                parts.event(s, current.job_id, "launch_failed", cluster=current.id, zone=current.zone,
+                            reason=status.reason, capacity=status.capacity_error)
+            elif status.phase in (ClusterPhase.TERMINATED, ClusterPhase.UNKNOWN):
+                _move(current, ClusterState.TERMINATED)
+                current.teardown_reason = current.teardown_reason or TeardownReason.CLOUD.value
+                current.reason = current.reason or status.reason
+                current.terminated_at = min(status.ended_at or now, now)
+                if current.up_at is None:
+                    current.up_at = current.terminated_at
+
+
+def fleet_gpus(s: Session, leaving: str | None = None) -> int:
+    """GPUs of every cluster up or coming up (not counting ``leaving``, which a migration releases)."""
+    query = select(func.coalesce(func.sum(ClusterRow.num_nodes * ClusterRow.gpus_per_node), 0)).where(
+        ClusterRow.state.in_(HOLDING))
+    if leaving is not None:
+        query = query.where(ClusterRow.id != leaving)
+    return int(s.scalar(query) or 0)
+
+
+def launch(parts: Parts, s: Session, job: JobRow, plan: Plan, exclude: set[str], after: AfterCommit,
+           leaving: str | None = None) -> ClusterRow | None:
+    """Write the cluster row for the plan's first usable location; it is launched after commit."""
+    for location in plan.locations:
+        if location.offer is None or location.kind == IDLE:
+            continue
+        offer = location.offer
+        spot = location.kind != ON_DEMAND
+        if spot and offer.location in exclude:
+            continue
+        gpus = job.num_nodes * offer.gpus_per_node
+        max_gpus = parts.options.max_gpus
+        if max_gpus is not None and fleet_gpus(s, leaving) + gpus > max_gpus:
+            parts.event(s, job.id, "fleet_full", max_gpus=max_gpus)
+            return None
+        sequence = int(s.scalar(select(func.count()).select_from(ClusterRow)
+                                .where(ClusterRow.job_id == job.id)) or 0) + 1
+        cluster_id = f"{job.id}-c{sequence}"
+        row = ClusterRow(
+            id=cluster_id, launch_key=f"{job.id}:{sequence}", job_id=job.id,
+            backend=parts.provisioner.name, cloud=offer.cloud, region=offer.region, zone=offer.zone,
+            instance_type=offer.instance_type, accelerator=offer.accelerator,
+            gpus_per_node=offer.gpus_per_node, num_nodes=job.num_nodes, spot=spot,
+            price_per_node_hour=offer.spot_price if spot else offer.on_demand_price,
+            on_demand_price_per_node_hour=offer.on_demand_price, state=ClusterState.PROVISIONING.value,
+            token_hash=token_digest(parts.tokens(cluster_id)), handle={}, created_at=parts.clock.now(),
+        )
+        s.add(row)
+        job.target_cluster_id = row.id
+        job.target_gpus = packing.first_claim(parts, row, job).to_json()
+        parts.event(s, job.id, "launch", cluster=row.id, zone=offer.zone, cloud=offer.cloud,
+                    spot=spot, price=row.price_per_node_hour, reason=plan.reason)
+        after.launches.append(cluster_info(row, parts.tokens(row.id)))
+        return row
+    return None
+
+
+def target_of(s: Session, job: JobRow) -> ClusterRow | None:
+    """The cluster the job is heading to, while it is up or coming up."""
+    if job.target_cluster_id is None:
+        return None
+    row = s.get(ClusterRow, job.target_cluster_id)
+    if row is None or row.state not in HOLDING:
+        return None
+    return row
+
+
+def release(row: ClusterRow, now: datetime, why: TeardownReason) -> None:
+    """Tear a cluster down: it is TERMINATING from now, and terminated after commit."""
+    if row.state != ClusterState.TERMINATING.value:
+        _move(row, ClusterState.TERMINATING)
+        row.terminate_at = now
+        row.teardown_reason = why.value
+
+
+def reap(parts: Parts) -> None:
+    """Tear down every live cluster that no active job holds or is heading to."""
+    after = AfterCommit()
+    now = parts.clock.now()
+    with parts.store.transaction() as s:
+        for row in s.scalars(select(ClusterRow).where(ClusterRow.state.in_(HOLDING))):
+            for alloc in _open_allocations(s, row.id):
+                holder = s.get(JobRow, alloc.job_id)
+                if holder is None or JobState(holder.state).terminal:
+                    end_allocation(alloc, holder.state.lower() if holder else "orphaned", now)
+            if not packing.holdings(s, row.id):
+                release(row, now, TeardownReason.IDLE)
+        for row in s.scalars(select(ClusterRow).where(ClusterRow.state == ClusterState.TERMINATING.value)):
+            after.terminations.append(cluster_info(row))
+            for alloc in _open_allocations(s, row.id):
+                holder = s.get(JobRow, alloc.job_id)
+                if holder is not None and holder.state == JobState.RUNNING.value:
+                    after.stops.append((cluster_info(row), holder.id, holder.attempt))
+    after.carry_out(parts.provisioner)
+
+
+def _open_allocations(s: Session, cluster_id: str) -> list[AllocationRow]:
+    return list(s.scalars(select(AllocationRow).where(AllocationRow.cluster_id == cluster_id,
+                                                      AllocationRow.ended_at.is_(None))))

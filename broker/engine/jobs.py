@@ -1,0 +1,222 @@
+"""Moving one job on: what the engine does with a job in each state, and starting it once its GPUs are ready.
+
+``advance`` reads the job's state and hands it to the one function that knows what that state
+waits for; every state change itself is a call into ``machine``. Provisioner calls are collected
+in an ``AfterCommit`` and made once the job's transaction has committed.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy.orm import Session
+
+from broker.engine import clusters, machine, packing
+from broker.engine.checkpoints import (
+    checkpointed_since,
+    close_attempt,
+    current_allocation,
+    end_allocation,
+    record_checkpoint,
+    refresh_checkpoint,
+)
+from broker.engine.notices import open_notice
+from broker.engine.parts import AfterCommit, Parts, cluster_info
+from broker.engine.planning import Planner
+from broker.engine.review import Reviewer
+from broker.model import CheckpointReason, ClusterState, JobState, TeardownReason
+from broker.provision.base import ClusterInfo, JobLaunch, RunPhase
+from broker.store.tables import AllocationRow, ClusterRow, JobRow
+from policies.gang import GangPlacement
+from policies.selection import IDLE, Location
+
+
+class JobStepper:
+    def __init__(self, parts: Parts, planner: Planner) -> None:
+        self.parts = parts
+        self.planner = planner
+        self.reviewer = Reviewer(parts, planner)
+
+    def advance(self, job_id: str) -> None:
+        """Move one job on by at most one transition, then start it if its GPUs are ready."""
+        parts = self.parts
+        after = AfterCommit()
+        with parts.store.transaction() as s:
+            job = s.get(JobRow, job_id, with_for_update=True)
+            if job is None or JobState(job.state).terminal:
+                return
+            state = JobState(job.state)
+            if state is JobState.PENDING:
+                if parts.options.admit is not None and not parts.options.admit(s, job):
+                    return
+                self._from_pending(s, job, after)
+            elif state in (JobState.PROVISIONING, JobState.MIGRATING):
+                self._from_provisioning(s, job, after)
+            elif state is JobState.RUNNING:
+                self._from_running(s, job, after)
+            elif state is JobState.CHECKPOINTING:
+                self._from_checkpointing(s, job, after)
+        after.carry_out(parts.provisioner)
+        if after.launches or not JobState(job.state).terminal:
+            self.start_if_ready(job_id)
+
+    def _from_pending(self, s: Session, job: JobRow, after: AfterCommit) -> None:
+        parts = self.parts
+        if packing.place_on_existing(parts, s, job):
+            return
+        exclude = self.planner.avoid(s, job)
+        row = clusters.launch(parts, s, job, self.planner.plan(s, job, Location(IDLE), exclude), exclude, after)
+        if row is not None:
+            if job.started_at is None:
+                job.started_at = parts.clock.now()
+            machine.provisioning(s, parts.clock, job, cluster=row.id, zone=row.zone)
+            return
+        packing.preempt_for(parts, s, job, after)
+
+    def _from_provisioning(self, s: Session, job: JobRow, after: AfterCommit) -> None:
+        if clusters.target_of(s, job) is not None:
+            return  # coming up, or up: start_if_ready runs after this transaction
+        job.target_cluster_id = job.target_gpus = None
+        previous = current_allocation(s, job)
+        leaving = previous.cluster_id if previous is not None and previous.ended_at is None else None
+        exclude = self.planner.avoid(s, job)
+        plan = self.planner.plan(s, job, Location(IDLE), exclude)
+        row = clusters.launch(self.parts, s, job, plan, exclude, after, leaving=leaving)
+        if row is None and JobState(job.state) is JobState.PROVISIONING:
+            machine.requeued(s, self.parts.clock, job, reason="no offer could be launched; waiting")
+
+    def _from_running(self, s: Session, job: JobRow, after: AfterCommit) -> None:
+        parts, clock = self.parts, self.parts.clock
+        alloc = current_allocation(s, job)
+        if alloc is None:
+            return
+        cluster = s.get(ClusterRow, alloc.cluster_id)
+        assert cluster is not None
+        notice = open_notice(s, cluster.id)
+        if notice is not None:
+            notice.handled_at = clock.now()
+            alloc.stopping_at = notice.received_at
+            job.preemptions += 1
+            record_checkpoint(clock, job, notice)
+            machine.checkpointing(s, clock, job, CheckpointReason.NOTICE, cluster=cluster.id, zone=cluster.zone,
+                                  notice=notice.kind, action_time=notice.action_time)
+            self._launch_replacement(s, job, cluster, after)
+            return
+        run = parts.provisioner.run_status(cluster_info(cluster), job.id, job.attempt)
+        if run.phase is RunPhase.SUCCEEDED:
+            end_allocation(alloc, "succeeded", clock.now())
+            machine.succeeded(s, clock, job)
+        elif run.phase is RunPhase.FAILED:
+            end_allocation(alloc, "failed", clock.now())
+            machine.failed(s, clock, job, run.exit_code)
+        elif run.phase is RunPhase.LOST:
+            # The nodes vanished without a notice (or before one was heard): recover from the checkpoint.
+            job.preemptions += 1
+            machine.migrating(s, clock, job, cluster=cluster.id, reason="nodes lost without notice")
+            self._launch_replacement(s, job, cluster, after)
+        elif run.phase is RunPhase.NOT_STARTED:
+            # Recorded as started, never started: the engine stopped between the two. Starting is idempotent.
+            after.starts.append(self._job_launch(job, cluster, GangPlacement.from_json(cluster.id, alloc.gpus)))
+        else:
+            self.reviewer.review(s, job, alloc, cluster, after)
+
+    def _launch_replacement(self, s: Session, job: JobRow, cluster: ClusterRow, after: AfterCommit) -> None:
+        exclude = self.planner.avoid(s, job)
+        if cluster.spot:  # never straight back into the zone that just took the nodes away
+            exclude.add(f"{cluster.cloud}/{cluster.zone}/{cluster.instance_type}")
+        plan = self.planner.plan(s, job, self.planner.location_of(cluster), exclude)
+        clusters.launch(self.parts, s, job, plan, exclude, after, leaving=cluster.id)
+
+    def _from_checkpointing(self, s: Session, job: JobRow, after: AfterCommit) -> None:
+        clock = self.parts.clock
+        alloc = current_allocation(s, job)
+        assert alloc is not None
+        cluster = s.get(ClusterRow, alloc.cluster_id)
+        assert cluster is not None
+        run = self.parts.provisioner.run_status(cluster_info(cluster), job.id, job.attempt)
+        if run.phase is RunPhase.SUCCEEDED:
+            # It finished inside its notice period: nothing to move.
+            end_allocation(alloc, "succeeded", clock.now())
+            machine.succeeded(s, clock, job)
+            return
+        if job.preempted_by is not None:
+            self._yield_gpus(s, job, alloc, cluster, after)
+            return
+        if job.checkpoint_requested_at is not None and open_notice(s, cluster.id, any_state=True) is None:
+            # A move the policy chose: go once the job has checkpointed, or its grace ran out.
+            if checkpointed_since(clock, job, self.parts.spec_of(job), job.checkpoint_requested_at):
+                machine.migrating(s, clock, job, reason="checkpoint complete")
+            return
+        notice = open_notice(s, cluster.id, any_state=True)
+        if notice is not None:
+            record_checkpoint(clock, job, notice)
+        now = clock.now()
+        checkpointed = notice is not None and notice.checkpoint is not None
+        deadline_passed = notice is not None and notice.action_time is not None and now >= notice.action_time
+        gone = cluster.state not in clusters.HOLDING
+        if checkpointed or deadline_passed or gone:
+            machine.migrating(s, clock, job, checkpoint=job.checkpoint,
+                              reason="checkpoint complete" if checkpointed else "notice deadline reached")
+
+    def _yield_gpus(self, s: Session, job: JobRow, alloc: AllocationRow, cluster: ClusterRow,
+                    after: AfterCommit) -> None:
+        """A gang preempted inside its cluster: once it has checkpointed (or its grace ran out), stop and requeue."""
+        clock = self.parts.clock
+        if not checkpointed_since(clock, job, self.parts.spec_of(job), job.checkpoint_requested_at or clock.now()):
+            return
+        after.stops.append((cluster_info(cluster), job.id, job.attempt))
+        refresh_checkpoint(s, clock, job, cluster.id)
+        close_attempt(job, alloc, clock.now())
+        job.preemptions += 1
+        job.preempted_by = job.checkpoint_requested_at = None
+        machine.requeued(s, clock, job, reason="requeued after yielding its GPUs", checkpoint=job.checkpoint)
+
+    def start_if_ready(self, job_id: str) -> None:
+        """Start the job on its target once the GPUs are up and free (and any old cluster is gone)."""
+        parts, clock = self.parts, self.parts.clock
+        after = AfterCommit()
+        with parts.store.transaction() as s:
+            job = s.get(JobRow, job_id, with_for_update=True)
+            if job is None or job.state not in (JobState.PROVISIONING.value, JobState.MIGRATING.value):
+                return
+            target = clusters.target_of(s, job)
+            if target is None or target.state != ClusterState.UP.value or job.target_gpus is None:
+                return
+            claim = GangPlacement.from_json(target.id, job.target_gpus)
+            held = packing.holdings(s, target.id)
+            if any(other != job.id and packing.overlaps(claim, placement) for other, placement in held.items()):
+                return  # the gangs it preempted have not left yet
+            previous = current_allocation(s, job)
+            if previous is not None and previous.ended_at is None:
+                old = s.get(ClusterRow, previous.cluster_id)
+                assert old is not None
+                if old.state in (*clusters.HOLDING, ClusterState.TERMINATING.value):
+                    # Release the old nodes first: two copies of a job must never share a checkpoint dir.
+                    clusters.release(old, clock.now(), TeardownReason.REPLACED)
+                    after.terminations.append(cluster_info(old))
+                else:
+                    refresh_checkpoint(s, clock, job, old.id)
+                    close_attempt(job, previous, min(old.terminated_at or clock.now(), clock.now()))
+                    job.migrations += 1
+                    after.starts.append(self._start_on(s, job, target, claim))
+            else:
+                after.starts.append(self._start_on(s, job, target, claim))
+        after.carry_out(parts.provisioner)
+
+    def _start_on(self, s: Session, job: JobRow, target: ClusterRow,
+                  placement: GangPlacement) -> tuple[ClusterInfo, JobLaunch]:
+        job.attempt += 1
+        now = self.parts.clock.now()
+        s.add(AllocationRow(job_id=job.id, cluster_id=target.id, attempt=job.attempt, gpus=placement.to_json(),
+                            started_at=now, running_at=now))
+        job.target_cluster_id = job.target_gpus = job.checkpoint_requested_at = None
+        job.zones = [*job.zones, target.zone]
+        machine.running(s, self.parts.clock, job, cluster=target.id, zone=target.zone,
+                        gpus=placement.to_json(), resume_from=job.checkpoint, attempt=job.attempt)
+        return self._job_launch(job, target, placement)
+
+    def _job_launch(self, job: JobRow, target: ClusterRow, placement: GangPlacement) -> tuple[ClusterInfo, JobLaunch]:
+        parts = self.parts
+        return cluster_info(target, parts.tokens(target.id)), JobLaunch(
+            job_id=job.id, attempt=job.attempt, spec=parts.spec_of(job), placement=placement,
+            checkpoint_dir=job.checkpoint_dir, resume_from=job.checkpoint,
+            broker_url=parts.options.broker_url, log_dir=str(parts.options.home / "logs" / job.id),
+        )

@@ -1,0 +1,122 @@
+"""The job state machine: every change of a job's state, each a small function, and nothing else.
+
+This module is the only writer of ``JobRow.state``. Every change goes through the transition
+table in ``broker.model``, is stamped with the market's clock, and leaves a ``transition`` event;
+a job entering CHECKPOINTING carries why (``CheckpointReason``), cleared when it leaves.
+
+PENDING -> PROVISIONING -> RUNNING -> (CHECKPOINTING -> MIGRATING -> RUNNING)* -> terminal
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+from datetime import UTC, datetime
+from pathlib import Path
+
+from sqlalchemy.orm import Session
+
+from broker.clock import Clock
+from broker.engine.parts import jsonable
+from broker.model import CheckpointReason, JobState, check_transition
+from broker.spec import JobSpec
+from broker.store import Store
+from broker.store.tables import JobEventRow, JobRow
+
+log = logging.getLogger("broker.engine")
+
+
+class UnknownJob(LookupError):
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+def _move(s: Session, clock: Clock, job: JobRow, target: JobState, **detail: object) -> None:
+    current = JobState(job.state)
+    check_transition(current, target)
+    now = clock.now()
+    job.state = target.value
+    job.updated_at = now
+    if target is not JobState.CHECKPOINTING:
+        job.checkpoint_reason = None
+    if target.terminal:
+        job.finished_at = now
+        job.wall_finished_at = datetime.now(UTC)
+        job.target_cluster_id = job.target_gpus = None
+    s.add(JobEventRow(job_id=job.id, at=now, kind="transition", from_state=current.value,
+                      to_state=target.value, detail=jsonable(detail)))
+    log.info("job %s: %s -> %s %s", job.id, current, target, detail or "")
+
+
+def submit_job(store: Store, clock: Clock, spec: JobSpec, home: Path, backend: str) -> str:
+    """Record a validated job as PENDING, in one transaction; the engine takes it from there."""
+    now = clock.now()
+    job_id = f"j-{secrets.token_hex(4)}"
+    checkpoint_dir = spec.broker.checkpoint.dir or str(home / "checkpoints" / job_id)
+    with store.transaction() as s:
+        s.add(JobRow(
+            id=job_id, name=spec.name, team=spec.broker.team, state=JobState.PENDING.value,
+            priority=spec.broker.priority, spec=spec.to_data(),
+            spec_path=str(Path(spec.source).resolve()) if spec.source else None,
+            backend=backend, num_nodes=spec.num_nodes, gpus_per_node=spec.gpus_per_node,
+            accelerator=spec.accelerator, deadline=spec.broker.deadline_at(now),
+            work_s=spec.broker.work.total_seconds() if spec.broker.work else None,
+            checkpoint_dir=checkpoint_dir, attempt=0, preemptions=0, migrations=0, work_lost_s=0.0,
+            zones=[], created_at=now, updated_at=now, wall_started_at=datetime.now(UTC),
+        ))
+        s.flush()
+        s.add(JobEventRow(job_id=job_id, at=now, kind="submitted", to_state=JobState.PENDING.value,
+                          detail={"name": spec.name}))
+    return job_id
+
+
+def cancel_job(store: Store, job_id: str, clock: Clock) -> str:
+    """Mark a job cancelled in one transaction; the engine tears its clusters down on its next step."""
+    with store.transaction() as s:
+        job = s.get(JobRow, job_id, with_for_update=True)
+        if job is None:
+            raise UnknownJob(f"no job {job_id!r}")
+        if JobState(job.state).terminal:
+            return job.state
+        cancelled(s, clock, job)
+        return JobState.CANCELLED.value
+
+
+def cancelled(s: Session, clock: Clock, job: JobRow) -> None:
+    _move(s, clock, job, JobState.CANCELLED, reason="cancelled by user")
+
+
+def provisioning(s: Session, clock: Clock, job: JobRow, **detail: object) -> None:
+    """Heading to GPUs: a cluster launched for it, free GPUs of a running one, or GPUs being freed."""
+    _move(s, clock, job, JobState.PROVISIONING, **detail)
+
+
+def running(s: Session, clock: Clock, job: JobRow, **detail: object) -> None:
+    _move(s, clock, job, JobState.RUNNING, **detail)
+
+
+def checkpointing(s: Session, clock: Clock, job: JobRow, why: CheckpointReason, **detail: object) -> None:
+    """Told to save its work before it leaves its GPUs, and why."""
+    _move(s, clock, job, JobState.CHECKPOINTING, checkpoint_reason=why.value, **detail)
+    job.checkpoint_reason = why.value
+
+
+def migrating(s: Session, clock: Clock, job: JobRow, **detail: object) -> None:
+    """On its way from the nodes it lost or left to new ones, resuming from its checkpoint."""
+    _move(s, clock, job, JobState.MIGRATING, **detail)
+
+
+def requeued(s: Session, clock: Clock, job: JobRow, **detail: object) -> None:
+    _move(s, clock, job, JobState.PENDING, **detail)
+
+
+def succeeded(s: Session, clock: Clock, job: JobRow) -> None:
+    job.exit_code = 0
+    job.preempted_by = None
+    _move(s, clock, job, JobState.SUCCEEDED)
+
+
+def failed(s: Session, clock: Clock, job: JobRow, exit_code: int | None) -> None:
+    job.exit_code = exit_code
+    job.reason = f"the job exited with code {exit_code}"
+    _move(s, clock, job, JobState.FAILED, exit_code=exit_code)

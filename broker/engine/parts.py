@@ -1,0 +1,128 @@
+"""What every part of the engine is given: its options, its collaborators, and the calls it defers.
+
+``Parts`` holds the store, clock, market, provisioner, policies and agent tokens one engine runs
+with, and the parsed-spec cache (only a cache: specs are re-read from the store after a restart).
+``AfterCommit`` collects the provisioner calls decided inside a transaction, made once it commits.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy.orm import Session
+
+from broker.clock import Clock
+from broker.market import Market
+from broker.provision.base import ClusterInfo, JobLaunch, Provisioner
+from broker.spec import JobSpec, job_spec_from_data
+from broker.store import Store
+from broker.store.tables import ClusterRow, JobEventRow, JobRow
+from policies import registry
+
+if TYPE_CHECKING:
+    from broker.config import Settings
+
+log = logging.getLogger("broker.engine")
+
+# The restart overhead a plan assumes when the settings name none and the backend is a real cloud.
+CLOUD_RESTART_OVERHEAD_S = 720.0
+
+
+@dataclass(frozen=True)
+class EngineOptions:
+    home: Path
+    selection_policy: str | None = None
+    placement_policy: str | None = None
+    preemption_policy: str | None = None
+    broker_url: str | None = None
+    restart_overhead_s: float = CLOUD_RESTART_OVERHEAD_S
+    checkpoint_gb: float = 0.0  # size of a job's checkpoint, for the cost of moving it between regions
+    egress_per_gb: float = 0.02  # USD per GB moved between regions or clouds
+    max_gpus: int | None = None  # GPUs the broker may hold across all its clusters
+    # A gate a PENDING job must pass before it is planned (the service's capacity shares); None: all pass.
+    admit: Callable[[Session, JobRow], bool] | None = None
+
+
+def restart_overhead(settings: Settings) -> float:
+    """Seconds a restart costs a job, as the settings give it or the backend implies."""
+    if settings.restart_overhead_s:
+        return settings.restart_overhead_s
+    return settings.local_provision_seconds + 60.0 if settings.backend == "local" else CLOUD_RESTART_OVERHEAD_S
+
+
+def engine_options(settings: Settings, broker_url: str | None, **extra: Any) -> EngineOptions:
+    """The engine's options as the settings give them; every runtime (embedded, service, SkyPilot) uses this."""
+    return EngineOptions(
+        home=settings.home, selection_policy=settings.selection_policy,
+        placement_policy=settings.placement_policy, preemption_policy=settings.preemption_policy,
+        max_gpus=settings.max_gpus, restart_overhead_s=restart_overhead(settings), broker_url=broker_url, **extra,
+    )
+
+
+def cluster_info(row: ClusterRow, token: str | None = None) -> ClusterInfo:
+    return ClusterInfo(row.id, row.cloud, row.region, row.zone, row.instance_type, row.num_nodes,
+                       row.gpus_per_node, row.spot, token, dict(row.handle or {}))
+
+
+@dataclass
+class AfterCommit:
+    """Provisioner calls decided inside a transaction, made once it has committed."""
+
+    launches: list[ClusterInfo] = field(default_factory=list)
+    starts: list[tuple[ClusterInfo, JobLaunch]] = field(default_factory=list)
+    terminations: list[ClusterInfo] = field(default_factory=list)
+    signals: list[tuple[ClusterInfo, str, int, str]] = field(default_factory=list)
+    stops: list[tuple[ClusterInfo, str, int]] = field(default_factory=list)
+
+    def carry_out(self, provisioner: Provisioner) -> None:
+        for info in self.terminations:
+            provisioner.terminate(info)
+        for info, job_id, attempt, signal in self.signals:
+            provisioner.signal_job(info, job_id, attempt, signal)
+        for info, job_id, attempt in self.stops:
+            provisioner.stop_job(info, job_id, attempt)
+        for info in self.launches:
+            provisioner.launch(info)
+        for info, launch in self.starts:
+            provisioner.start_job(info, launch)
+
+
+class Parts:
+    """One engine's collaborators, handed to each of its modules."""
+
+    def __init__(self, store: Store, clock: Clock, market: Market, provisioner: Provisioner,
+                 options: EngineOptions, tokens: Callable[[str], str]) -> None:
+        self.store = store
+        self.clock = clock
+        self.market = market
+        self.provisioner = provisioner
+        self.options = options
+        self.selection = registry.get("selection", options.selection_policy, live=True)
+        self.placement = registry.get("placement", options.placement_policy)
+        self.preemption = registry.get("preemption", options.preemption_policy)
+        # cluster id -> the token its agents authenticate with; the store keeps only hashes.
+        self.tokens = tokens
+        self._specs: dict[str, JobSpec] = {}
+
+    def remember(self, job_id: str, spec: JobSpec) -> None:
+        self._specs[job_id] = spec
+
+    def spec_of(self, job: JobRow) -> JobSpec:
+        if job.id not in self._specs:
+            # Validated at submission; re-reading it must not consult catalogs or the clock again.
+            self._specs[job.id] = job_spec_from_data(job.spec, source=job.spec_path or job.name, offline=True)
+        return self._specs[job.id]
+
+    def event(self, s: Session, job_id: str | None, kind: str, **detail: object) -> None:
+        """A notable moment in a job's life that is not a change of its state."""
+        if job_id is not None:
+            s.add(JobEventRow(job_id=job_id, at=self.clock.now(), kind=kind, detail=jsonable(detail)))
+
+
+def jsonable(detail: dict[str, object]) -> dict[str, object]:
+    return {k: (v.isoformat() if isinstance(v, datetime) else v) for k, v in detail.items() if v is not None}

@@ -1,0 +1,203 @@
+"""The selection policy's question: the one builder of a ``SelectionRequest``.
+
+The engine asks it for a job in the store; the SkyPilot dry run asks it for a job file not yet
+submitted. Both go through ``offer_of`` and ``fitting`` (quotes the job's nodes fit, exact sizes
+first) and ``job_view``, so a plan previewed is a plan the engine would make. The simulator asks
+the same policy the same question from its arrays; ``tests/broker/test_policy_parity.py`` holds
+the two to it.
+"""
+
+from __future__ import annotations
+
+import math
+from datetime import datetime, timedelta
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from broker.engine.checkpoints import current_allocation, progress_s
+from broker.engine.parts import Parts
+from broker.model import ClusterState, JobState
+from broker.spec import JobSpec
+from broker.store.tables import AllocationRow, ClusterRow, JobRow, NoticeRow
+from policies.history import MarketHistory, MarketSeries
+from policies.selection import IDLE, ON_DEMAND, JobView, Location, Plan, SelectionRequest, ZoneOffer, ZoneRecord
+from policies.work_estimate import MAX_PAST_RUNS, WorkEstimate, estimate_work
+from providers.base import OfferKey, SpotQuote
+
+# How long a zone that preempted or refused a job stays off that job's plans.
+AVOID_ZONE_FOR = timedelta(hours=1)
+# How often a running job's place is reviewed on a market without ticks.
+REVIEW_SECONDS = 300.0
+
+
+def offer_of(quote: SpotQuote) -> ZoneOffer:
+    return ZoneOffer(quote.cloud, quote.region, quote.zone, quote.instance_type, quote.accelerator,
+                     quote.gpus_per_node, float(quote.spot_price or math.inf),
+                     float(quote.on_demand_price or math.inf), quote.available_nodes, quote.capacity_score)
+
+
+def fits(spec: JobSpec, accelerator: str, gpus_per_node: int, exact: bool = False) -> bool:
+    """The job's nodes fit one of ``gpus_per_node`` ``accelerator`` GPUs (``exact``: of just that size)."""
+    if not spec.accelerators:
+        return True
+    return any(a.name.lower() == accelerator.lower()
+               and (a.count == gpus_per_node if exact else a.count <= gpus_per_node)
+               for a in spec.accelerators)
+
+
+def fitting(spec: JobSpec, quotes: list[SpotQuote]) -> tuple[list[SpotQuote], bool]:
+    """Priced quotes of nodes of exactly the asked size when the market has them (True), else of
+    bigger ones, whose other GPUs can host other gangs (False)."""
+    priced = [q for q in quotes if q.spot_price is not None and q.on_demand_price is not None]
+    exact = [q for q in priced if fits(spec, q.accelerator, q.gpus_per_node, exact=True)]
+    if exact:
+        return exact, True
+    return [q for q in priced if fits(spec, q.accelerator, q.gpus_per_node)], False
+
+
+def job_view(spec: JobSpec, num_nodes: int, gpus_per_node: int, accelerator: str | None,
+             remaining_work_s: float | None, deadline: datetime | None, restart_overhead_s: float,
+             checkpoint_gb: float = 0.0, total_work_s: float | None = None,
+             started_at: datetime | None = None) -> JobView:
+    return JobView(
+        num_nodes=num_nodes, gpus_per_node=gpus_per_node, accelerator=accelerator,
+        remaining_work_s=remaining_work_s, deadline=deadline, restart_overhead_s=restart_overhead_s,
+        checkpoint_gb=checkpoint_gb, max_price_per_hour=spec.broker.max_price,
+        allowed_clouds=frozenset(c.cloud for c in spec.broker.clouds),
+        total_work_s=total_work_s, started_at=started_at, speed=spec.broker.speed,
+    )
+
+
+def preview_request(spec: JobSpec, quotes: list[SpotQuote], now: datetime,
+                    restart_overhead_s: float) -> SelectionRequest:
+    """The request for a job file not yet submitted, placed nowhere, with no history of its own."""
+    offers, _ = fitting(spec, quotes)
+    work = spec.broker.work
+    view = job_view(spec, spec.num_nodes, spec.gpus_per_node, spec.accelerator,
+                    work.total_seconds() if work is not None else None, spec.broker.deadline_at(now),
+                    restart_overhead_s)
+    return SelectionRequest(now=now, job=view, offers=tuple(offer_of(q) for q in offers), current=Location(IDLE),
+                            record={}, excluded=frozenset())
+
+
+class Planner:
+    """Builds the engine's requests and asks the selection policy."""
+
+    def __init__(self, parts: Parts) -> None:
+        self.parts = parts
+        self._series: dict[tuple[str, int], MarketSeries] = {}
+
+    def plan(self, s: Session, job: JobRow, current: Location, exclude: set[str]) -> Plan:
+        return self.parts.selection(self.selection_request(s, job, current, exclude))
+
+    def selection_request(self, s: Session, job: JobRow, current: Location, exclude: set[str]) -> SelectionRequest:
+        """What the selection policy sees: the same request the simulator builds for the same moment."""
+        parts = self.parts
+        spec = parts.spec_of(job)
+        now = self.policy_now()
+        quotes, exact = fitting(spec, parts.market.quotes(now))
+        work = work_estimate(s, job, parts.clock.now())
+        alloc = current_allocation(s, job)
+        in_location = (now - (alloc.running_at or alloc.started_at)).total_seconds() \
+            if alloc is not None and alloc.ended_at is None and current.kind != IDLE else 0.0
+        history, step_s = self._history(now, quotes[0] if exact and quotes else None)
+        options = parts.options
+        view = job_view(spec, job.num_nodes, job.gpus_per_node, job.accelerator, work.remaining_s, job.deadline,
+                        options.restart_overhead_s, options.checkpoint_gb, work.total_s, job.created_at)
+        return SelectionRequest(
+            now=now, job=view, offers=tuple(offer_of(q) for q in quotes), current=current,
+            record=zone_records(s), excluded=frozenset(exclude), history=history, step_s=step_s,
+            checkpoint_region=checkpoint_region(s, job), in_location_s=in_location,
+            egress_per_gb=options.egress_per_gb,
+        )
+
+    def policy_now(self) -> datetime:
+        """The moment a policy reasons about: on a replayed trace, the start of the current tick (as simulated)."""
+        return self.parts.market.tick_start(self.parts.clock.now())
+
+    def review_seconds(self) -> float:
+        """How often a running job's place is reviewed: once per market tick."""
+        return self.parts.market.tick_seconds or REVIEW_SECONDS
+
+    def _history(self, now: datetime, like: SpotQuote | None) -> tuple[MarketHistory | None, float | None]:
+        """The market's past for the policy, where the market has one (a replayed trace)."""
+        market = self.parts.market
+        if like is None or market.tick_seconds is None:
+            return None, None
+        key = (like.accelerator, like.gpus_per_node)
+        if key not in self._series:
+            past = market.past(like.accelerator, like.gpus_per_node)
+            if past is None:
+                return None, None
+            self._series[key] = MarketSeries.from_trace(past)
+        return MarketHistory(self._series[key], market.tick_at(now)), market.tick_seconds
+
+    def location_of(self, cluster: ClusterRow) -> Location:
+        """Where a cluster is, as the policy names places: on demand, or a spot offer at today's price."""
+        if not cluster.spot:
+            return Location(ON_DEMAND)
+        key = OfferKey(cluster.cloud, cluster.region, cluster.zone, cluster.instance_type)
+        return Location("spot", offer_of(self.parts.market.quote(key, self.parts.clock.now())))
+
+    def avoid(self, s: Session, job: JobRow) -> set[str]:
+        """Spot zones this job was preempted from or refused by recently."""
+        since = self.parts.clock.now() - AVOID_ZONE_FOR
+        rows = s.execute(select(ClusterRow.cloud, ClusterRow.zone, ClusterRow.instance_type)
+                         .where(ClusterRow.job_id == job.id, ClusterRow.spot.is_(True),
+                                ClusterRow.terminated_at.is_not(None), ClusterRow.terminated_at >= since))
+        avoid = {f"{c}/{z}/{i}" for c, z, i in rows}
+        notices = s.execute(select(ClusterRow.cloud, ClusterRow.zone, ClusterRow.instance_type)
+                            .join(NoticeRow, NoticeRow.cluster_id == ClusterRow.id)
+                            .where(ClusterRow.job_id == job.id))
+        avoid |= {f"{c}/{z}/{i}" for c, z, i in notices}
+        return avoid
+
+
+def work_estimate(s: Session, job: JobRow, now: datetime) -> WorkEstimate:
+    """The job's work: stated, else the median of its name and team's finished runs, else unknown."""
+    done = progress_s(s, job, now)
+    past: list[float] = []
+    if job.work_s is None:
+        rows = s.scalars(select(JobRow).where(JobRow.name == job.name, JobRow.team == job.team,
+                                              JobRow.state == JobState.SUCCEEDED.value, JobRow.id != job.id)
+                         .order_by(JobRow.finished_at.desc()).limit(MAX_PAST_RUNS))
+        past = [progress_s(s, row, now) for row in rows]
+    return estimate_work(job.work_s, done, past)
+
+
+def checkpoint_region(s: Session, job: JobRow) -> str | None:
+    """Where the job's checkpoint lives: the region of the last spot cluster it ran on."""
+    if job.checkpoint is None:
+        return None
+    row = s.execute(select(ClusterRow.cloud, ClusterRow.region).join(
+        AllocationRow, AllocationRow.cluster_id == ClusterRow.id).where(
+        AllocationRow.job_id == job.id, ClusterRow.spot.is_(True)).order_by(AllocationRow.attempt.desc())).first()
+    return f"{row[0]}/{row[1]}" if row else None
+
+
+def zone_records(s: Session) -> dict[str, ZoneRecord]:
+    """Every spot zone's past: when it preempted a cluster and when it refused a launch."""
+    preempted: dict[str, list[datetime]] = {}
+    failed: dict[str, list[datetime]] = {}
+    rows = s.execute(select(ClusterRow.cloud, ClusterRow.zone, ClusterRow.instance_type, ClusterRow.state,
+                            ClusterRow.reason, ClusterRow.terminated_at, ClusterRow.spot)
+                     .where(ClusterRow.state.in_([ClusterState.FAILED.value, ClusterState.TERMINATED.value])))
+    for cloud, zone, instance_type, state, reason, ended, spot in rows:
+        if ended is None or not spot:
+            continue
+        key = f"{cloud}/{zone}/{instance_type}"
+        if state == ClusterState.FAILED.value:
+            failed.setdefault(key, []).append(ended)
+        elif reason and "reclaimed" in reason:
+            preempted.setdefault(key, []).append(ended)
+    keys = set(preempted) | set(failed)
+    return {k: ZoneRecord(tuple(sorted(preempted.get(k, []))), tuple(sorted(failed.get(k, [])))) for k in keys}
+
+
+def same_place(target: Location, here: Location) -> bool:
+    if target.kind != here.kind:
+        return False
+    if target.kind != "spot":
+        return True
+    return target.offer is not None and here.offer is not None and target.offer.location == here.offer.location
