@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import AliasChoices, Field, SecretStr, ValidationError, field_validator
+from pydantic import AliasChoices, Field, SecretStr, ValidationError, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, NoDecode, PydanticBaseSettingsSource, SettingsConfigDict
 
 from broker.reports.settings import BudgetSettings, ReportSchedule
@@ -135,6 +135,18 @@ class Settings(BaseSettings):
     azure_regions: Annotated[list[str] | None, NoDecode] = Field(None, description="default: ten GPU regions")
     price_retry_attempts: int = Field(6, ge=1, description="tries per API call on throttling and 5xx")
     price_retry_base_seconds: float = Field(0.5, gt=0, description="first backoff step (doubles, jittered)")
+
+    @field_validator("selection_policy", "placement_policy", "preemption_policy")
+    @classmethod
+    def _known_policy(cls, value: str | None, info: ValidationInfo) -> str | None:
+        from policies import registry
+
+        try:
+            kind = {"selection_policy": "selection", "placement_policy": "placement"}.get(info.field_name or "",
+                                                                                      "preemption")
+            return registry.check(kind, value)
+        except registry.UnknownPolicy as exc:
+            raise ValueError(str(exc)) from None
 
     @field_validator("aws_regions", "gcp_regions", "azure_regions", mode="before")
     @classmethod

@@ -1,11 +1,15 @@
-"""Wiring the embedded broker together: store, clock, market, provisioner, notice API, engine."""
+"""Putting a broker together: ``assemble`` builds store, clock, market, provisioner and agent tokens for
+a backend, and ``Runtime.engine`` the engine over them; the embedded CLI broker, the SkyPilot broker
+and ``broker serve`` all start from it."""
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, TYPE_CHECKING
+from typing import IO, TYPE_CHECKING, Any
 
 from sqlalchemy import select
 
@@ -13,13 +17,18 @@ from broker.api.app import BackgroundServer, create_app
 from broker.clock import Clock, WallClock
 from broker.config import Settings
 from broker.engine import Engine, engine_options
+from broker.market import Market
 from broker.model import ACTIVE_STATES
+from broker.provision.base import Provisioner
 from broker.provision.local import LocalProvisioner, LocalWorld
+from broker.spec import JobSpec, job_spec_from_data
 from broker.store import Store, open_store
-from broker.store.tables import JobRow
+from broker.store.tables import ClusterRow, JobRow
 from broker.tokens import SharedAgentTokens
+from providers.local import LocalMarket
 
 if TYPE_CHECKING:
+    from broker.provision.skypilot import SkyPilotOptions
     from broker.runtime_skypilot import SkyPilotBroker
 
 BUNDLED_MARKET = Path(__file__).parent / "data" / "quickstart-market.csv"
@@ -61,35 +70,107 @@ def active_job_count(store: Store) -> int:
         return len(list(s.scalars(select(JobRow.id).where(JobRow.state.in_(ACTIVE_STATES)))))
 
 
+@dataclass
+class Runtime:
+    """The parts of one running broker: built by ``assemble``, whichever front end drives them."""
+
+    settings: Settings
+    store: Store
+    clock: Clock
+    market: Market
+    provisioner: Provisioner
+    # Kept in the store, so every replica derives the same agent tokens.
+    tokens: SharedAgentTokens
+    world: LocalWorld | None = None  # the local replay, on the local backend
+
+    def engine(self, broker_url: str | None, **extra: Any) -> Engine:
+        """The engine over these parts; ``broker_url`` is where node agents report."""
+        return Engine(self.store, self.clock, self.market, self.provisioner,
+                      engine_options(self.settings, broker_url, **extra), tokens=self.tokens)
+
+
+def embedded_world(settings: Settings, store: Store, fresh: bool) -> LocalWorld:
+    """The local replay of a one-process broker: kept while jobs are active or unless ``fresh``."""
+    existing = LocalWorld.load(settings.home)
+    trace = str(settings.market or BUNDLED_MARKET)
+    busy = active_job_count(store) > 0
+    if existing is not None and (busy or not fresh):
+        return existing
+    return LocalWorld.begin(settings.home, trace, settings.speed)
+
+
+def assemble(settings: Settings, store: Store | None = None,
+             world: Callable[[Store], LocalWorld] | None = None, sdk: Any = None, catalog: Any = None) -> Runtime:
+    """The one way to put a broker together for ``settings.backend``.
+
+    On the local backend, ``world`` picks the market replay (default: ``embedded_world``, kept
+    unless fresh); on SkyPilot, ``sdk`` and ``catalog`` stand in for SkyPilot's own in tests.
+    """
+    store = store or open_store(settings.database_url)
+    tokens = SharedAgentTokens(store, settings.home)
+    if settings.backend == "skypilot":
+        from broker.provision.sky_market import SkyCatalogMarket
+        from broker.provision.skypilot import SkyPilotProvisioner
+
+        market = SkyCatalogMarket(lambda: active_accelerators(store), catalog=catalog)
+        provisioner = SkyPilotProvisioner(settings.home, store_specs(store), skypilot_options(settings), sdk=sdk)
+        return Runtime(settings, store, WallClock(), market, provisioner, tokens)
+    local = world(store) if world is not None else embedded_world(settings, store, fresh=False)
+    return Runtime(settings, store, local.clock, local.market(),
+                   LocalProvisioner(settings.home, local, settings.local_provision_seconds), tokens, local)
+
+
+def store_specs(store: Store) -> Callable[[str], JobSpec | None]:
+    """cluster id -> the spec of the job it was launched for (read from the store, then cached)."""
+    cache: dict[str, JobSpec] = {}
+
+    def lookup(cluster_id: str) -> JobSpec | None:
+        if cluster_id not in cache:
+            with store.transaction() as s:
+                job = s.scalar(select(JobRow).join(ClusterRow, ClusterRow.job_id == JobRow.id)
+                               .where(ClusterRow.id == cluster_id))
+                if job is None:
+                    return None
+                cache[cluster_id] = job_spec_from_data(job.spec, source=job.spec_path or job.name, offline=True)
+        return cache[cluster_id]
+
+    return lookup
+
+
+def active_accelerators(store: Store) -> set[str]:
+    with store.transaction() as s:
+        return {a for a in s.scalars(select(JobRow.accelerator).where(JobRow.state.in_(ACTIVE_STATES))) if a}
+
+
+def skypilot_options(settings: Settings) -> SkyPilotOptions:
+    from broker.provision.skypilot import SkyPilotOptions
+
+    return SkyPilotOptions(prefix=settings.skypilot_prefix, launch_timeout_s=settings.skypilot_launch_timeout,
+                           refresh_s=settings.skypilot_refresh_seconds,
+                           idle_minutes_to_autostop=settings.skypilot_autostop_minutes)
+
+
 class EmbeddedBroker:
     """The whole broker in one process, on the local backend."""
 
     def __init__(self, settings: Settings, store: Store | None = None, fresh_market: bool = False) -> None:
         self.settings = settings
         self.home = settings.home
-        self.store = store or open_store(settings.database_url)
-        self.world = self._world(fresh_market)
-        self.market = self.world.market()
-        self.clock = self.world.clock
-        self.provisioner = LocalProvisioner(self.home, self.world, settings.local_provision_seconds)
+        self.runtime = assemble(settings, store, world=lambda store: embedded_world(settings, store, fresh_market))
+        self.store = self.runtime.store
+        assert self.runtime.world is not None and isinstance(self.runtime.market, LocalMarket)
+        self.world = self.runtime.world
+        self.market = self.runtime.market
+        self.clock = self.runtime.clock
+        self.provisioner = self.runtime.provisioner
+        self.tokens = self.runtime.tokens
         self.server: BackgroundServer | None = None
         self.engine: Engine | None = None
-        # Kept in the store, so every `broker serve` replica derives the same agent tokens.
-        self.tokens = SharedAgentTokens(self.store, self.home)
-
-    def _world(self, fresh: bool) -> LocalWorld:
-        existing = LocalWorld.load(self.home)
-        trace = str(self.settings.market or BUNDLED_MARKET)
-        busy = active_job_count(self.store) > 0
-        if existing is not None and (busy or not fresh):
-            return existing
-        return LocalWorld.begin(self.home, trace, self.settings.speed)
 
     def start(self) -> Engine:
         """Serve the notice API and build the engine (call only while holding the engine lock)."""
         self.server = BackgroundServer(create_app(self.store, self.clock)).start()
-        self.engine = Engine(self.store, self.clock, self.market, self.provisioner,
-                             engine_options(self.settings, self.server.url), tokens=self.tokens)
+        self.engine = self.runtime.engine(self.server.url)
         return self.engine
 
     def close(self) -> None:
@@ -104,5 +185,5 @@ def open_broker(settings: Settings, fresh_market: bool = False) -> EmbeddedBroke
     if settings.backend == "skypilot":
         from broker.runtime_skypilot import SkyPilotBroker
 
-        return SkyPilotBroker(settings)
+        return SkyPilotBroker(assemble(settings))
     return EmbeddedBroker(settings, fresh_market=fresh_market)

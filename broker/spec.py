@@ -94,6 +94,7 @@ class BrokerSection:
     team: str = "default"
     checkpoint: CheckpointSpec = CheckpointSpec()
     topology: TopologySpec = TopologySpec()
+    speed: tuple[tuple[str, float], ...] = ()  # relative training speed per accelerator, as stated
     gpu_memory: float | None = None  # GB of GPU memory per GPU share (fractional jobs)
 
     def deadline_at(self, submitted: datetime) -> datetime | None:
@@ -473,6 +474,7 @@ def _section(model: BrokerModel) -> BrokerSection:
         team=model.team,
         checkpoint=CheckpointSpec(model.checkpoint.dir, model.checkpoint.signal, model.checkpoint.grace),
         topology=TopologySpec(model.topology.level, model.topology.required),
+        speed=model.speed,
         gpu_memory=model.gpu_memory,
     )
 

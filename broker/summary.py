@@ -48,6 +48,8 @@ def job_summary(s: Session, job: JobRow) -> dict[str, Any]:
         "finished_at": _iso(job.finished_at),
         "exit_code": job.exit_code,
         "reason": job.reason,
+        "checkpoint_reason": job.checkpoint_reason,
+        "cluster_teardown_reason": cluster.teardown_reason if cluster else None,
     }
 
 

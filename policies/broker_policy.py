@@ -10,10 +10,17 @@ long the current one has lasted already, so capacity that tends to vanish young 
 Slack (steps left minus work left) is spent against a reserve that would spend it evenly until the
 deadline (Uniform Progress's line: when spot cannot cover the work, the cheapest plans use spot
 until the end, so slack must not run out early). Its *pressure* sets what a step of slack is
-worth: nothing with slack to spare, a step of on-demand instead of spot when short. Then:
+worth: nothing with slack to spare, a step of on-demand instead of spot when short. Slack is
+never short while it is at least ``SPOT_MARGIN`` x what running on spot alone is expected to spend
+(outages and restarts learned from the recent market): on an easy market, falling behind the even
+pace is no reason for on-demand. A job whose work is unknown (no ``work``, no estimate: see
+``policies.work_estimate``) has no pressure; the deadline floor alone guards it. With offers of
+several GPU types (``any_of``) the job is narrowed first to the type whose unit of work is
+cheapest (``policies.speed``). Then:
 
 - on spot: stay, unless another zone gives progress much cheaper, restart and egress included;
-- idle with slack to spare: enter spot whose expected cost is near the cheapest price, else wait;
+- idle with slack to spare: enter spot whose expected cost is near the cheapest price (with the
+  restart amortised as well as the best fresh run any zone gives), else wait;
 - idle under pressure: enter spot cheaper than on-demand (slack it risks counted), unless
   letting young capacity prove itself is cheaper; with no such spot, wait if the outage is likely
   shorter than on-demand's two restarts would justify (time to capacity learned from the zones'
@@ -34,7 +41,7 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_left, bisect_right
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -52,6 +59,7 @@ from policies.selection import (
     on_demand_plan,
     spot_ok,
 )
+from policies.speed import rank_accelerators
 
 RUN_WINDOW_S = 4 * 86400.0  # availability runs and outages that ended this recently describe a zone
 MIN_RUNS = 20  # fewer runs of its own (too few for a survival curve): judged on every zone's runs
@@ -62,6 +70,7 @@ PRESSED = 0.5  # at this multiple or less: a step of slack is worth a step of on
 PICKINESS = 0.15  # with slack to spare, enter spot costing at most this much over the best possible
 SWITCH_GAIN = 0.08  # move between zones only for this much cheaper progress
 WAITS = (1, 2, 3, 4, 6)  # steps young capacity may be given to prove itself before entering
+SPOT_MARGIN = 0.5  # slack at this multiple of what spot alone is expected to spend is not short
 WAIT_FLOOR = 0.8  # under pressure, waiting never takes the slack below this fraction of the reserve
 
 @dataclass(frozen=True, slots=True)
@@ -78,8 +87,9 @@ class _Option:
 @register("selection", "broker", default=True)
 def broker(request: SelectionRequest) -> Plan:
     """Cheapest expected progress among spot zones, waiting or on-demand as the slack allows."""
+    request = _one_gpu_type(request)
     budget = Budget.of(request)
-    k, slack, work = budget.overhead, budget.slack, max(budget.work, 1)
+    k, slack = budget.overhead, budget.slack
     n = request.job.num_nodes
     here = current_offer(request)
     on_spot = here is not None and spot_ok(here, n)
@@ -95,6 +105,8 @@ def broker(request: SelectionRequest) -> Plan:
     # How likely the slack is to run out: a step of slack is then worth a step of on-demand
     # instead of spot later; with plenty to spare it is worth nothing.
     pressure = 0.0 if need <= 0 else min(1.0, max(0.0, (RELAXED - have / need) / (RELAXED - PRESSED)))
+    if pressure > 0 and have >= _spot_only_need(request, budget):
+        pressure = 0.0  # behind the even pace, but spot alone is expected to finish in time
     worth = pressure * max(od_price - cheapest, 0.0)
     options = sorted((_price(request, budget, o, worth) for o in offers if spot_ok(o, n) and o is not here),
                      key=lambda opt: (opt.cost, opt.offer.location))
@@ -116,7 +128,9 @@ def broker(request: SelectionRequest) -> Plan:
 
     if pressure == 0.0:
         # the best any spot could do: the cheapest price with one restart for all the work left
-        if best is not None and best.cost <= cheapest * (k + work) / work * (1 + PICKINESS):
+        # (or, where runs are short in every zone, as good as a fresh run in the best zone gives:
+        # waiting for a run no zone gives would spend the slack for nothing)
+        if best is not None and best.cost <= cheapest * _fresh_ratio(request, budget, offers) * (1 + PICKINESS):
             if _entry_wait(best, budget, od_price, worth, idle=True) > 0:
                 return Plan((), reason="this capacity often vanishes this young: see if it lasts")
             return _go(best, options, "good spot: expected progress near the cheapest price")
@@ -133,6 +147,33 @@ def broker(request: SelectionRequest) -> Plan:
     if expected * worth < k * (od_price + worth) and have - expected >= need * WAIT_FLOOR:
         return Plan((), reason="capacity is likely back before on-demand would pay off")
     return on_demand_plan(request, "slack is short and the outage looks long: on-demand")
+
+
+def _one_gpu_type(request: SelectionRequest) -> SelectionRequest:
+    """With offers of several GPU types (``any_of``), the request narrowed to the type whose unit of
+    work is cheapest (policies.speed), its work counted in time on that type. A job on spot stays
+    on its type unless another is SWITCH_GAIN cheaper per unit of work."""
+    kinds = {o.accelerator for o in request.offers}
+    job = request.job
+    if len(kinds) < 2 or job.accelerator is None:
+        return request
+    stated = dict(job.speed)
+    up = [o for o in eligible_offers(request) if spot_ok(o, job.num_nodes)] or eligible_offers(request)
+    ranked = rank_accelerators(((o.accelerator, o.spot_price) for o in up), job.accelerator, stated)
+    if not ranked:
+        return request
+    best = ranked[0]
+    here = current_offer(request)
+    if here is not None:
+        mine = next((c for c in ranked if c.accelerator == here.accelerator), None)
+        if mine is not None and best.per_work >= mine.per_work * (1 - SWITCH_GAIN):
+            best = mine
+    scale = 1 / best.speed
+    return replace(
+        request, offers=tuple(o for o in request.offers if o.accelerator == best.accelerator),
+        job=replace(job, accelerator=best.accelerator,
+                    remaining_work_s=None if job.remaining_work_s is None else job.remaining_work_s * scale,
+                    total_work_s=None if job.total_work_s is None else job.total_work_s * scale))
 
 
 def _entry_gain(option: _Option, budget: Budget, od_price: float, worth: float, age: int | None = None) -> float:
@@ -184,13 +225,70 @@ def _entry_wait(option: _Option, budget: Budget, od_price: float, worth: float, 
 def _paced(request: SelectionRequest, budget: Budget) -> float:
     """Slack to keep if it is spent evenly until the deadline (Uniform Progress's line)."""
     job = request.job
-    if job.deadline is None:
-        return 0.0  # no deadline: slack is never short
+    if job.deadline is None or job.remaining_work_s is None:
+        # No deadline, or no idea of the work left (see policies.work_estimate): slack is never
+        # short; the deadline floor alone still turns to on-demand when the deadline comes near.
+        return 0.0
     if job.total_work_s is None or job.started_at is None:
         return float(budget.slack)  # pace unknown: keep what is left, a middling pressure
     span = (job.deadline - job.started_at).total_seconds() / budget.step_s
     total = job.total_work_s / budget.step_s
     return budget.left * max(span - total, 0.0) / max(span, 1e-9)
+
+
+def _fresh_ratio(request: SelectionRequest, budget: Budget, offers: list[ZoneOffer]) -> float:
+    """Steps paid per step of progress when entering a fresh run of the zone whose runs amortise a
+    restart best (up or not now); at best one restart for all the work left."""
+    k, work = budget.overhead, max(budget.work, 1)
+    ratio = (k + work) / work
+    history = request.history
+    if history is None:
+        return ratio
+    window = round(RUN_WINDOW_S / budget.step_s)
+    found = math.inf
+    for offer in offers:
+        column = history.column(offer.location)
+        if column is None:
+            continue
+        runs = _runs(history, request.job.num_nodes, column, window)
+        if runs.x:
+            paid, progress = runs.expected(1, k, work)
+            found = min(found, paid / max(progress, 1e-9))
+    return max(ratio, found) if math.isfinite(found) else ratio
+
+
+def _spot_only_need(request: SelectionRequest, budget: Budget) -> float:
+    """Slack that running the rest of the work on spot alone is expected to spend, with a margin.
+
+    From the recent market: while no zone can take the gang the job waits, and each preemption
+    costs a restart and the step it happens in. When the slack covers that (times SPOT_MARGIN),
+    it is not short, however it compares with Uniform Progress's even pace: on an easy market a
+    job on pace with days of slack must not go to on-demand for an outage of an hour."""
+    history = request.history
+    if history is None or request.job.remaining_work_s is None:
+        return math.inf
+    n = request.job.num_nodes
+    key = ("broker.spot_only", n)
+    table = history.series.memo.get(key)
+    if table is None:
+        gang = history.series.gang(n)
+        ends = np.zeros(gang.up.shape[0], dtype=np.int64)
+        for zone_ends in gang.run_end:
+            np.add.at(ends, zone_ends, 1)
+        table = history.series.memo[key] = (
+            np.concatenate([[0], np.cumsum(gang.up.any(axis=1))]).tolist(),
+            np.concatenate([[0], np.cumsum(ends)]).tolist(),
+            gang.cum_up.sum(axis=1).tolist(),
+        )
+    assert isinstance(table, tuple)
+    cum_any, cum_ends, cum_up = table
+    now = history.now
+    lo = max(0, now + 1 - round(RUN_WINDOW_S / budget.step_s))
+    up = (cum_any[now + 1] - cum_any[lo]) / max(now + 1 - lo, 1)
+    if up <= 0:
+        return math.inf
+    hazard = (cum_ends[now + 1] - cum_ends[lo]) / max(cum_up[now + 1] - cum_up[lo], 1)
+    return SPOT_MARGIN * budget.work * ((1 - up) / up + hazard * (budget.overhead + 1))
 
 
 def _go(first: _Option, options: list[_Option], reason: str) -> Plan:

@@ -49,7 +49,7 @@ class Solution:
     feasible: bool  # False: not even on-demand meets the deadline; the schedule is on-demand at once
 
 
-@register("selection", "optimal")
+@register("selection", "optimal", simulator_only=True)
 def optimal(request: SelectionRequest) -> Plan:
     raise OmniscientOnly("the optimal policy sees the whole trace; run it with `broker simulate`")
 

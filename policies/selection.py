@@ -77,6 +77,7 @@ class JobView:
     allowed_clouds: frozenset[str] = frozenset()
     total_work_s: float | None = None  # the whole job's work, for policies that pace progress
     started_at: datetime | None = None  # when the job was submitted (the deadline counts from it)
+    speed: tuple[tuple[str, float], ...] = ()  # stated relative speed per accelerator (policies.speed)
 
 
 @dataclass(frozen=True, slots=True)
@@ -212,7 +213,3 @@ def cheapest_spot(request: SelectionRequest) -> Plan:
         locations.append(Location(ON_DEMAND, on_demand[0]))
     return Plan(tuple(locations), reason="cheapest spot with capacity, on-demand last")
 
-
-# The other selection policies live in their own modules; importing them here registers them
-# whenever the registry loads this one.
-from policies import baselines, broker_policy, optimal  # noqa: E402, F401

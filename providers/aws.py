@@ -23,7 +23,7 @@ from typing import Any
 from providers import catalog
 from providers.base import CloudUnavailable, SpotQuote
 from providers.fetching import Backoff, Progress, fan_out, with_retries
-from providers.notices import NodeNotice, parse_iso_time
+from providers.node_notice import NodeNotice, OnceWarnings, parse_iso_time
 
 # ---------------------------------------------------------------------------------------------
 # Prices and catalog
@@ -301,7 +301,7 @@ class AwsImdsReader:
         self.base_url = base_url.rstrip("/")
         self.timeout = timeout
         self._token: str | None = None
-        self._warned: set[str] = set()
+        self.warnings = OnceWarnings(log)
 
     def _request(self, method: str, path: str, headers: dict[str, str]) -> tuple[int, bytes]:
         request = urllib.request.Request(self.base_url + path, method=method, headers=headers)
@@ -315,7 +315,7 @@ class AwsImdsReader:
         status, body = self._request("PUT", "/latest/api/token",
                                      {"X-aws-ec2-metadata-token-ttl-seconds": str(self.TOKEN_TTL_SECONDS)})
         if status != 200 or not body:
-            self._warn("token", f"IMDSv2 token request answered {status}")
+            self.warnings.warn("token", f"IMDSv2 token request answered {status}")
             return None
         return body.decode().strip()
 
@@ -331,29 +331,24 @@ class AwsImdsReader:
             self._token = None  # expired or rejected: one fresh token, then give up for this poll
         return 401, b""
 
-    def _warn(self, key: str, message: str) -> None:
-        if key not in self._warned:
-            self._warned.add(key)
-            log.warning(message)
-
     def _json(self, path: str) -> dict[str, Any] | None:
         try:
             status, body = self._get(path)
         except (OSError, urllib.error.URLError) as exc:
-            self._warn("unreachable", f"instance metadata at {self.base_url} unreachable: {exc}")
+            self.warnings.warn("unreachable", f"instance metadata at {self.base_url} unreachable: {exc}")
             return None
         if status == 404 or status == 0:
             return None
         if status != 200:
-            self._warn(f"{path}:{status}", f"{path} answered HTTP {status}; treated as no notice")
+            self.warnings.warn(f"{path}:{status}", f"{path} answered HTTP {status}; treated as no notice")
             return None
         try:
             data = json.loads(body)
         except ValueError:
-            self._warn(f"{path}:json", f"{path} answered something that is not JSON: {body[:80]!r}")
+            self.warnings.warn(f"{path}:json", f"{path} answered something that is not JSON: {body[:80]!r}")
             return None
         if not isinstance(data, dict):
-            self._warn(f"{path}:shape", f"{path} answered JSON that is not an object: {body[:80]!r}")
+            self.warnings.warn(f"{path}:shape", f"{path} answered JSON that is not an object: {body[:80]!r}")
             return None
         return data
 
@@ -366,7 +361,7 @@ class AwsImdsReader:
             if kind in ("terminate", "stop", "hibernate") and when is not None:
                 notices.append(NodeNotice(kind, when, action))
             else:
-                self._warn("action-shape", f"spot/instance-action has an unexpected shape: {action}")
+                self.warnings.warn("action-shape", f"spot/instance-action has an unexpected shape: {action}")
         rebalance = self._json("/latest/meta-data/events/recommendations/rebalance")
         if rebalance is not None and "noticeTime" in rebalance:
             notices.append(NodeNotice("rebalance", None, rebalance))

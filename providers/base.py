@@ -6,7 +6,7 @@ preemption-notice reader). It never decides anything and never imports ``broker`
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Protocol
 
@@ -52,9 +52,6 @@ class SpotQuote:
     @property
     def key(self) -> OfferKey:
         return OfferKey(self.cloud, self.region, self.zone, self.instance_type)
-
-    def marked_stale(self) -> SpotQuote:
-        return replace(self, stale=True)
 
 
 class CloudUnavailable(RuntimeError):

@@ -24,7 +24,7 @@ from typing import Any
 from providers import catalog
 from providers.base import CloudUnavailable, SpotQuote
 from providers.fetching import Backoff, JsonHttp, Progress, fan_out, with_retries
-from providers.notices import NodeNotice, OnceWarnings
+from providers.node_notice import NodeNotice, OnceWarnings
 
 # ---------------------------------------------------------------------------------------------
 # Prices and catalog

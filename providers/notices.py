@@ -8,58 +8,9 @@ and never raises on a bad answer: a garbage response is logged once as a warning
 
 from __future__ import annotations
 
-import logging
-import threading
-from dataclasses import dataclass, field
-from datetime import UTC, datetime
-from typing import Any, Protocol
+from providers.node_notice import NodeNotice, NoticeReader
 
-log = logging.getLogger(__name__)
-
-
-# How long before the node goes each cloud says so (AWS spot: 2 minutes; GCP preemption and Azure
-# eviction: 30 s). A checkpoint that takes longer cannot be saved on the notice alone.
-NOTICE_LEAD_SECONDS: dict[str, float] = {"aws": 120.0, "gcp": 30.0, "azure": 30.0, "local": 120.0}
-
-
-@dataclass(frozen=True, slots=True)
-class NodeNotice:
-    kind: str  # terminate | stop | hibernate | rebalance | maintenance
-    action_time: datetime | None
-    raw: dict[str, Any] = field(default_factory=dict)
-
-
-class NoticeReader(Protocol):
-    cloud: str
-
-    def poll(self) -> list[NodeNotice]: ...
-
-    def acknowledge(self, notice: NodeNotice) -> None: ...
-
-
-def parse_iso_time(text: str | None) -> datetime | None:
-    if not text:
-        return None
-    try:
-        value = datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    return value if value.tzinfo else value.replace(tzinfo=UTC)
-
-
-class OnceWarnings:
-    """Log each distinct problem once, not on every poll."""
-
-    def __init__(self) -> None:
-        self._warned: set[str] = set()
-        self._lock = threading.Lock()
-
-    def warn(self, key: str, message: str) -> None:
-        with self._lock:
-            if key in self._warned:
-                return
-            self._warned.add(key)
-        log.warning(message)
+__all__ = ["NodeNotice", "NoticeReader", "reader_for"]
 
 
 def reader_for(cloud: str, metadata_url: str | None) -> NoticeReader:

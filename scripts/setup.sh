@@ -1,10 +1,22 @@
 #!/usr/bin/env bash
-# Create .venv and install the broker with pinned dependencies (idempotent).
+# Create .venv and install the broker with the locked, hash-checked dependencies (idempotent).
+#   bash scripts/setup.sh           # dev (default): the broker, every cloud SDK, the tools and tests
+#   bash scripts/setup.sh runtime   # the broker and every cloud SDK, as tested (requirements.lock)
+# The lock files say at their top how to regenerate them after pyproject.toml changes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
+UV_VERSION=0.13.9
+case "${1:-dev}" in
+  dev) LOCK=requirements-dev.lock ;;
+  runtime) LOCK=requirements.lock ;;
+  *) echo "usage: bash scripts/setup.sh [dev|runtime]" >&2; exit 2 ;;
+esac
 if [ ! -x .venv/bin/python ]; then
   "$PYTHON" -m venv .venv
 fi
-.venv/bin/python -m pip install -q --upgrade pip uv
-.venv/bin/uv pip install -q --python .venv/bin/python -c requirements-lock.txt -e ".[${1:-dev}]"
+if [ "$(.venv/bin/uv --version 2>/dev/null | cut -d' ' -f2)" != "$UV_VERSION" ]; then
+  .venv/bin/python -m pip install -q "uv==$UV_VERSION"
+fi
+.venv/bin/uv pip install -q --python .venv/bin/python --require-hashes -r "$LOCK"
+.venv/bin/uv pip install -q --python .venv/bin/python --no-deps -e .

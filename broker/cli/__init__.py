@@ -1,40 +1,57 @@
-"""Entry point of the ``broker`` command. Importing a command module registers its commands."""
+"""Entry point of the ``broker`` command. A command's module is imported when that command runs."""
 
 from __future__ import annotations
 
 import logging
 import sys
 
-from broker.cli.app import UsageError, app, err_console
+from broker.cli.app import UsageError, app, register_all
+
+# The errors a command raises for bad input, as (module, class): printed as one line, exit 2. They
+# are looked up in sys.modules, so catching them imports nothing: an error whose module was never
+# imported cannot have been raised.
+USER_ERRORS = (
+    ("broker.config", "ConfigError"),
+    ("broker.engine.machine", "UnknownJob"),
+    ("broker.spec", "SpecError"),
+    ("broker.store.db", "StoreError"),
+    ("providers.trace", "TraceError"),
+)
 
 
 def _register() -> None:
-    from broker.cli import dashboard, jobs, placement, prices, report, serve, simulate  # noqa: F401
+    register_all()
+
+
+def _is_user_error(exc: BaseException) -> bool:
+    if isinstance(exc, UsageError):
+        return True
+    for module_name, class_name in USER_ERRORS:
+        module = sys.modules.get(module_name)
+        error = getattr(module, class_name, None) if module is not None else None
+        if isinstance(error, type) and isinstance(exc, error):
+            return True
+    return False
 
 
 def main(argv: list[str] | None = None) -> None:
-    from broker.config import ConfigError
-    from broker.engine.machine import UnknownJob
-    from broker.spec import SpecError
-    from broker.store.db import StoreError
-    from providers.trace import TraceError
-
     # Our own handler first: libraries that call logging.basicConfig(INFO) on import (SkyPilot's
     # catalog does) then leave the command's output alone.
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    _register()
     try:
         # Without standalone mode a command's typer.Exit(n) comes back as the return value.
-        code = app(args=argv, standalone_mode=False)
-    except (SpecError, ConfigError, TraceError, StoreError, UsageError, UnknownJob) as exc:
-        err_console.print(f"[red]error:[/red] {exc}", highlight=False, markup=True, soft_wrap=True)
-        sys.exit(2)
+        code = app(args=argv, standalone_mode=False, prog_name="broker")
     except SystemExit:
         raise
     except KeyboardInterrupt:
-        err_console.print("interrupted")
+        print("interrupted", file=sys.stderr)
         sys.exit(130)
     except Exception as exc:
+        if _is_user_error(exc):
+            from broker.cli.app import err_console
+
+            err_console.print(f"[red]error:[/red] {exc}", highlight=False, markup=True, soft_wrap=True)
+            sys.exit(2)
         # Usage errors from the command-line parser (Typer bundles its own copy of click).
         show, exit_code = getattr(exc, "show", None), getattr(exc, "exit_code", None)
         if callable(show) and isinstance(exit_code, int):

@@ -2,32 +2,30 @@
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich.live import Live
-from rich.table import Table
-from sqlalchemy import select
 
 from broker.cli import remote
-from broker.cli.app import ConfigOption, JsonOption, UsageError, app, console
-from broker.config import Settings, load_settings
-from broker.engine.machine import cancel_job, submit_job
-from broker.joblogs import print_chunks, read_new
-from broker.model import JobState
-from broker.runtime import EmbeddedBroker, EngineLock, broker_clock, open_broker
-from broker.spec import JobSpec, load_job_spec
-from broker.store import Store, open_store
-from broker.store.tables import JobRow
-from broker.summary import job_summary, last_log_line
+from broker.cli.app import ConfigOption, JsonOption, UsageError, app
+from broker.cli.job_output import announce, finish, print_status, progress_table
+
+if TYPE_CHECKING:
+    from broker.config import Settings
+    from broker.spec import JobSpec
+    from broker.store import Store
+
+# Everything heavy (the engine, SQLAlchemy, the store, SkyPilot through the job file reader) is
+# imported inside the command that needs it, so `broker --help` and `broker status --server` stay fast.
 
 
 def _check_market_fits(broker: Any, spec: JobSpec) -> None:
+    from broker.runtime import EmbeddedBroker
+
     if not isinstance(broker, EmbeddedBroker):
         return  # SkyPilot's catalog: an unknown accelerator was refused when the job file was read
     zones = broker.market.trace.zones
@@ -42,6 +40,9 @@ def _check_market_fits(broker: Any, spec: JobSpec) -> None:
 
 
 def _summary(store: Store, job_id: str) -> dict[str, Any]:
+    from broker.store.tables import JobRow
+    from broker.summary import job_summary
+
     with store.transaction() as s:
         job = s.get(JobRow, job_id)
         if job is None:
@@ -49,55 +50,15 @@ def _summary(store: Store, job_id: str) -> dict[str, Any]:
         return job_summary(s, job)
 
 
-def _progress_table(summary: dict[str, Any], progress: str) -> Table:
-    table = Table(box=None, show_header=True, header_style="bold")
-    for column in ("job", "state", "where", "$/h", "progress", "preemptions", "cost"):
-        table.add_column(column)
-    where = f"{summary['cloud']}/{summary['zone']}" if summary["zone"] else "-"
-    if summary["spot"] is False:
-        where += " (on-demand)"
-    price = f"{summary['price_per_hour']:.2f}" if summary["price_per_hour"] is not None else "-"
-    table.add_row(summary["job_id"], summary["state"], where, price, progress[-60:] or "-",
-                  str(summary["preemptions"]), f"${summary['cost']:.4f}")
-    return table
-
-
-def announce(job_id: str, name: str, num_nodes: int, detach: bool, as_json: bool) -> None:
-    """The line a launch prints once the job is recorded (the JSON object instead, when detached)."""
-    if detach and as_json:
-        print(json.dumps({"job_id": job_id, "state": JobState.PENDING.value}))
-    elif detach:
-        console.print(f"submitted [bold]{job_id}[/bold]; follow it with `broker logs {job_id} --follow`")
-    elif not as_json:
-        console.print(f"submitted [bold]{job_id}[/bold] ({name}, {num_nodes} node(s))")
-
-
-def finish(summary: dict[str, Any], as_json: bool) -> None:
-    """How an attached launch ends: the summary (or its JSON), and exit 1 unless the job succeeded."""
-    if as_json:
-        print(json.dumps(summary))
-    else:
-        _print_summary(summary)
-    if summary["state"] != JobState.SUCCEEDED.value:
-        raise typer.Exit(1)
-
-
-def _print_summary(summary: dict[str, Any]) -> None:
-    saving = f" ({summary['saving_pct']:.1f}% saved)" if summary["saving_pct"] is not None else ""
-    console.print(f"\n[bold]{summary['job_id']}[/bold] {summary['name']}: [bold]{summary['state']}[/bold]")
-    console.print(f"  wall time        {summary['wall_seconds']:.1f} s")
-    console.print(f"  cost             ${summary['cost']:.4f}")
-    console.print(f"  on-demand cost   ${summary['on_demand_cost']:.4f}{saving}")
-    console.print(f"  preemptions      {summary['preemptions']}")
-    console.print(f"  migrations       {summary['migrations']}")
-    console.print(f"  zones            {' -> '.join(summary['zones']) or '-'}")
-    console.print(f"  work lost        {summary['work_lost_seconds']:.0f} s (market clock)")
-    if summary["reason"]:
-        console.print(f"  reason           {summary['reason']}")
-
-
 def drive(broker: Any, settings: Settings, job_id: str | None, show: bool) -> None:
     """Run the engine (or, if another process holds the engine lock, watch) until the job ends."""
+    from rich.live import Live
+
+    from broker.cli.app import console
+    from broker.model import JobState
+    from broker.runtime import EngineLock
+    from broker.summary import last_log_line
+
     lock = EngineLock(settings.home)
     engine = broker.start() if lock.acquire() else None
     if engine is None and job_id is None:
@@ -110,7 +71,7 @@ def drive(broker: Any, settings: Settings, job_id: str | None, show: bool) -> No
                 if job_id is not None:
                     summary = _summary(broker.store, job_id)
                     if show:
-                        live.update(_progress_table(summary, last_log_line(settings.home, job_id)), refresh=True)
+                        live.update(progress_table(summary, last_log_line(settings.home, job_id)), refresh=True)
                     if JobState(summary["state"]).terminal:
                         break
                 elif engine is not None and not engine.active_jobs():
@@ -124,12 +85,23 @@ def drive(broker: Any, settings: Settings, job_id: str | None, show: bool) -> No
         lock.release()
 
 
+MarketClockOption = Annotated[str, typer.Option(
+    "--market-clock", envvar="BROKER_MARKET_CLOCK", show_envvar=True,
+    help="local backend: 'own' starts this job's market at the trace's first tick (the quickstart reproduces); "
+         "'shared' joins the market clock already running in this broker home")]
+
+
 @app.command()
 def launch(
     job_file: Annotated[Path, typer.Argument(help="SkyPilot task YAML with an optional broker: section")],
-    backend: Annotated[str | None, typer.Option(help="where clusters come from: local or skypilot")] = None,
-    market: Annotated[Path | None, typer.Option(help="market trace CSV for the local backend")] = None,
-    speed: Annotated[float | None, typer.Option(help="local backend: market seconds per wall second")] = None,
+    backend: Annotated[str | None, typer.Option(help="where clusters come from: local or skypilot",
+                                                envvar="BROKER_BACKEND", show_envvar=True)] = None,
+    market: Annotated[Path | None, typer.Option(help="market trace CSV for the local backend (default: the bundled "
+                                                     "quickstart market)",
+                                                envvar="BROKER_MARKET", show_envvar=True)] = None,
+    speed: Annotated[float | None, typer.Option(help="local backend: market seconds per wall second (default 60)",
+                                                envvar="BROKER_SPEED", show_envvar=True)] = None,
+    market_clock: MarketClockOption = "own",
     detach: Annotated[bool, typer.Option("--detach", help="submit, print the job id and return")] = False,
     dryrun: Annotated[bool, typer.Option("--dryrun", help="skypilot: print the plan and task, run SkyPilot's "
                                          "dry run, launch nothing")] = False,
@@ -138,8 +110,13 @@ def launch(
     server: remote.ServerOption = None,
 ) -> None:
     """Validate a job file, run it on the cheapest spot capacity, and follow it to the end."""
+    if market_clock not in ("own", "shared"):
+        raise UsageError(f"--market-clock: expected own or shared, got {market_clock[:80]!r}")
     if (served := remote.server_settings(config, server)) is not None:
-        return remote.launch(served, job_file, detach, as_json)
+        return remote.launch(remote.full_settings(config, served), job_file, detach, as_json)
+    from broker.config import load_settings
+    from broker.spec import load_job_spec
+
     settings = load_settings(config, backend=backend, market=market, speed=speed)
     if settings.backend not in ("local", "skypilot"):
         raise UsageError(f"--backend {settings.backend}: expected local or skypilot")
@@ -152,7 +129,10 @@ def launch(
         if not sky_dryrun(settings, spec):
             raise typer.Exit(1)
         return
-    broker = open_broker(settings, fresh_market=True)
+    from broker.engine.machine import submit_job
+    from broker.runtime import open_broker
+
+    broker = open_broker(settings, fresh_market=market_clock == "own")
     try:
         _check_market_fits(broker, spec)
         job_id = submit_job(broker.store, broker.clock, spec, settings.home, broker.provisioner.name)
@@ -179,6 +159,9 @@ def _spawn_engine(config: Path | None) -> None:
 @app.command("run-engine", hidden=True)
 def run_engine(config: ConfigOption = None) -> None:
     """Drive the engine until no job is active (what `launch --detach` leaves running)."""
+    from broker.config import load_settings
+    from broker.runtime import EngineLock, open_broker
+
     settings = load_settings(config)
     lock = EngineLock(settings.home)
     if not lock.acquire():
@@ -192,12 +175,36 @@ def run_engine(config: ConfigOption = None) -> None:
 
 
 def _open(config: Path | None) -> tuple[Settings, Store]:
+    from broker.config import load_settings
+    from broker.store import open_store
+
     settings = load_settings(config)
     return settings, open_store(settings.database_url)
 
 
+def store_url(config: Path | None) -> str:
+    """The store's URL as the settings model derives it (flag-free: BROKER_DB_URL, then the file, then home).
+
+    `broker status` reads only this, so it does not pay for importing the whole settings model.
+    """
+    import os
+
+    values = remote.read_settings_file(config)
+    url = os.environ.get("BROKER_DB_URL") or remote.text_setting(values, "db_url")
+    if url:
+        return url
+    home = os.environ.get("BROKER_HOME") or remote.text_setting(values, "home")
+    return f"sqlite:///{Path(home) if home else Path.home() / '.broker'}/broker.db"
+
+
 def _local_summaries(config: Path | None, job_id: str | None) -> list[dict[str, Any]]:
-    _, store = _open(config)
+    from sqlalchemy import select
+
+    from broker.store import open_store
+    from broker.store.tables import JobRow
+    from broker.summary import job_summary
+
+    store = open_store(store_url(config))
     try:
         if job_id is not None:
             return [_summary(store, job_id)]
@@ -219,26 +226,21 @@ def status(
         summaries = remote.summaries(served, job_id)
     else:
         summaries = _local_summaries(config, job_id)
-    if as_json:
-        print(json.dumps(summaries[0] if job_id else summaries))
-        return
-    table = Table(header_style="bold")
-    for column in ("job", "name", "team", "state", "where", "preemptions", "migrations", "cost", "on-demand"):
-        table.add_column(column)
-    for item in summaries:
-        where = f"{item['cloud']}/{item['zone']}" if item["zone"] else "-"
-        table.add_row(item["job_id"], item["name"], item["team"], item["state"], where, str(item["preemptions"]),
-                      str(item["migrations"]), f"${item['cost']:.4f}", f"${item['on_demand_cost']:.4f}")
-    console.print(table)
+    print_status(summaries, job_id, as_json)
 
 
 @app.command()
-def cancel(job_id: Annotated[str, typer.Argument()], config: ConfigOption = None,
+def cancel(job_id: Annotated[str, typer.Argument(help="the job's id")], config: ConfigOption = None,
            server: remote.ServerOption = None) -> None:
     """Cancel a job; its clusters are torn down by the engine's next step."""
+    from broker.cli.app import console
+
     if (served := remote.server_settings(config, server)) is not None:
         console.print(f"{job_id}: {remote.cancel(served, job_id)}")
         return
+    from broker.engine.machine import cancel_job
+    from broker.runtime import broker_clock
+
     settings, store = _open(config)
     try:
         state = cancel_job(store, job_id, broker_clock(settings))
@@ -249,7 +251,7 @@ def cancel(job_id: Annotated[str, typer.Argument()], config: ConfigOption = None
 
 @app.command()
 def logs(
-    job_id: Annotated[str, typer.Argument()],
+    job_id: Annotated[str, typer.Argument(help="the job's id")],
     follow: Annotated[bool, typer.Option("--follow", "-f", help="keep printing until the job ends")] = False,
     config: ConfigOption = None,
     server: remote.ServerOption = None,
@@ -257,6 +259,9 @@ def logs(
     """Print a job's output, every attempt and node in order."""
     if (served := remote.server_settings(config, server)) is not None:
         return remote.logs(served, job_id, follow)
+    from broker.joblogs import print_chunks, read_new
+    from broker.model import JobState
+
     settings, store = _open(config)
     try:
         _summary(store, job_id)

@@ -11,7 +11,7 @@ from typing import Annotated, Any
 
 import typer
 
-from broker.cli.app import ConfigOption, JsonOption, UsageError, app, console, err_console
+from broker.cli.app import ConfigOption, JsonOption, UsageError, app
 
 DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$")
 UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
@@ -73,6 +73,7 @@ def prices(
     config: ConfigOption = None,
 ) -> None:
     """Spot and on-demand GPU prices, cheapest per GPU-hour first."""
+    from broker.cli.app import console, err_console
     from broker.config import load_settings
     from broker.market import NoQuotes, PriceBook, QuoteFilter
     from broker.store import open_store
@@ -112,6 +113,8 @@ def prices(
             else:
                 console.print(f"wrote {export.rows} rows ({export.zones} zones x {export.ticks} ticks of "
                               f"{_age(export.tick_seconds)}) from {export.start:%Y-%m-%d %H:%M} UTC to {export.path}")
+            if refresh:
+                _fail_if_nothing_polled(polls)
             return
         rows = _rows(book.latest(where), spot=spot, on_demand=on_demand, max_price=max_price)
         if as_json:
@@ -123,6 +126,21 @@ def prices(
             console.print(_table(rows, on_demand=on_demand))
     finally:
         store.dispose()
+    if refresh:
+        _fail_if_nothing_polled(polls)
+
+
+def _fail_if_nothing_polled(polls: list[Any]) -> None:
+    """--refresh could not do what was asked when no cloud answered: say why on stderr and exit 1."""
+    if any(p.status == "ok" for p in polls):
+        return
+    from broker.cli.app import err_console
+
+    what = ", ".join(f"{p.cloud} {p.status}" for p in polls) or "no SDK installed"
+    err_console.print(f"error: --refresh: no cloud could be polled ({what}); anything shown is from earlier "
+                      "polls", highlight=False, markup=False, soft_wrap=True)
+    # Not typer.Exit: with standalone_mode=False click returns its code and main() drops it.
+    raise SystemExit(1)
 
 
 def _accelerator(gpu: str, book: Any) -> str:
@@ -142,8 +160,16 @@ def _accelerator(gpu: str, book: Any) -> str:
 def _refresh(book: Any, settings: Any, clouds: tuple[str, ...], region: str | None, show_progress: bool) -> list[Any]:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+    from broker.cli.app import err_console
     from broker.pricing import poll_prices, price_sources
+    from providers.sdk import missing_sdk
 
+    for cloud in clouds:
+        if (reason := missing_sdk(cloud)) is not None:
+            err_console.print(f"{cloud}: {reason}; skipped", highlight=False, markup=False, soft_wrap=True)
+    clouds = tuple(c for c in clouds if missing_sdk(c) is None)
+    if not clouds:
+        return []
     sources = price_sources(settings, clouds)
     with Progress(TextColumn("{task.description:<6}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=err_console, transient=True,

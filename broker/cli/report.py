@@ -2,18 +2,16 @@
 
 from __future__ import annotations
 
-import shutil
 import sys
 from datetime import UTC, datetime, timedelta
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
-from rich.console import Console
-from sqlalchemy import func, select
 
-from broker.cli.app import ConfigOption, UsageError, app, err_console
-from broker.store import Store
-from broker.store.tables import LedgerRow
+from broker.cli.app import ConfigOption, UsageError, app
+
+if TYPE_CHECKING:
+    from broker.store import Store
 
 
 @app.command()
@@ -23,6 +21,7 @@ def report(
     end: Annotated[str | None, typer.Option("--to", help="window end, UTC (default now)")] = None,
     team: Annotated[str | None, typer.Option("--team", help="only this team's spend")] = None,
     output: Annotated[str, typer.Option("--format", help="table, json, csv or html")] = "table",
+    as_json: Annotated[bool, typer.Option("--json", help="the same as --format json")] = False,
     email: Annotated[str | None, typer.Option("--email", help="send to these addresses: a@x.com,b@y.com")] = None,
     slack: Annotated[bool, typer.Option("--slack", help="post to Slack")] = False,
     resend: Annotated[str | None, typer.Option("--resend", help="send a recorded delivery again, by its id")] = None,
@@ -35,6 +34,10 @@ def report(
     from broker.reports.settings import check_emails
     from broker.store import open_store
 
+    if as_json:
+        if output not in ("table", "json"):
+            raise UsageError(f"--json and --format {output[:40]}: choose one")
+        output = "json"
     if resend is not None and not resend.isdigit():
         raise UsageError(f"--resend: expected a delivery id (a number), got {resend!r}")
     if output not in render.FORMATS:
@@ -69,6 +72,8 @@ def report(
                 if recipients or slack else []
     finally:
         store.dispose()
+    from broker.cli.app import err_console
+
     failed = False
     for result in results:
         where = f"{result.channel} to {result.target}"
@@ -90,8 +95,9 @@ def _print(built: object, output: str) -> None:
 
     assert isinstance(built, Report)
     if output == "table":
-        width = max(shutil.get_terminal_size((132, 24)).columns, 132)
-        render.print_table(built, Console(width=width))
+        from broker.cli.app import make_console
+
+        render.print_table(built, make_console())
         return
     text = {"json": render.render_json, "csv": render.render_csv, "html": render.render_html}[output](built)
     sys.stdout.write(text if text.endswith("\n") else text + "\n")
@@ -99,6 +105,10 @@ def _print(built: object, output: str) -> None:
 
 def _ledger_now(store: Store) -> datetime:
     """Now, or later if the ledger already holds later minutes (a local replay runs its clock ahead)."""
+    from sqlalchemy import func, select
+
+    from broker.store.tables import LedgerRow
+
     with store.transaction() as s:
         newest = s.scalar(select(func.max(LedgerRow.minute)))
     now = datetime.now(UTC)

@@ -1,7 +1,4 @@
-"""``broker serve``: the long-running service (API on every replica, scheduler and engine on the leader).
-
-Importing this module also registers ``broker token``, the service's API tokens.
-"""
+"""``broker serve``: the long-running service (API on every replica, scheduler and engine on the leader)."""
 
 from __future__ import annotations
 
@@ -11,19 +8,20 @@ from typing import Annotated
 
 import typer
 
-from broker.cli import tokens  # noqa: F401
 from broker.cli.app import ConfigOption, UsageError, app
-from broker.config import load_settings
 
 
 @app.command()
 def serve(
     config: ConfigOption = None,
-    host: Annotated[str | None, typer.Option("--host", help="address to listen on (default 127.0.0.1)")] = None,
-    port: Annotated[int | None, typer.Option("--port", help="port to listen on (default 8470; 0: any free)")] = None,
+    host: Annotated[str | None, typer.Option("--host", envvar="BROKER_SERVE_HOST", show_envvar=True,
+                                             help="address to listen on (default 127.0.0.1)")] = None,
+    port: Annotated[int | None, typer.Option("--port", envvar="BROKER_SERVE_PORT", show_envvar=True,
+                                             help="port to listen on (default 8470; 0: any free)")] = None,
     log_level: Annotated[str, typer.Option("--log-level", help="debug, info, warning or error")] = "info",
 ) -> None:
     """Run the broker as a service; start one per machine on a shared PostgreSQL for high availability."""
+    from broker.config import load_settings
     from broker.service.logs import configure_logging
     from broker.service.runner import Service
 

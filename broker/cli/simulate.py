@@ -57,15 +57,20 @@ def simulate_command(
     if starts is not None and starts < 1:
         raise UsageError(f"--starts: expected a positive count, got {starts}")
 
-    accelerator = spec.accelerators[0]
-    trace = whole.select(accelerator.name, accelerator.count)
-    if not trace.zones:
+    present = [a for a in spec.accelerators if whole.select(a.name, a.count).zones]
+    if not present:
         have = sorted({f"{z.accelerator}:{z.gpus_per_node}" for z in whole.zones})
-        raise UsageError(f"{market}: no rows for accelerators {accelerator.name}:{accelerator.count}; "
-                         f"the trace has {', '.join(have)}")
+        wanted = ", ".join(f"{a.name}:{a.count}" for a in spec.accelerators)
+        raise UsageError(f"{market}: no rows for accelerators {wanted}; the trace has {', '.join(have)}")
     if spec.num_nodes < 1:
         raise UsageError(f"{job_file}: num_nodes: expected a positive count, got {spec.num_nodes}")
-    job = SimJob(num_nodes=spec.num_nodes, work_s=spec.broker.work.total_seconds(),
+    choice: list[dict[str, Any]] = []
+    accelerator = present[0]
+    speed = 1.0
+    if len(present) > 1:
+        accelerator, speed, choice = _choose_accelerator(whole, spec, present, _first_tick(whole, start))
+    trace = whole.select(accelerator.name, accelerator.count)
+    job = SimJob(num_nodes=spec.num_nodes, work_s=spec.broker.work.total_seconds() / speed,
                  deadline_s=spec.broker.deadline.total_seconds(), restart_overhead_s=overhead,
                  checkpoint_gb=checkpoint_gb, egress_per_gb=egress_per_gb, accelerator=accelerator.name,
                  gpus_per_node=accelerator.count)
@@ -92,12 +97,64 @@ def simulate_command(
     summaries = run_all(sim_market, job, names, ticks)
     if timeline is not None:
         _write_timeline(timeline, sim_market, summaries)
-    report = {name: {"runs": [r.to_json() for r in s.runs], "mean": _rounded(s.mean)}
-              for name, s in summaries.items()}
+    report: dict[str, Any] = {name: {"runs": [r.to_json() for r in s.runs], "mean": _rounded(s.mean)}
+                              for name, s in summaries.items()}
     if json_output:
-        console.print_json(json.dumps(report))
+        console.print_json(json.dumps({**report, "gpu_choice": choice} if choice else report))
         return
+    if choice:
+        _print_choice(choice)
     _print_table(spec.name, job, sim_market, ticks, report)
+
+
+def _first_tick(trace: Any, start: str | None) -> int:
+    """The tick whose prices the GPU type is chosen by: the one ``--start`` names, else the first."""
+    from providers.trace import parse_time
+
+    if start is None:
+        return 0
+    try:
+        tick = round((parse_time(start) - trace.start).total_seconds() / trace.tick_seconds)
+    except ValueError:
+        raise UsageError(f"--start: expected an ISO 8601 time, got {start!r}") from None
+    return min(max(tick, 0), trace.num_ticks - 1)
+
+
+def _choose_accelerator(whole: Any, spec: Any, present: list[Any],
+                        tick: int) -> tuple[Any, float, list[dict[str, Any]]]:
+    """The alternative whose unit of work is cheapest at ``tick`` (policies.speed): the lowest spot
+    price among its zones that can take the gang then (any zone when none can), over its speed."""
+    from policies.speed import rank_accelerators
+
+    prices = []
+    for alt in present:
+        sub = whole.select(alt.name, alt.count)
+        up = sub.available_nodes[tick] >= spec.num_nodes
+        row = sub.spot_price[tick][up] if up.any() else sub.spot_price[tick]
+        prices.append((alt.name, float(row.min())))
+    ranked = rank_accelerators(prices, spec.accelerators[0].name, dict(spec.broker.speed))
+    best = ranked[0]
+    chosen = next(a for a in present if a.name == best.accelerator)
+    table = [{"accelerator": f"{c.accelerator}:{next(a.count for a in present if a.name == c.accelerator)}",
+              "speed": round(c.speed, 6), "spot_per_node_hour": round(c.hourly, 6),
+              "per_node_hour_of_work": round(c.per_work, 6), "chosen": c is best} for c in ranked]
+    return chosen, best.speed, table
+
+
+def _print_choice(choice: list[dict[str, Any]]) -> None:
+    from rich import box
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="GPU type: the cheapest unit of work (spot $ per node-hour / speed vs the first alternative)",
+                  title_justify="left", box=box.SIMPLE_HEAD)
+    for column in ("accelerator", "speed", "spot $/node-h", "$ per node-h of work", "chosen"):
+        table.add_column(column, justify="left" if column == "accelerator" else "right", no_wrap=True)
+    for row in choice:
+        table.add_row(row["accelerator"], f"{row['speed']:.2f}", f"{row['spot_per_node_hour']:.3f}",
+                      f"{row['per_node_hour_of_work']:.3f}", "yes" if row["chosen"] else "")
+    out = console if console.is_terminal else Console(width=max(console.width, 150))
+    out.print(table)
 
 
 def _policy_names(option: str | None, registry: Any) -> list[str]:

@@ -35,7 +35,7 @@ def preview_plan(spec: JobSpec, quotes: list[SpotQuote], policy: str | None,
                  restart_overhead_s: float = CLOUD_RESTART_OVERHEAD_S) -> Plan:
     """The plan the engine would make for ``spec`` if it were submitted now (the engine's own request builder)."""
     request = preview_request(spec, quotes, WallClock().now(), restart_overhead_s)
-    return registry.get("selection", policy)(request)  # type: ignore[no-any-return]
+    return registry.get("selection", policy, live=True)(request)
 
 
 class _TaskDumper(yaml.SafeDumper):

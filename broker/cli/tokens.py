@@ -6,12 +6,8 @@ import json
 from typing import Annotated
 
 import typer
-from rich.table import Table
 
-from broker.cli.app import ConfigOption, JsonOption, UsageError, app, console, err_console
-from broker.config import load_settings
-from broker.store import open_store
-from broker.tokens import create_api_token, list_api_tokens, revoke_api_token
+from broker.cli.app import ConfigOption, JsonOption, UsageError, app
 
 token_app = typer.Typer(help="API tokens for teams (the service's `Authorization: Bearer` tokens).",
                         no_args_is_help=True)
@@ -22,6 +18,11 @@ app.add_typer(token_app, name="token")
 def create(team: Annotated[str, typer.Option("--team", help="the team the token acts for")],
            config: ConfigOption = None) -> None:
     """Create a token for a team and print it once; only its hash is stored."""
+    from broker.cli.app import err_console
+    from broker.config import load_settings
+    from broker.store import open_store
+    from broker.tokens import create_api_token
+
     settings = load_settings(config)
     store = open_store(settings.database_url)
     try:
@@ -37,6 +38,13 @@ def create(team: Annotated[str, typer.Option("--team", help="the team the token 
 @token_app.command("list")
 def list_tokens(config: ConfigOption = None, as_json: JsonOption = False) -> None:
     """Every token's id, team and dates (never the token itself)."""
+    from rich.table import Table
+
+    from broker.cli.app import console
+    from broker.config import load_settings
+    from broker.store import open_store
+    from broker.tokens import list_api_tokens
+
     settings = load_settings(config)
     store = open_store(settings.database_url)
     try:
@@ -61,6 +69,11 @@ def list_tokens(config: ConfigOption = None, as_json: JsonOption = False) -> Non
 def revoke(token_id: Annotated[str, typer.Argument(help="the token's id, e.g. tok-1a2b3c4d")],
            config: ConfigOption = None) -> None:
     """Revoke a token: requests with it get 401 from then on."""
+    from broker.cli.app import console
+    from broker.config import load_settings
+    from broker.store import open_store
+    from broker.tokens import revoke_api_token
+
     settings = load_settings(config)
     store = open_store(settings.database_url)
     try:

@@ -36,7 +36,7 @@ from broker.store.tables import (
 )
 from policies import registry
 from policies.checkpointing import FIXED_INTERVAL_S, CheckpointRequest
-from providers.notices import NOTICE_LEAD_SECONDS
+from providers.node_notice import NOTICE_LEAD_SECONDS
 
 ASKED = "checkpoint_asked"
 PRIOR_SECONDS = 24 * 3600.0

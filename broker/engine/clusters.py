@@ -20,7 +20,7 @@ from broker.engine import packing
 from broker.engine.checkpoints import end_allocation
 from broker.engine.notices import record_backend_notice
 from broker.engine.parts import AfterCommit, Parts, cluster_info
-from broker.model import LIVE_CLUSTER_STATES, ClusterState, JobState
+from broker.model import LIVE_CLUSTER_STATES, ClusterState, JobState, TeardownReason
 from broker.provision.base import ClusterPhase
 from broker.store.tables import AllocationRow, ClusterRow, JobRow
 from broker.tokens import token_digest
@@ -74,12 +74,14 @@ def sync(parts: Parts) -> None:
                 current.up_at = status.up_at or now
             elif status.phase is ClusterPhase.FAILED:
                 _move(current, ClusterState.FAILED)
+                current.teardown_reason = TeardownReason.LAUNCH_FAILED.value
                 current.reason = status.reason
                 current.terminated_at = now
                 parts.event(s, current.job_id, "launch_failed", cluster=current.id, zone=current.zone,
                             reason=status.reason, capacity=status.capacity_error)
             elif status.phase in (ClusterPhase.TERMINATED, ClusterPhase.UNKNOWN):
                 _move(current, ClusterState.TERMINATED)
+                current.teardown_reason = current.teardown_reason or TeardownReason.CLOUD.value
                 current.reason = current.reason or status.reason
                 current.terminated_at = min(status.ended_at or now, now)
                 if current.up_at is None:
@@ -142,11 +144,12 @@ def target_of(s: Session, job: JobRow) -> ClusterRow | None:
     return row
 
 
-def release(row: ClusterRow, now: datetime) -> None:
+def release(row: ClusterRow, now: datetime, why: TeardownReason) -> None:
     """Tear a cluster down: it is TERMINATING from now, and terminated after commit."""
     if row.state != ClusterState.TERMINATING.value:
         _move(row, ClusterState.TERMINATING)
         row.terminate_at = now
+        row.teardown_reason = why.value
 
 
 def reap(parts: Parts) -> None:
@@ -160,7 +163,7 @@ def reap(parts: Parts) -> None:
                 if holder is None or JobState(holder.state).terminal:
                     end_allocation(alloc, holder.state.lower() if holder else "orphaned", now)
             if not packing.holdings(s, row.id):
-                release(row, now)
+                release(row, now, TeardownReason.IDLE)
         for row in s.scalars(select(ClusterRow).where(ClusterRow.state == ClusterState.TERMINATING.value)):
             after.terminations.append(cluster_info(row))
             for alloc in _open_allocations(s, row.id):

@@ -24,7 +24,7 @@ from broker.engine.notices import open_notice
 from broker.engine.parts import AfterCommit, Parts, cluster_info
 from broker.engine.planning import Planner
 from broker.engine.review import Reviewer
-from broker.model import CheckpointReason, ClusterState, JobState
+from broker.model import CheckpointReason, ClusterState, JobState, TeardownReason
 from broker.provision.base import ClusterInfo, JobLaunch, RunPhase
 from broker.store.tables import AllocationRow, ClusterRow, JobRow
 from policies.gang import GangPlacement
@@ -199,7 +199,7 @@ class JobStepper:
                 assert old is not None
                 if old.state in (*clusters.HOLDING, ClusterState.TERMINATING.value):
                     # Release the old nodes first: two copies of a job must never share a checkpoint dir.
-                    clusters.release(old, clock.now())
+                    clusters.release(old, clock.now(), TeardownReason.REPLACED)
                     after.terminations.append(cluster_info(old))
                 else:
                     refresh_checkpoint(s, clock, job, old.id)

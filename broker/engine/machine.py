@@ -37,6 +37,8 @@ def _move(s: Session, clock: Clock, job: JobRow, target: JobState, **detail: obj
     now = clock.now()
     job.state = target.value
     job.updated_at = now
+    if target is not JobState.CHECKPOINTING:
+        job.checkpoint_reason = None
     if target.terminal:
         job.finished_at = now
         job.wall_finished_at = datetime.now(UTC)
@@ -95,7 +97,8 @@ def running(s: Session, clock: Clock, job: JobRow, **detail: object) -> None:
 
 def checkpointing(s: Session, clock: Clock, job: JobRow, why: CheckpointReason, **detail: object) -> None:
     """Told to save its work before it leaves its GPUs, and why."""
-    _move(s, clock, job, JobState.CHECKPOINTING, **detail)
+    _move(s, clock, job, JobState.CHECKPOINTING, checkpoint_reason=why.value, **detail)
+    job.checkpoint_reason = why.value
 
 
 def migrating(s: Session, clock: Clock, job: JobRow, **detail: object) -> None:

@@ -118,7 +118,7 @@ def first_claim(parts: Parts, row: ClusterRow, job: JobRow) -> GangPlacement:
     empty = ClusterSnapshot.empty(row.id, node_topology(row), row.num_nodes)
     placement = parts.placement(gang_request(job, parts.spec_of(job), per_node), empty)
     assert placement is not None, "a gang always fits an empty cluster launched for it"
-    return placement  # type: ignore[no-any-return]
+    return placement
 
 
 def place_on_existing(parts: Parts, s: Session, job: JobRow) -> bool:

@@ -103,7 +103,7 @@ class Parts:
         self.market = market
         self.provisioner = provisioner
         self.options = options
-        self.selection = registry.get("selection", options.selection_policy)
+        self.selection = registry.get("selection", options.selection_policy, live=True)
         self.placement = registry.get("placement", options.placement_policy)
         self.preemption = registry.get("preemption", options.preemption_policy)
         # cluster id -> the token its agents authenticate with; the store keeps only hashes.

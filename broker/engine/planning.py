@@ -17,11 +17,12 @@ from sqlalchemy.orm import Session
 
 from broker.engine.checkpoints import current_allocation, progress_s
 from broker.engine.parts import Parts
-from broker.model import ClusterState
+from broker.model import ClusterState, JobState
 from broker.spec import JobSpec
 from broker.store.tables import AllocationRow, ClusterRow, JobRow, NoticeRow
 from policies.history import MarketHistory, MarketSeries
 from policies.selection import IDLE, ON_DEMAND, JobView, Location, Plan, SelectionRequest, ZoneOffer, ZoneRecord
+from policies.work_estimate import MAX_PAST_RUNS, WorkEstimate, estimate_work
 from providers.base import OfferKey, SpotQuote
 
 # How long a zone that preempted or refused a job stays off that job's plans.
@@ -64,7 +65,7 @@ def job_view(spec: JobSpec, num_nodes: int, gpus_per_node: int, accelerator: str
         remaining_work_s=remaining_work_s, deadline=deadline, restart_overhead_s=restart_overhead_s,
         checkpoint_gb=checkpoint_gb, max_price_per_hour=spec.broker.max_price,
         allowed_clouds=frozenset(c.cloud for c in spec.broker.clouds),
-        total_work_s=total_work_s, started_at=started_at,
+        total_work_s=total_work_s, started_at=started_at, speed=spec.broker.speed,
     )
 
 
@@ -88,7 +89,7 @@ class Planner:
         self._series: dict[tuple[str, int], MarketSeries] = {}
 
     def plan(self, s: Session, job: JobRow, current: Location, exclude: set[str]) -> Plan:
-        return self.parts.selection(self.selection_request(s, job, current, exclude))  # type: ignore[no-any-return]
+        return self.parts.selection(self.selection_request(s, job, current, exclude))
 
     def selection_request(self, s: Session, job: JobRow, current: Location, exclude: set[str]) -> SelectionRequest:
         """What the selection policy sees: the same request the simulator builds for the same moment."""
@@ -96,14 +97,14 @@ class Planner:
         spec = parts.spec_of(job)
         now = self.policy_now()
         quotes, exact = fitting(spec, parts.market.quotes(now))
-        remaining = max(job.work_s - progress_s(s, job, parts.clock.now()), 0.0) if job.work_s is not None else None
+        work = work_estimate(s, job, parts.clock.now())
         alloc = current_allocation(s, job)
         in_location = (now - (alloc.running_at or alloc.started_at)).total_seconds() \
             if alloc is not None and alloc.ended_at is None and current.kind != IDLE else 0.0
         history, step_s = self._history(now, quotes[0] if exact and quotes else None)
         options = parts.options
-        view = job_view(spec, job.num_nodes, job.gpus_per_node, job.accelerator, remaining, job.deadline,
-                        options.restart_overhead_s, options.checkpoint_gb, job.work_s, job.created_at)
+        view = job_view(spec, job.num_nodes, job.gpus_per_node, job.accelerator, work.remaining_s, job.deadline,
+                        options.restart_overhead_s, options.checkpoint_gb, work.total_s, job.created_at)
         return SelectionRequest(
             now=now, job=view, offers=tuple(offer_of(q) for q in quotes), current=current,
             record=zone_records(s), excluded=frozenset(exclude), history=history, step_s=step_s,
@@ -151,6 +152,18 @@ class Planner:
                             .where(ClusterRow.job_id == job.id))
         avoid |= {f"{c}/{z}/{i}" for c, z, i in notices}
         return avoid
+
+
+def work_estimate(s: Session, job: JobRow, now: datetime) -> WorkEstimate:
+    """The job's work: stated, else the median of its name and team's finished runs, else unknown."""
+    done = progress_s(s, job, now)
+    past: list[float] = []
+    if job.work_s is None:
+        rows = s.scalars(select(JobRow).where(JobRow.name == job.name, JobRow.team == job.team,
+                                              JobRow.state == JobState.SUCCEEDED.value, JobRow.id != job.id)
+                         .order_by(JobRow.finished_at.desc()).limit(MAX_PAST_RUNS))
+        past = [progress_s(s, row, now) for row in rows]
+    return estimate_work(job.work_s, done, past)
 
 
 def checkpoint_region(s: Session, job: JobRow) -> str | None:

@@ -15,13 +15,13 @@ from typing import Any
 from sqlalchemy import ColumnElement, func, select
 
 from broker.model import Usage
+from broker.reports.facts import IDLE_KEY, Fact
 from broker.reports.model import DIMENSIONS, DailyPoint, Figures, Group, Report
 from broker.reports.waste import ClusterFacts, JobFacts, top_wastes
 from broker.store import Store
 from broker.store.tables import ClusterRow, JobRow, LedgerRow
 
 NO_TEAM = "(none)"
-IDLE_KEY = "(idle)"
 
 
 class ReportError(ValueError):
@@ -63,42 +63,6 @@ def _parse_time(text: str, option: str) -> datetime:
             raise ReportError(f"{option}: expected a date like 2026-01-05 or a time like 2026-01-05T08:00, "
                               f"got {text!r}") from None
     return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
-
-
-@dataclass(frozen=True, slots=True)
-class Fact:
-    """The ledger summed over one cluster, holder, usage and UTC day."""
-
-    cluster_id: str
-    holder: str
-    job_id: str | None
-    team: str
-    usage: str
-    cloud: str
-    region: str
-    zone: str
-    gpu: str
-    spot: bool
-    day: str
-    gpu_minutes: float
-    cost: float
-    on_demand: float
-    minutes: int
-
-    @property
-    def gpu_hours(self) -> float:
-        return self.gpu_minutes / 60.0
-
-    def key(self, dimension: str) -> str:
-        if dimension == "job":
-            return self.job_id or IDLE_KEY
-        if dimension == "team":
-            return self.team
-        if dimension == "cloud":
-            return self.cloud
-        if dimension == "region":
-            return f"{self.cloud}/{self.region}"
-        return self.gpu
 
 
 def build_report(store: Store, window: Window, team: str | None = None,

@@ -5,13 +5,10 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from broker.model import Usage
+from broker.reports.facts import Fact
 from broker.reports.model import CAUSE_LABELS, Waste
-
-if TYPE_CHECKING:
-    from broker.reports.build import Fact
 
 
 @dataclass(frozen=True, slots=True)

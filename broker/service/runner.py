@@ -24,17 +24,17 @@ import uvicorn
 from broker.api.app import create_app
 from broker.api.jobs import JobIntake
 from broker.config import ConfigError, Settings
-from broker.engine import Engine, engine_options
+from broker.engine import Engine
 from broker.provision.local import LocalProvisioner, LocalWorld
-from broker.runtime import BUNDLED_MARKET, active_job_count
+from broker.runtime import BUNDLED_MARKET, active_job_count, assemble
 from broker.service import tasks
 from broker.service.hooks import resolve
 from broker.service.leader import LeaderLock, leader_lock
 from broker.service.reconcile import reconcile_local
 from broker.service.schedule_config import policy_cron_trigger
 from broker.service.timepolicy import admission_check, apply_due_policies
-from broker.store import Store, open_store
-from broker.tokens import SharedAgentTokens
+from broker.store import Store
+from providers.local import LocalMarket
 
 log = logging.getLogger("broker.service")
 SCHEDULER_TABLE = "apscheduler_jobs"
@@ -69,12 +69,16 @@ class Service:
         self.home = settings.home
         self.price_poller = resolve(settings.price_poller, "price_poller")
         self.report_runner = resolve(settings.report_runner, "report_runner")
-        self.store = store or open_store(settings.database_url)
-        self.world = shared_world(self.home, str(settings.market or BUNDLED_MARKET), settings.speed, self.store)
-        self.market = self.world.market()
-        self.clock = self.world.clock
-        self.provisioner = LocalProvisioner(self.home, self.world, settings.local_provision_seconds)
-        self.tokens = SharedAgentTokens(self.store, self.home)
+        trace = str(settings.market or BUNDLED_MARKET)
+        self.runtime = assemble(settings, store,
+                                world=lambda store: shared_world(self.home, trace, settings.speed, store))
+        self.store = self.runtime.store
+        assert isinstance(self.runtime.market, LocalMarket) and isinstance(self.runtime.provisioner, LocalProvisioner)
+        assert self.runtime.world is not None
+        self.world = self.runtime.world
+        self.market = self.runtime.market
+        self.clock = self.runtime.clock
+        self.provisioner = self.runtime.provisioner
         self.lock: LeaderLock = leader_lock(settings.database_url, self.home)
         self.leading = False
         self.engine: Engine | None = None
@@ -124,9 +128,7 @@ class Service:
         self.leading = True
         log.info("leader: acquired the leader lock; starting the scheduler and the engine",
                  extra={"event": "leader_acquired"})
-        self.engine = Engine(self.store, self.clock, self.market, self.provisioner,
-                             engine_options(self.settings, self.public_url,
-                                            admit=admission_check(self.settings.capacity_gpus)), tokens=self.tokens)
+        self.engine = self.runtime.engine(self.public_url, admit=admission_check(self.settings.capacity_gpus))
         apply_due_policies(self.store, self.settings.policy_schedules, datetime.now(UTC))
         tasks.bind(self)
         self.scheduler = build_scheduler(self.store, self.settings)

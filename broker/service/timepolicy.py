@@ -106,10 +106,6 @@ def _reprioritise(s: Session, queue: str, priority: int) -> None:
             job.priority = priority
 
 
-def active_overrides(s: Session) -> dict[str, float]:
-    return {row.key: row.value for row in s.scalars(select(PolicyOverrideRow))}
-
-
 def priority_for(s: Session, queue: str) -> int | None:
     row = s.get(PolicyOverrideRow, f"queue_priority:{queue}")
     return int(row.value) if row is not None else None

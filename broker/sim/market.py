@@ -58,6 +58,7 @@ class SimJob:
     egress_per_gb: float = 0.02
     accelerator: str | None = None
     gpus_per_node: int = 1
+    work_known: bool = True  # False: the policy is not told the work (a job file with a deadline only)
 
     def __post_init__(self) -> None:
         for name in ("num_nodes", "work_s", "deadline_s"):
@@ -243,9 +244,9 @@ def _asker(market: Market, job: SimJob, policy: Callable[[SelectionRequest], Pla
         if view is None:
             view = views[state.progress] = JobView(
                 num_nodes=job.num_nodes, gpus_per_node=job.gpus_per_node, accelerator=job.accelerator,
-                remaining_work_s=(ticks.work - state.progress) * tick_s, deadline=deadline,
-                restart_overhead_s=job.restart_overhead_s, checkpoint_gb=job.checkpoint_gb,
-                total_work_s=total_work_s, started_at=started,
+                remaining_work_s=(ticks.work - state.progress) * tick_s if job.work_known else None,
+                deadline=deadline, restart_overhead_s=job.restart_overhead_s, checkpoint_gb=job.checkpoint_gb,
+                total_work_s=total_work_s if job.work_known else None, started_at=started,
             )
         request = SelectionRequest(
             now=market.time_of(tick),

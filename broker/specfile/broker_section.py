@@ -54,6 +54,13 @@ class BrokerModel(_Section):
     team: str = "default"
     checkpoint: CheckpointModel = CheckpointModel()
     topology: TopologyModel = TopologyModel()
+    speed: tuple[tuple[str, float], ...] = ()  # relative training speed per accelerator (policies.speed)
+
+    @field_validator("speed", mode="before")
+    @classmethod
+    def _check_speed(cls, value: Any) -> tuple[tuple[str, float], ...]:
+        return _speeds(value)
+
     gpu_memory: float | None = None  # GB per GPU share, for a job asking for a fraction of a GPU
 
     @field_validator("gpu_memory", mode="before")
@@ -104,6 +111,28 @@ class BrokerModel(_Section):
             if scope not in scopes:
                 scopes.append(scope)
         return tuple(scopes)
+
+
+def _speeds(value: Any) -> tuple[tuple[str, float], ...]:
+    from policies.speed import MAX_SPEED
+    from providers.catalog import ACCELERATORS, canonical_accelerator
+
+    expected = "expected a mapping of accelerator to relative training speed, e.g. {H100: 2.1, A100-80GB: 1.0}"
+    if not isinstance(value, dict):
+        raise ValueError(f"{expected}, got {repr(value)[:80]}")
+    if len(value) > len(ACCELERATORS):
+        raise ValueError(f"{expected}, got {len(value)} entries (there are {len(ACCELERATORS)} accelerators)")
+    speeds: dict[str, float] = {}
+    for name, speed in value.items():
+        known = canonical_accelerator(name) if isinstance(name, str) else None
+        if known is None:
+            raise ValueError(f"unknown accelerator {repr(name)[:80]}; "
+                             f"expected one of {', '.join(sorted(ACCELERATORS))}")
+        if isinstance(speed, bool) or not isinstance(speed, int | float) or not 0 < speed <= MAX_SPEED:
+            raise ValueError(f"{known}: expected a relative speed, a number > 0 and <= {MAX_SPEED:g}, "
+                             f"got {repr(speed)[:80]}")
+        speeds[known] = float(speed)
+    return tuple(speeds.items())
 
 
 class _ItemError(ValueError):

@@ -63,6 +63,8 @@ class JobRow(Base):
     # Set while a higher-priority gang is taking this job's GPUs inside a cluster.
     preempted_by: Mapped[str | None] = mapped_column(String(32), nullable=True)
     checkpoint_requested_at: Mapped[datetime | None] = mapped_column(UtcDateTime, nullable=True)
+    # Why the job is CHECKPOINTING (broker.model.CheckpointReason); None in every other state.
+    checkpoint_reason: Mapped[str | None] = mapped_column(String(20), nullable=True)
     preemptions: Mapped[int] = mapped_column(Integer, default=0)
     migrations: Mapped[int] = mapped_column(Integer, default=0)
     work_lost_s: Mapped[float] = mapped_column(Float, default=0.0)
@@ -111,6 +113,8 @@ class ClusterRow(Base):
     on_demand_price_per_node_hour: Mapped[float] = mapped_column(Float)
     state: Mapped[str] = mapped_column(String(20), index=True)
     reason: Mapped[str | None] = mapped_column(Text, nullable=True)
+    # Why the cluster is going or went away (broker.model.TeardownReason); None while it is wanted.
+    teardown_reason: Mapped[str | None] = mapped_column(String(20), nullable=True)
     token_hash: Mapped[str | None] = mapped_column(String(128), nullable=True)
     handle: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)  # backend-specific
     created_at: Mapped[datetime] = mapped_column(UtcDateTime)

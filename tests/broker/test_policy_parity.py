@@ -54,7 +54,7 @@ def test_engine_and_simulator_build_the_same_request_and_get_the_same_plan(broke
 
         def recording(request: SelectionRequest, seen: list[SelectionRequest] = seen) -> Plan:
             seen.append(request)
-            return policy(request)  # type: ignore[no-any-return]
+            return policy(request)
 
         sim_plan_code = _asker(market, sim_job, recording, tick)(tick, RunState())
         (sim_request,) = seen

@@ -19,8 +19,7 @@ from broker.api.jobs import JobIntake
 from broker.clock import WallClock
 from broker.store import Store, open_store
 from broker.store.tables import ClusterRow, JobRow, NoticeRow
-from broker.tokens import create_api_token
-from broker.tokens import token_digest as hash_token
+from broker.tokens import create_api_token, token_digest
 from tests.broker.api.conftest import JOB, Api
 
 FUZZ = settings(max_examples=60, deadline=None, derandomize=True,
@@ -110,7 +109,7 @@ def notice_store(db_url: str) -> Store:
         s.add(ClusterRow(id="c1", launch_key="c1", job_id="j1", backend="local", cloud="aws", region="r", zone="z",
                          instance_type="p3.2xlarge", gpus_per_node=1, num_nodes=1, spot=True,
                          price_per_node_hour=1.0, on_demand_price_per_node_hour=3.0, state="UP",
-                         token_hash=hash_token("token-one"), handle={}, created_at=now))
+                         token_hash=token_digest("token-one"), handle={}, created_at=now))
     return store
 
 

@@ -15,7 +15,7 @@ from broker.api.limits import MAX_BODY_BYTES, Limits, json_depth
 from broker.clock import AcceleratedClock, WallClock
 from broker.store import Store, open_store
 from broker.store.tables import ClusterRow, JobRow, NoticeRow
-from broker.tokens import token_digest as hash_token
+from broker.tokens import token_digest
 from tests.broker.api.conftest import JOB, Api
 
 
@@ -218,7 +218,7 @@ def notice_store(db_url: str) -> Store:
             s.add(ClusterRow(id=cluster_id, launch_key=cluster_id, job_id="j1", backend="local", cloud="aws",
                              region="r", zone="z", instance_type="p3.2xlarge", gpus_per_node=1, num_nodes=1,
                              spot=True, price_per_node_hour=1.0, on_demand_price_per_node_hour=3.0, state=state,
-                             token_hash=hash_token(token), handle={}, created_at=now))
+                             token_hash=token_digest(token), handle={}, created_at=now))
     return store
 
 

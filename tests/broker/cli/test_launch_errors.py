@@ -44,8 +44,13 @@ def test_bad_job_file(tmp_path: Path, broker_home: Path, capsys: pytest.CaptureF
 def test_job_no_market_zone_fits(tmp_path: Path, broker_home: Path, capsys: pytest.CaptureFixture[str]) -> None:
     job = tmp_path / "job.yaml"
     job.write_text(VALID.replace("V100:1", "V100:8"))
+    # A market of the quickstart's three V100 x1 zones alone (the bundled one offers every catalog type).
+    bundled = Path(__file__).resolve().parents[3] / "broker" / "data" / "quickstart-market.csv"
+    market = tmp_path / "v100x1.csv"
+    market.write_text("".join(line for line in bundled.read_text().splitlines(keepends=True)
+                              if line.startswith("time,") or ",V100,1," in line))
     with pytest.raises(SystemExit) as exit_info:
-        main(["launch", str(job)])
+        main(["launch", str(job), "--market", str(market)])
     assert exit_info.value.code == 2
     assert "no zone of the market offers V100:8" in capsys.readouterr().err
 

@@ -116,9 +116,10 @@ def test_a_cloud_without_credentials_is_skipped_with_one_line(clouds: FakeClouds
     monkeypatch.delenv("AWS_ACCESS_KEY_ID")
     monkeypatch.delenv("AWS_SECRET_ACCESS_KEY")
     code, _, err = run(capsys, "--refresh", "--cloud", "aws")
-    assert code == 0
+    assert code == 1  # the one cloud asked for could not be polled: the refresh did not happen
     assert err.strip().splitlines()[0] == \
         "aws: no credentials found (environment, ~/.aws or instance role); skipped"
+    assert err.strip().splitlines()[-1].startswith("error: --refresh: no cloud could be polled (aws skipped)")
     assert "Traceback" not in err
 
 
@@ -162,3 +163,37 @@ def test_export_with_an_empty_book_is_an_error_and_writes_nothing(capsys: pytest
     code, _, err = run(capsys, "--export-trace", str(path))
     assert code == 2 and "no quotes with an on-demand price between" in err
     assert not path.exists()
+
+
+@pytest.mark.slow
+def test_refresh_exits_1_with_the_reason_when_every_cloud_failed(clouds: FakeClouds,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    clouds.aws.fail("DescribeSpotPriceHistory", 500, times=None)
+    clouds.gcp.fail("skus", 500, times=None)
+    clouds.azure.fail("retail", 500, times=None)
+    code, out, err = run(capsys, "--refresh", "--json")
+    assert code == 1
+    assert [p["status"] for p in json.loads(out)["polls"]] == ["failed", "failed", "failed"]
+    last = err.strip().splitlines()[-1]
+    assert last == "error: --refresh: no cloud could be polled (aws failed, gcp failed, azure failed); anything " \
+                   "shown is from earlier polls"
+    assert "Traceback" not in err
+    code, _, err = run(capsys, "--refresh", "--cloud", "azure")  # the table form fails the same way
+    assert code == 1 and "error: --refresh: no cloud could be polled (azure failed)" in err
+    clouds.azure.clear_faults()
+    code, _, err = run(capsys, "--refresh", "--cloud", "azure")  # and succeeds once a cloud answers
+    assert code == 0, err
+
+
+def test_a_cloud_whose_sdk_is_not_installed_names_the_extra(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    import sys
+
+    monkeypatch.setenv("BROKER_HOME", str(tmp_path))
+    monkeypatch.setitem(sys.modules, "boto3", None)  # how Python marks a module as not importable
+    code, _, err = run(capsys, "--refresh", "--cloud", "aws")
+    assert code == 1
+    lines = err.strip().splitlines()
+    assert lines[0] == "aws: the AWS SDK (boto3) is not installed; install the extra: pip install " \
+                       "'spot-broker[aws]' (or [all]); skipped"
+    assert lines[-1].startswith("error: --refresh: no cloud could be polled")

@@ -146,3 +146,57 @@ def test_real_trace_every_policy_meets_the_deadline(shared_traces: Path, tmp_pat
             assert entry["mean"]["deadline_met"] == 1.0, name
     assert report["broker"]["mean"]["cost"] < report["on_demand"]["mean"]["cost"]
     assert math.isclose(report["optimal"]["mean"]["cost_vs_optimal"], 1.0)
+
+
+ANY_OF = """name: pick
+num_nodes: 2
+resources:
+  any_of:
+    - accelerators: A100-80GB:8
+    - accelerators: H100:8
+run: python train.py
+broker:
+  work: 10h
+  deadline: 30h
+{speed}"""
+
+
+def _two_accelerator_market(path: Path) -> Path:
+    """A100-80GB:8 at $10/node-h spot and H100:8 at $18, both always up, 40 hours of 5-minute ticks."""
+    body = trace_text([[4]] * 480, spot=[[10.0]] * 480, on_demand=[[30.0]] * 480, zones=ZONES[:1], tick_s=300)
+    a100 = [row.replace("p3.2xlarge,V100,1,", "p4de.24xlarge,A100-80GB,8,") for row in body.splitlines()[1:]]
+    h100 = [row.replace("p3.2xlarge,V100,1,10.0,30.0", "p5.48xlarge,H100,8,18.0,60.0")
+            for row in body.splitlines()[1:]]
+    path.write_text("\n".join(body.splitlines()[:1] + a100 + h100) + "\n")
+    return path
+
+
+@pytest.mark.parametrize(("speed", "chosen", "per_work"), [
+    # H100 2.1x: $18 / 2.1 = $8.571 per node-hour of work, below the A100-80GB's $10 / 1.0
+    ("  speed: {H100: 2.1, A100-80GB: 1.0}\n", "H100:8", {"A100-80GB:8": 10.0, "H100:8": 18 / 2.1}),
+    # H100 1.5x: $18 / 1.5 = $12 per node-hour of work: the A100-80GB's $10 is cheaper
+    ("  speed: {H100: 1.5, A100-80GB: 1.0}\n", "A100-80GB:8", {"A100-80GB:8": 10.0, "H100:8": 12.0}),
+    # no speeds: the default table (H100 4.8, A100-80GB 2.4): $18 / 2 = $9 per node-hour of work
+    ("", "H100:8", {"A100-80GB:8": 10.0, "H100:8": 9.0}),
+])
+def test_any_of_runs_on_the_cheapest_unit_of_work(tmp_path: Path, capsys: pytest.CaptureFixture[str], speed: str,
+                                                  chosen: str, per_work: dict[str, float]) -> None:
+    market = _two_accelerator_market(tmp_path / "two.csv")
+    job = tmp_path / "job.yaml"
+    job.write_text(ANY_OF.format(speed=speed))
+    cli([str(job), "--market", str(market), "--policy", "cheapest_spot", "--json"])
+    out = json.loads(capsys.readouterr().out)
+    rows = {row["accelerator"]: row for row in out["gpu_choice"]}
+    assert [a for a, row in rows.items() if row["chosen"]] == [chosen]
+    for accelerator, value in per_work.items():
+        assert rows[accelerator]["per_node_hour_of_work"] == pytest.approx(value, rel=1e-5)
+    # the job then runs there: always-up spot, 10 h of work at the chosen type's speed, 2 nodes
+    hourly = 10.0 if chosen.startswith("A100") else 18.0
+    hours = 10.0 / rows[chosen]["speed"]
+    run = out["cheapest_spot"]["runs"][0]
+    ticks = math.ceil(hours * 12 - 1e-9) + math.ceil(0.2 * 12 - 1e-9)  # work, then the 0.2 h restart, in 5 min ticks
+    assert run["cost"] == pytest.approx(hourly * 2 * ticks / 12, rel=1e-6)
+    capsys.readouterr()
+    cli([str(job), "--market", str(market), "--policy", "cheapest_spot"])
+    table = capsys.readouterr().out
+    assert "cheapest unit of work" in table and chosen in table

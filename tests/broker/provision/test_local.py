@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from broker.model import GangPlacement
 from broker.provision.base import ClusterInfo, ClusterPhase, JobLaunch, RunPhase
 from broker.provision.local import LocalProvisioner, LocalWorld
 from broker.spec import parse_job_spec
+from policies.gang import GangPlacement
 
 TOKEN = "agent-token-must-not-show-in-ps"
 

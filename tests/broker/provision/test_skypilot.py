@@ -14,7 +14,7 @@ from broker.clock import WallClock
 from broker.engine import Engine, EngineOptions
 from broker.market import LiveQuotes
 from broker.provision.skypilot import SkyPilotOptions, SkyPilotProvisioner
-from broker.runtime_skypilot import store_specs
+from broker.runtime import store_specs
 from broker.spec import parse_job_spec
 from broker.store import Store, open_store
 from broker.store.tables import ClusterRow, JobEventRow, JobRow

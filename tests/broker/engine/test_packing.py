@@ -21,7 +21,7 @@ from providers.base import SpotQuote
 from providers.topology import NVLINK, topology
 from providers.trace import write_trace
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
 
 JOB = """\
 name: {name}

@@ -1,0 +1,152 @@
+"""How long `broker` takes to answer: each command in fresh processes, against `python -c pass`.
+
+Every figure is the median wall time of N fresh processes (default 10) of the installed `broker`
+script, measured in the same run as the interpreter's own start-up (`python -c pass`), which is
+printed first as the baseline; the CPU seconds (user + system) of each process are printed too,
+since on a shared machine wall time mostly measures the others' load. Commands:
+
+- `broker --help` and `broker COMMAND --help` for the main commands;
+- `broker status` on the embedded store (a SQLite store in a fresh broker home, migrated once first);
+- `broker status --server URL` against a real `broker serve` started here on a free port;
+- `broker launch JOB --backend local --detach` (a one-line job), fewer times (default 3): it reads
+  the job file, so it includes SkyPilot's import and its catalog look-up, offline here.
+
+Targets (issue "A CLI that feels instant"): help < 0.3 s, status < 0.8 s, status --server < 0.5 s.
+
+    python benchmarks/startup.py [--runs 10] [--launch-runs 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+BROKER = str(BIN / "broker") if (BIN / "broker").exists() else None
+TARGETS = {"help": 0.3, "status": 0.8, "status --server": 0.5}
+JOB = """name: startup-probe
+resources:
+  accelerators: V100:1
+run: echo done
+"""
+
+
+def broker_command(*args: str) -> list[str]:
+    return [BROKER, *args] if BROKER else [sys.executable, "-m", "broker", *args]
+
+
+CPU: dict[int, list[float]] = {}  # id(times) -> CPU seconds (user + system) of each run's process
+
+
+def timed(command: Sequence[str], env: dict[str, str], runs: int) -> list[float]:
+    times: list[float] = []
+    cpu = CPU.setdefault(id(times), [])
+    for _ in range(runs):
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        started = time.perf_counter()
+        done = subprocess.run(list(command), env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                              timeout=300)
+        times.append(time.perf_counter() - started)
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpu.append(after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime)
+        if done.returncode != 0:
+            raise SystemExit(f"{' '.join(command)} failed ({done.returncode}): {done.stderr.decode()[-1500:]}")
+    return times
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_for(url: str, timeout: float = 90.0) -> None:
+    import urllib.request
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(url + "/v1/health", timeout=2):
+                return
+        except OSError:
+            time.sleep(0.3)
+    raise SystemExit(f"broker serve did not answer at {url} within {timeout:.0f} s")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=10)
+    parser.add_argument("--launch-runs", type=int, default=3)
+    args = parser.parse_args()
+    rows: list[tuple[str, list[float], str]] = []
+
+    with tempfile.TemporaryDirectory() as tmp:
+        home = Path(tmp) / "home"
+        env = {**os.environ, "BROKER_HOME": str(home), "NO_COLOR": "1"}
+        env.pop("BROKER_SERVER", None)
+        rows.append(("python -c pass (baseline)", timed([sys.executable, "-c", "pass"], env, args.runs), ""))
+        rows.append(("broker --help", timed(broker_command("--help"), env, args.runs), "help"))
+        for command in ("launch", "status", "prices", "report"):
+            rows.append((f"broker {command} --help", timed(broker_command(command, "--help"), env, args.runs), "help"))
+        timed(broker_command("status"), env, 1)  # creates and migrates the store once
+        rows.append(("broker status (embedded SQLite)", timed(broker_command("status"), env, args.runs), "status"))
+
+        port = free_port()
+        url = f"http://127.0.0.1:{port}"
+        serve = subprocess.Popen(broker_command("serve", "--port", str(port)), env=env, cwd=ROOT,
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            wait_for(url)
+            token = subprocess.run(broker_command("token", "create", "--team", "bench"), env=env, cwd=ROOT,
+                                   capture_output=True, text=True, check=True).stdout.strip()
+            served = {**env, "BROKER_TOKEN": token}
+            rows.append(("broker status --server (broker serve)",
+                         timed(broker_command("status", "--server", url), served, args.runs), "status --server"))
+        finally:
+            serve.terminate()
+            serve.wait(timeout=60)
+
+        job = Path(tmp) / "probe.yaml"
+        job.write_text(JOB)
+        launch_home = Path(tmp) / "launch-home"
+        launch_env = {**env, "BROKER_HOME": str(launch_home)}
+        if args.launch_runs > 0:
+            rows.append(("broker launch --backend local --detach (offline)",
+                         timed(broker_command("launch", str(job), "--backend", "local", "--detach"), launch_env,
+                               args.launch_runs), ""))
+            # Let the detached engine finish the one-line jobs before the home is removed.
+            deadline = time.monotonic() + 180
+            while time.monotonic() < deadline:
+                listed = subprocess.run(broker_command("status", "--json"), env=launch_env, cwd=ROOT,
+                                        capture_output=True, text=True)
+                if all(s not in listed.stdout for s in ("PENDING", "PROVISIONING", "RUNNING")):
+                    break
+                time.sleep(2)
+
+    baseline = statistics.median(rows[0][1])
+    base_cpu = statistics.median(CPU[id(rows[0][1])])
+    print(f"{'command':<52} {'runs':>4} {'median s':>9} {'min s':>7} {'x baseline':>10} {'CPU s':>7} "
+          f"{'CPU x base':>10}  target (median wall)")
+    for name, times, target in rows:
+        median = statistics.median(times)
+        cpu = statistics.median(CPU[id(times)])
+        goal = TARGETS.get(target)
+        verdict = "" if goal is None else f"< {goal} s: {'met' if median < goal else 'MISSED'}"
+        print(f"{name:<52} {len(times):>4} {median:>9.3f} {min(times):>7.3f} {median / baseline:>10.1f} "
+              f"{cpu:>7.3f} {cpu / base_cpu:>10.1f}  {verdict}")
+    print(f"python {sys.version.split()[0]}, {os.cpu_count()} CPU(s), load average "
+          f"{', '.join(f'{x:.2f}' for x in os.getloadavg())}")
+
+
+if __name__ == "__main__":
+    main()

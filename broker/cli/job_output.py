@@ -1,0 +1,94 @@
+"""What the job commands print, the same whether the answers come from the store or a `broker serve`.
+
+``broker/cli/jobs.py`` (embedded) and ``broker/cli/remote.py`` (``--server``) both print through
+these, so neither imports the other.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Any
+
+import typer
+
+if TYPE_CHECKING:
+    from rich.table import Table
+
+SUCCEEDED, PENDING = "SUCCEEDED", "PENDING"  # broker.model.JobState values, without importing the engine's model
+
+
+def progress_table(summary: dict[str, Any], progress: str) -> Table:
+    """The one-row table an attached launch keeps updating."""
+    from rich.table import Table
+
+    table = Table(box=None, show_header=True, header_style="bold")
+    for column in ("job", "state", "where", "$/h", "progress", "preemptions", "cost"):
+        table.add_column(column, no_wrap=column != "progress")
+    where = f"{summary['cloud']}/{summary['zone']}" if summary["zone"] else "-"
+    if summary["spot"] is False:
+        where += " (on-demand)"
+    price = f"{summary['price_per_hour']:.2f}" if summary["price_per_hour"] is not None else "-"
+    table.add_row(summary["job_id"], summary["state"], where, price, progress[-60:] or "-",
+                  str(summary["preemptions"]), f"${summary['cost']:.4f}")
+    return table
+
+
+def status_table(summaries: list[dict[str, Any]]) -> Table:
+    from rich.table import Table
+
+    table = Table(header_style="bold")
+    for column in ("job", "name", "team", "state", "where", "preemptions", "migrations", "cost", "on-demand"):
+        table.add_column(column, no_wrap=column != "name")
+    for item in summaries:
+        where = f"{item['cloud']}/{item['zone']}" if item["zone"] else "-"
+        state = f"{item['state']} ({item['checkpoint_reason']})" if item.get("checkpoint_reason") else item["state"]
+        table.add_row(item["job_id"], item["name"], item["team"], state, where, str(item["preemptions"]),
+                      str(item["migrations"]), f"${item['cost']:.4f}", f"${item['on_demand_cost']:.4f}")
+    return table
+
+
+def print_status(summaries: list[dict[str, Any]], job_id: str | None, as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(summaries[0] if job_id else summaries))
+    else:
+        from broker.cli.app import console
+
+        console.print(status_table(summaries))
+
+
+def announce(job_id: str, name: str, num_nodes: int, detach: bool, as_json: bool) -> None:
+    """The line a launch prints once the job is recorded (the JSON object instead, when detached)."""
+    from broker.cli.app import console
+
+    if detach and as_json:
+        print(json.dumps({"job_id": job_id, "state": PENDING}))
+    elif detach:
+        console.print(f"submitted [bold]{job_id}[/bold]; follow it with `broker logs {job_id} --follow`")
+    elif not as_json:
+        console.print(f"submitted [bold]{job_id}[/bold] ({name}, {num_nodes} node(s))")
+
+
+def finish(summary: dict[str, Any], as_json: bool) -> None:
+    """How an attached launch ends: the summary (or its JSON), and exit 1 unless the job succeeded."""
+    if as_json:
+        print(json.dumps(summary))
+    else:
+        print_summary(summary)
+    if summary["state"] != SUCCEEDED:
+        raise typer.Exit(1)
+
+
+def print_summary(summary: dict[str, Any]) -> None:
+    from broker.cli.app import console
+
+    saving = f" ({summary['saving_pct']:.1f}% saved)" if summary["saving_pct"] is not None else ""
+    console.print(f"\n[bold]{summary['job_id']}[/bold] {summary['name']}: [bold]{summary['state']}[/bold]")
+    console.print(f"  wall time        {summary['wall_seconds']:.1f} s")
+    console.print(f"  cost             ${summary['cost']:.4f}")
+    console.print(f"  on-demand cost   ${summary['on_demand_cost']:.4f}{saving}")
+    console.print(f"  preemptions      {summary['preemptions']}")
+    console.print(f"  migrations       {summary['migrations']}")
+    console.print(f"  zones            {' -> '.join(summary['zones']) or '-'}")
+    console.print(f"  work lost        {summary['work_lost_seconds']:.0f} s (market clock)")
+    if summary["reason"]:
+        console.print(f"  reason           {summary['reason']}")
