@@ -1,0 +1,62 @@
+"""A provisioner that makes a cloud call only while its leader still holds the lease.
+
+The service's engine talks to the cloud through this wrapper: every call first runs ``check``
+(the lease holder's local view, which raises once the lease is released, lost or has run out on
+this process's clock), so a leader that was told to stop, or woke from a stall, launches,
+starts, signals or tears down nothing. It wraps any backend; it knows nothing of the lease.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from broker.provision.base import ClusterInfo, ClusterStatus, JobLaunch, Provisioner, RunStatus
+
+
+class FencedProvisioner:
+    def __init__(self, inner: Provisioner, check: Callable[[], None]) -> None:
+        self.inner = inner
+        self.name = inner.name
+        self.check = check
+
+    def launch(self, cluster: ClusterInfo) -> None:
+        self.check()
+        self.inner.launch(cluster)
+
+    def status(self, cluster: ClusterInfo) -> ClusterStatus:
+        self.check()
+        return self.inner.status(cluster)
+
+    def start_job(self, cluster: ClusterInfo, launch: JobLaunch) -> None:
+        self.check()
+        self.inner.start_job(cluster, launch)
+
+    def run_status(self, cluster: ClusterInfo, job_id: str, attempt: int) -> RunStatus:
+        self.check()
+        return self.inner.run_status(cluster, job_id, attempt)
+
+    def terminate(self, cluster: ClusterInfo) -> None:
+        self.check()
+        self.inner.terminate(cluster)
+
+    def signal_job(self, cluster: ClusterInfo, job_id: str, attempt: int, signal_name: str) -> None:
+        self.check()
+        self.inner.signal_job(cluster, job_id, attempt, signal_name)
+
+    def stop_job(self, cluster: ClusterInfo, job_id: str, attempt: int) -> None:
+        self.check()
+        self.inner.stop_job(cluster, job_id, attempt)
+
+    def __getattr__(self, name: str) -> Any:
+        # Whatever else a backend offers: its methods are fenced too (a new cloud call cannot slip
+        # past), plain attributes (its root, its world) pass through.
+        value = getattr(self.inner, name)
+        if not callable(value) or isinstance(value, type):
+            return value
+
+        def fenced(*args: Any, **kwargs: Any) -> Any:
+            self.check()
+            return value(*args, **kwargs)
+
+        return fenced
