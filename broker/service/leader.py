@@ -125,6 +125,7 @@ class LeaseLock:
         sent = time.monotonic()
         try:
             with self.store.transaction() as s:
+                self._wait_out_writes(s)
                 now = self._now(s)
                 takeable = LeaderLeaseRow.name == LEASE
                 if self.gate is None:
@@ -174,6 +175,7 @@ class LeaseLock:
         if epoch is not None:
             try:
                 with self.store.transaction() as s:
+                    self._wait_out_writes(s)
                     now = self._now(s)
                     s.execute(update(LeaderLeaseRow).where(
                         LeaderLeaseRow.name == LEASE, LeaderLeaseRow.holder == self.holder,
@@ -183,9 +185,15 @@ class LeaseLock:
         if self.gate is not None:
             self.gate.release()
 
-    def _now(self, s: Session) -> datetime:
+    def _wait_out_writes(self, s: Session) -> None:
+        """Lock the lease row against every fenced transaction still under way (they hold it FOR KEY SHARE)."""
         if self.store.dialect == "postgresql":
             # Wait a moment at most behind a stalled transaction that still holds the row.
+            s.execute(text("SET LOCAL lock_timeout = '2s'"))
+        s.execute(select(LeaderLeaseRow.name).where(LeaderLeaseRow.name == LEASE).with_for_update())
+
+    def _now(self, s: Session) -> datetime:
+        if self.store.dialect == "postgresql":
             s.execute(text("SET LOCAL lock_timeout = '2s'"))
             value = s.scalar(text("SELECT clock_timestamp()"))
             assert isinstance(value, datetime)

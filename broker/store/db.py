@@ -145,12 +145,13 @@ class FencedStore(Store):
 
     Each transaction first locks the lease row in the database, and only if it still names this
     holder and epoch and has not expired (otherwise it raises ``Fenced`` and nothing is written).
-    On PostgreSQL the lock is ``FOR SHARE``: a takeover's ``UPDATE`` of the lease waits for the
-    transactions that passed the check to end, and a transaction that starts after a takeover sees
-    the new epoch (read committed re-reads a row a committed update changed), so a stale write and
-    the takeover cannot both commit in the wrong order. On SQLite the check is an ``UPDATE``, which
-    takes the database's single write lock for the whole transaction. Rows written get the epoch in
-    their ``epoch`` column.
+    On PostgreSQL the lock is ``FOR KEY SHARE``: a takeover or a release locks the row ``FOR
+    UPDATE`` first, so it waits for the transactions that passed the check to end, and a check
+    that starts after it sees the new epoch (read committed re-reads a row a committed update
+    changed): a stale write and the takeover cannot both commit in the wrong order. Renewals are
+    plain updates, which do not wait for the engine's transactions. On SQLite the check is an
+    ``UPDATE``, which takes the database's single write lock for the whole transaction. Rows
+    written get the epoch in their ``epoch`` column.
     """
 
     def __init__(self, store: Store, fence: Fence) -> None:
@@ -181,8 +182,10 @@ class FencedStore(Store):
             from sqlalchemy import func, text
 
             session.execute(text(f"SET LOCAL idle_in_transaction_session_timeout = {int(fence.idle_timeout_s * 1000)}"))
-            found = session.scalar(select(LeaderLeaseRow.epoch).where(mine, LeaderLeaseRow.expires_at > func.now())
-                                   .with_for_update(read=True))
+            # broker.epoch names the transaction's epoch to the database (for triggers, audits).
+            found = session.scalar(select(func.set_config("broker.epoch", str(fence.epoch), True))
+                                   .where(mine, LeaderLeaseRow.expires_at > func.now())
+                                   .with_for_update(read=True, key_share=True))
         else:
             now = datetime.now(UTC)
             found = session.execute(update(LeaderLeaseRow).where(mine, LeaderLeaseRow.expires_at > now)
