@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Protocol
 
-from sqlalchemy import select
+from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
 from broker.model import JobState, Usage
@@ -96,6 +96,8 @@ class ClusterHistory:
 
 def meter_cluster(s: Session, row: ClusterRow, now: datetime, market: PriceAt) -> int:
     """Write the ledger rows of every minute of ``row`` not yet metered; returns rows written."""
+    if row.terminated_at is not None and row.metered_until is not None and row.metered_until > row.terminated_at:
+        _take_back(s, row, row.terminated_at)
     start = row.metered_until or row.created_at
     end = min(row.terminated_at, now) if row.terminated_at else now
     key = OfferKey(row.cloud, row.region, row.zone, row.instance_type)
@@ -127,3 +129,10 @@ def meter_cluster(s: Session, row: ClusterRow, now: datetime, market: PriceAt) -
         minute = closing
     row.metered_until = minute
     return written
+
+
+def _take_back(s: Session, row: ClusterRow, ended: datetime) -> None:
+    """Delete the minutes metered from the one ``ended`` falls in: the cluster was gone (its end was learned late)."""
+    restart = max(ended.replace(second=0, microsecond=0), row.created_at)
+    s.execute(delete(LedgerRow).where(LedgerRow.cluster_id == row.id, LedgerRow.minute >= restart))
+    row.metered_until = restart
