@@ -148,15 +148,15 @@ def test_a_leader_stalled_inside_a_transaction_does_not_hold_up_the_takeover(pos
     try:
         assert old.try_acquire()
         assert old.fence.idle_timeout_s == 1.0
-        with pytest.raises(Exception, match="idle-in-transaction|terminat|closed"):  # noqa: PT012
-            with store.fenced(liar(old.fence)).transaction() as s:
-                job = s.get(JobRow, "j1", with_for_update=True)  # holds the job's row, as a step does
-                deadline = time.monotonic() + 10
-                while not new.try_acquire():  # the stalled session is ended by the server, then it is taken
-                    assert time.monotonic() < deadline, "the takeover waited on a stalled transaction"
-                    time.sleep(0.2)
-                assert job is not None
-                job.state = "RUNNING"
+        with pytest.raises(Exception, match=r"idle-in-transaction|terminat|closed"), \
+                store.fenced(liar(old.fence)).transaction() as s:
+            job = s.get(JobRow, "j1", with_for_update=True)  # holds the job's row, as a step does
+            deadline = time.monotonic() + 10
+            while not new.try_acquire():  # the stalled session is ended by the server, then it is taken
+                assert time.monotonic() < deadline, "the takeover waited on a stalled transaction"
+                time.sleep(0.2)
+            assert job is not None
+            job.state = "RUNNING"
         assert new.epoch == 2
         with store.fenced(new.fence).transaction() as s:
             job = s.get(JobRow, "j1", with_for_update=True)  # the job's row is free again
