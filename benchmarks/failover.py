@@ -3,8 +3,9 @@
     python benchmarks/failover.py [--postgres URL] [--kills 20] [--jobs 6] [--steps 200] [--seed 22]
                                   [--replicas 3] [--only baseline|chaos|freeze|stop] [--keep-logs DIR]
 
-Four runs of the local backend on a two-zone V100 market whose cheap zone loses its capacity at
-minute 20 (so jobs are preempted and migrate), each on a fresh database and broker home:
+Four runs of the local backend on a two-zone V100 market whose cheap zone loses its capacity for
+15 minutes in every 45 (at 60x, 15 s in every 45: jobs are preempted and migrate all through a
+run), each on a fresh database and broker home:
 
 - baseline: two replicas run a queue of ``--jobs`` jobs with no fault;
 - chaos: three replicas; the leader is SIGKILLed at ``--kills`` random moments (and restarted),
@@ -45,9 +46,9 @@ from tests.broker.service.replicas import (  # noqa: E402
     Fleet,
     audited_writes,
     chaos,
+    flapping_trace,
     lease_changes,
     run_queue,
-    two_zone_trace,
     wait_for,
 )
 
@@ -60,7 +61,7 @@ def fleet(server: str, keep: Path | None, label: str, **settings: str) -> Iterat
     try:
         with tempfile.TemporaryDirectory(prefix="failover-") as tmp:
             directory = Path(tmp)
-            market = two_zone_trace(directory / "market.csv", cheap_lost_from=20, cheap_lost_until=900, ticks=900)
+            market = flapping_trace(directory / "market.csv")
             running = Fleet(directory, directory / "home", f"{server.rsplit('/', 1)[0]}/{name}", market, **settings)
             try:
                 yield running

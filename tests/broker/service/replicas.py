@@ -52,6 +52,24 @@ def two_zone_trace(path: Path, cheap_lost_from: int = 15, cheap_lost_until: int 
     return path
 
 
+def flapping_trace(path: Path, up: int = 30, down: int = 15, ticks: int = 1800) -> Path:
+    """Like ``two_zone_trace``, but the cheap zone loses its capacity for ``down`` minutes of every ``up + down``.
+
+    Preemptions then come all through a run, however long its replicas take to start.
+    """
+    start = datetime(2026, 1, 1, tzinfo=UTC)
+    quotes = []
+    for tick in range(ticks):
+        when = start + timedelta(minutes=tick)
+        lost = tick % (up + down) >= up
+        quotes.append(SpotQuote("aws", "us-east-1", "us-east-1a", "p3.2xlarge", "V100", 1, 0.9, 3.06, when,
+                                available_nodes=0 if lost else 2))
+        quotes.append(SpotQuote("gcp", "us-central1", "us-central1-a", "n1-highmem-8", "V100", 1, 1.0, 2.95, when,
+                                available_nodes=2))
+    write_trace(path, quotes)
+    return path
+
+
 @dataclass
 class Replica:
     name: str
