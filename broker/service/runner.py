@@ -123,8 +123,19 @@ class Service:
             if not self.leading:
                 if self.lock.try_acquire():
                     self._promote()
-            elif not self.lock.renew():
+            elif not self.lock.check():
                 self._demote("lease lost")
+
+    def _renew(self) -> None:
+        """Renew the lease every leader check, on a thread of its own: starting the engine or a slow
+        campaign must not make the leader miss its renewals (it would lose the lease for nothing)."""
+        while not self._stop.is_set():
+            if self.leading and self.lock.epoch is not None:
+                try:
+                    self.lock.renew()
+                except Exception:
+                    log.exception("leader lease: renewal failed")
+            self._stop.wait(self.settings.leader_check_seconds)
 
     def _promote(self) -> None:
         fence = self.lock.fence
@@ -171,6 +182,7 @@ class Service:
         thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.socket]}, daemon=True,
                                   name="api")
         thread.start()
+        threading.Thread(target=self._renew, daemon=True, name="lease").start()
         log.info("serving the API at %s (agents report to %s)", self.url, self.public_url,
                  extra={"event": "listening", "url": self.url})
         try:

@@ -199,7 +199,7 @@ def test_chaos_the_leader_killed_at_twenty_random_moments(tmp_path: Path, broker
                                                           postgres_url: str) -> None:
     """SIGKILL the leader 20 times while a queue with preemptions runs: every job finishes, nothing twice."""
     market = flapping_trace(tmp_path / "market.csv")
-    fleet = Fleet(tmp_path, broker_home, postgres_url, market, BROKER_LEADER_CHECK_SECONDS="0.5")
+    fleet = Fleet(tmp_path, broker_home, postgres_url, market, BROKER_LEADER_CHECK_SECONDS="1")
     try:
         fleet.start(4)
         run = chaos(fleet, kills=20, rng=random.Random(22))
