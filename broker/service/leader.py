@@ -125,6 +125,8 @@ class LeaseLock:
         sent = time.monotonic()
         try:
             with self.store.transaction() as s:
+                if self.gate is None and self._held_by_another(s):
+                    return False  # without locking the row: that would hold up the leader's writes
                 self._wait_out_writes(s)
                 now = self._now(s)
                 takeable = LeaderLeaseRow.name == LEASE
@@ -184,6 +186,10 @@ class LeaseLock:
                 log.warning("leader lease: release failed (it expires by itself): %s", _first_line(exc))
         if self.gate is not None:
             self.gate.release()
+
+    def _held_by_another(self, s: Session) -> bool:
+        row = s.get(LeaderLeaseRow, LEASE)
+        return row is not None and row.holder not in (None, self.holder) and row.expires_at > self._now(s)
 
     def _wait_out_writes(self, s: Session) -> None:
         """Lock the lease row against every fenced transaction still under way (they hold it FOR KEY SHARE)."""
