@@ -282,8 +282,19 @@ class Fleet:
 
     def wait_finished(self, timeout: float) -> dict[str, str]:
         wait_for(lambda: self.active() == 0, timeout, "every job to finish", every=0.5)
-        time.sleep(3)  # the last teardowns and ledger minutes
+        # The last teardowns (a loaded machine can take a while) and their last ledger minutes.
+        wait_for(lambda: self.live_clusters() == 0 or None, 120, "every cluster to be torn down", every=0.5)
+        time.sleep(2)
         return self.states()
+
+    def live_clusters(self) -> int:
+        from sqlalchemy import func, select
+
+        from broker.store.tables import ClusterRow
+
+        with self.store.transaction() as s:
+            return int(s.scalar(select(func.count()).select_from(ClusterRow)
+                                .where(ClusterRow.state.not_in(["TERMINATED", "FAILED"]))) or 0)
 
     def check(self) -> dict[str, Any]:
         """What the store and the local cloud show after the run: the counts that must be zero."""
