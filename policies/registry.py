@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-KINDS: tuple[str, ...] = ("selection", "placement", "preemption", "admission")
+KINDS: tuple[str, ...] = ("selection", "placement", "preemption", "admission", "sharing")
 
 _REGISTRY: dict[str, dict[str, Callable[..., Any]]] = {kind: {} for kind in KINDS}
 _DEFAULTS: dict[str, str] = {}
@@ -41,7 +41,8 @@ def _load_builtin() -> None:
     # Importing the policy modules registers them; done lazily to keep import order free.
     import policies.admission
     import policies.placement
-    import policies.preemption  # noqa: F401
+    import policies.preemption
+    import policies.sharing  # noqa: F401
     from policies import selection  # noqa: F401
 
 

@@ -32,8 +32,16 @@ def parse_cluster(text: str) -> tuple[int, str]:
 
 
 WorkloadOption = Annotated[Path, typer.Option("--workload", help="job trace CSV: job_id,num_gpus,submit_time,"
-                                                                   "duration,model")]
-ClusterOption = Annotated[str, typer.Option("--cluster", help="fixed cluster, NODESxINSTANCE_TYPE, e.g. 8xp3.16xlarge")]
+                                                                   "duration,model; with --nodes, a pod list "
+                                                                   "(name,cpu_milli,memory_mib,num_gpu,gpu_milli,"
+                                                                   "gpu_spec)")]
+ClusterOption = Annotated[str | None, typer.Option("--cluster", help="fixed cluster, NODESxINSTANCE_TYPE, "
+                                                                     "e.g. 8xp3.16xlarge")]
+NodesOption = Annotated[Path | None, typer.Option("--nodes", help="GPU-sharing replay: node list CSV "
+                                                                  "(sn,cpu_milli,memory_mib,gpu,model)")]
+UntilOption = Annotated[float, typer.Option("--until", help="with --nodes: stop when the GPU requested reaches "
+                                                            "this multiple of the cluster's GPU capacity")]
+PlotOption = Annotated[Path | None, typer.Option("--plot", help="with --nodes: draw the curves to this PNG")]
 PolicyOption = Annotated[str | None, typer.Option("--policy", help="placement policies, comma-separated "
                                                                   "(default: all)")]
 ProfilesOption = Annotated[Path | None, typer.Option("--profiles", help="directory of measured placement profiles "
@@ -43,10 +51,24 @@ SeedOption = Annotated[int, typer.Option("--seed", help="seed of the random poli
 
 
 @app.command("simulate-placement")
-def simulate_placement(workload: WorkloadOption, cluster: ClusterOption, policy: PolicyOption = None,
-                       profiles: ProfilesOption = None, profile_set: ProfileSetOption = "dgx", seed: SeedOption = 0,
-                       as_json: JsonOption = False) -> None:
-    """Replay a Philly-style job trace on a fixed cluster and compare placement policies."""
+def simulate_placement(workload: WorkloadOption, cluster: ClusterOption = None, nodes_csv: NodesOption = None,
+                       policy: PolicyOption = None, profiles: ProfilesOption = None,
+                       profile_set: ProfileSetOption = "dgx", seed: SeedOption = 0, until: UntilOption = 1.3,
+                       plot: PlotOption = None, as_json: JsonOption = False) -> None:
+    """Replay a job trace on a fixed cluster and compare placement policies.
+
+    With --cluster: a Philly-style gang trace on NODESxINSTANCE_TYPE. With --nodes: FGD's
+    inflation experiment on an Alibaba GPU-sharing pod list (fractions of GPUs).
+    """
+    if nodes_csv is not None:
+        if cluster is not None or profiles is not None:
+            raise UsageError("--nodes replays a pod list on a node list; it takes neither --cluster nor --profiles")
+        _simulate_sharing(workload, nodes_csv, policy, seed, until, plot, as_json)
+        return
+    if cluster is None:
+        raise UsageError("--cluster (a Philly-style job trace) or --nodes (an Alibaba pod list) is required")
+    if plot is not None or until != 1.3:
+        raise UsageError("--plot and --until go with --nodes")
     from broker.sim.placement import PlacementResult, simulate
     from broker.sim.speed import BandwidthSpeed, ProfileSpeed, SpeedModel, profile_model
     from broker.sim.workload import WorkloadError, read_workload
@@ -95,6 +117,65 @@ def simulate_placement(workload: WorkloadOption, cluster: ClusterOption, policy:
                   "slow: mean slowdown vs ideal placement; ms: median placement decision", soft_wrap=True)
     if skipped:
         err_console.print(f"skipped {skipped} job(s) needing more than the cluster's {snapshot.total_gpus} GPUs")
+
+
+def _simulate_sharing(workload: Path, nodes_csv: Path, policy: str | None, seed: int, until: float,
+                      plot: Path | None, as_json: bool) -> None:
+    import math
+
+    from broker.sim.sharing import TraceError, inflate, read_nodes, read_pods, replay
+    from broker.sim.sharing import plot as draw
+    from policies import registry
+
+    if not math.isfinite(until) or not 0.1 <= until <= 5:
+        raise UsageError(f"--until must be between 0.1 and 5 (times the cluster's GPU capacity), got {until}")
+    if not 0 <= seed < 2**32:
+        raise UsageError(f"--seed must be between 0 and {2**32 - 1}, got {seed}")
+    if plot is not None and plot.suffix.lower() != ".png":
+        raise UsageError(f"--plot must name a .png file, got {str(plot)!r}")
+    known = registry.names("sharing")
+    default = registry.default_name("sharing") or known[0]
+    names = ([p.strip() for p in policy.split(",") if p.strip()] if policy
+             else sorted(known, key=lambda n: (n != default, n)))
+    unknown = [n for n in names if n not in known]
+    if unknown or not names:
+        raise UsageError(f"--policy: unknown sharing policy {', '.join(unknown) or '(none)'}; "
+                         f"registered: {', '.join(known)}")
+    names = list(dict.fromkeys(names))
+    try:
+        nodes = read_nodes(nodes_csv)
+        capacity = 1000 * sum(n.gpus for n in nodes)
+        if capacity <= 0:
+            raise TraceError(f"{nodes_csv}: no node has a GPU")
+        pods = read_pods(workload, nodes)
+        tasks = inflate(pods, capacity, until, seed)
+    except TraceError as exc:
+        raise UsageError(str(exc)) from None
+    results = [replay(tasks, nodes, name, registry.get("sharing", name), seed=seed, until=until) for name in names]
+    if plot is not None:
+        try:
+            draw(results, plot, f"{len(tasks)} tasks on {len(nodes)} nodes ({capacity // 1000} GPUs)")
+        except OSError as exc:
+            raise UsageError(f"--plot: cannot write {plot}: {exc.strerror or exc}") from None
+    if as_json:
+        console.print_json(json.dumps({"default_policy": default,
+                                       "policies": {r.policy: r.to_json() for r in results}}))
+        return
+    table = Table(title=f"{len(tasks)} tasks from {len(pods)} pods on {len(nodes)} nodes ({capacity // 1000} GPUs), "
+                        f"arriving until {until:g} x GPU capacity; unallocated GPU % of capacity",
+                  box=box.SIMPLE, pad_edge=False)
+    marks = [p.arrived_pct for p in results[0].curve]
+    shown = [m for m in marks if m >= 70]
+    for col in ("policy", *(f"@{m}%" for m in shown), "end", "allocated", "failed", "ms p50"):
+        table.add_column(col, justify="left" if col == "policy" else "right", no_wrap=True)
+    for r in results:
+        table.add_row(r.policy, *(f"{r.at(m):.2f}" for m in shown), f"{r.unallocated_gpu_pct:.2f}",
+                      f"{r.allocated_gpu_pct:.2f}", str(r.failed_tasks), f"{r.decision_ms_p50:.3f}")
+    Console(width=max(console.width, 120)).print(table)
+    console.print("@N%: GPU capacity left unallocated when N % of it has arrived (requested); end: after the last "
+                  "task; failed: tasks refused; ms p50: median placement decision", soft_wrap=True)
+    if plot is not None:
+        console.print(f"plot written to {plot}")
 
 
 @app.command("show-topology")

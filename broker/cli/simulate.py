@@ -33,11 +33,12 @@ def simulate_command(
     """Compare selection policies on a job over a recorded market: cost, preemptions, deadlines."""
     from broker.sim.market import Market, SimJob
     from broker.sim.runs import random_starts, run_all
-    from broker.spec import load_job_spec
+    from broker.spec import load_job_spec, market_offers
     from policies import registry
     from providers.trace import parse_time, read_trace
 
-    spec = load_job_spec(job_file)
+    whole = read_trace(market)
+    spec = load_job_spec(job_file, market=market_offers(whole.zones))  # judged by the trace, not a catalog
     if not spec.accelerators:
         raise UsageError(f"{job_file}: resources.accelerators: required for simulate, expected NAME:COUNT "
                          "(e.g. V100:1) to pick the trace's rows")
@@ -57,7 +58,6 @@ def simulate_command(
         raise UsageError(f"--starts: expected a positive count, got {starts}")
 
     accelerator = spec.accelerators[0]
-    whole = read_trace(market)
     trace = whole.select(accelerator.name, accelerator.count)
     if not trace.zones:
         have = sorted({f"{z.accelerator}:{z.gpus_per_node}" for z in whole.zones})

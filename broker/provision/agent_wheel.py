@@ -27,7 +27,8 @@ def _package_files() -> list[tuple[str, Path]]:
     files: list[tuple[str, Path]] = []
     for module in (broker, providers):
         root = Path(module.__file__ or "").parent
-        for path in sorted(root.rglob("*.py")):
+        data = sorted(root.glob("*.csv")) if module is providers else []  # the built-in catalog's rows
+        for path in sorted(root.rglob("*.py")) + data:
             if "__pycache__" in path.parts:
                 continue
             files.append((f"{root.name}/{path.relative_to(root).as_posix()}", path))

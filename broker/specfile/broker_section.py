@@ -54,6 +54,12 @@ class BrokerModel(_Section):
     team: str = "default"
     checkpoint: CheckpointModel = CheckpointModel()
     topology: TopologyModel = TopologyModel()
+    gpu_memory: float | None = None  # GB per GPU share, for a job asking for a fraction of a GPU
+
+    @field_validator("gpu_memory", mode="before")
+    @classmethod
+    def _check_gpu_memory(cls, value: Any) -> float | None:
+        return None if value is None else values.gpu_memory(value)
 
     @field_validator("priority", mode="before")
     @classmethod

@@ -12,6 +12,10 @@ from __future__ import annotations
 import contextlib
 import difflib
 import logging
+import os
+import pathlib
+import re
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -22,7 +26,17 @@ from broker.specfile.resources import ResourceAlternative
 from broker.specfile.yaml_lines import LoadedYaml, Path, format_path
 
 CATALOG_CLOUDS: tuple[str, ...] = ("aws", "gcp", "azure")
-CATALOG_TIMEOUT_SECONDS = 10.0
+# How each cloud spells its instance types (family.size; series-kind-size; Standard_Size).
+_NAMING: dict[str, re.Pattern[str]] = {
+    "aws": re.compile(r"^[a-z][a-z0-9-]*\.(nano|micro|small|medium|large|metal(-\d+xl)?|\d*xlarge)$"),
+    "gcp": re.compile(r"^[a-z][a-z0-9]*-[a-z]+-\d+[a-z]*(-[a-z0-9]+)*$|^[a-z][a-z0-9]*-(micro|small|medium)$"),
+    "azure": re.compile(r"^(Standard|Basic)_[A-Za-z0-9_-]+$"),
+}
+CATALOG_TIMEOUT_SECONDS = 3.0
+# After SkyPilot's catalog could not be fetched, the built-in one answers for this long without
+# trying again, in this process and (through a marker file) in the next `broker` commands.
+UNREACHABLE_FOR_SECONDS = 15 * 60.0
+_unreachable_until: dict[str, float] = {}
 
 
 @dataclass
@@ -35,6 +49,7 @@ class CloudFacts:
     region_zone_errors: dict[tuple[str | None, str | None], str | None]
     # Why the built-in catalog answered (None: SkyPilot's did); "{clouds}" stands for the cloud names.
     builtin_because: str | None = None
+    known_instance_types: tuple[str, ...] = ()  # names to suggest for a misspelt one
 
 
 
@@ -68,8 +83,16 @@ def check_catalog(alternatives: list[ResourceAlternative], allowed_clouds: tuple
         facts = _builtin_facts(queries, "the job may only run on the local backend")
     else:
         facts = _skypilot_facts(queries, timeout)
+    # A count no node offers rules out that choice only: like SkyPilot, the job stands while one of its
+    # alternatives can be bought. Unknown names are refused at once (a typo, not a choice).
+    unavailable: list[SpecError] = []
+    choices = 0
     for alt in alternatives:
-        _check_alternative(alt, [facts[c] for c in _clouds_for(alt, candidates)], doc, source)
+        problems = _check_alternative(alt, [facts[c] for c in _clouds_for(alt, candidates)], doc, source)
+        unavailable += problems
+        choices += max(1, len(alt.accelerators))
+    if unavailable and len(unavailable) >= choices:
+        raise unavailable[0]
 
 
 def _candidate_clouds(allowed: tuple[str, ...]) -> tuple[str, ...]:
@@ -84,9 +107,12 @@ def _clouds_for(alt: ResourceAlternative, candidates: tuple[str, ...]) -> tuple[
     return (alt.cloud,) if alt.cloud in CATALOG_CLOUDS else ()
 
 
-def _check_alternative(alt: ResourceAlternative, facts: list[CloudFacts], doc: LoadedYaml, source: str) -> None:
+def _check_alternative(alt: ResourceAlternative, facts: list[CloudFacts], doc: LoadedYaml,
+                       source: str) -> list[SpecError]:
+    """Raise on a name no catalog knows; return the choices whose count no node offers."""
     if not facts:
-        return
+        return []
+    unavailable: list[SpecError] = []
     where = facts[0].cloud if len(facts) == 1 else "any of " + ", ".join(f.cloud for f in facts)
     note = _note(facts)
     if alt.cloud is not None:
@@ -96,12 +122,16 @@ def _check_alternative(alt: ResourceAlternative, facts: list[CloudFacts], doc: L
             raise _error(f"SkyPilot: {problem}", path or alt.path, doc, source)
     if alt.instance_type and not any(f.instance_types.get(alt.instance_type) for f in facts):
         path = _key_path(alt, "instance_type", doc) or alt.path
-        raise _error(f"unknown instance type {alt.instance_type!r} for {where}{note}", path, doc, source)
+        known = sorted({name for f in facts for name in f.known_instance_types})
+        close = difflib.get_close_matches(alt.instance_type, known, n=1, cutoff=0.6)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise _error(f"unknown instance type {alt.instance_type!r} for {where}{hint}{note}", path, doc, source)
     for request in alt.accelerators:
         offered: dict[str, set[int]] = {}
+        wanted = _alias(request.name).lower()
         for f in facts:
             for name, counts in f.accelerators.items():
-                if name.lower() == request.name.lower():
+                if name.lower() == wanted:
                     offered.setdefault(name, set()).update(counts)
         if not offered:
             known = sorted({name for f in facts for name in f.accelerators})
@@ -112,10 +142,17 @@ def _check_alternative(alt: ResourceAlternative, facts: list[CloudFacts], doc: L
                 hint += f"; known: {', '.join(known)}"
             raise _error(f"unknown accelerator {request.name!r} on {where}{hint}{note}", request.path, doc, source)
         name, counts = next(iter(offered.items()))
-        if counts and request.count not in counts:
+        if counts and request.fraction is None and request.count not in counts:
             offered_text = ", ".join(str(c) for c in sorted(counts))
-            raise _error(f"{name}:{request.count} is not offered on {where}: a node has {offered_text} {name}{note}",
-                         request.path, doc, source)
+            unavailable.append(_error(f"{name}:{request.count} is not offered on {where}: a node has {offered_text} "
+                                      f"{name}{note}", request.path, doc, source))
+    return unavailable
+
+
+def _alias(name: str) -> str:
+    from providers.catalog import ALIASES
+
+    return next((canonical for alias, canonical in ALIASES.items() if alias.lower() == name.lower()), name)
 
 
 def _note(facts: list[CloudFacts]) -> str:
@@ -138,19 +175,49 @@ def _error(message: str, path: Path, doc: LoadedYaml, source: str) -> SpecError:
     return SpecError(message, field=format_path(path), line=doc.line_of(path), source=source)
 
 
+def _marker(cloud: str) -> pathlib.Path:
+    return pathlib.Path(tempfile.gettempdir()) / f"broker-sky-catalog-unreachable-{os.getuid()}-{cloud}"
+
+
+def recently_unreachable(cloud: str) -> bool:
+    """True while an earlier lookup of ``cloud``'s catalog failed less than UNREACHABLE_FOR_SECONDS ago."""
+    if _unreachable_until.get(cloud, 0.0) > time.monotonic():
+        return True
+    try:
+        return time.time() - _marker(cloud).stat().st_mtime < UNREACHABLE_FOR_SECONDS
+    except OSError:
+        return False
+
+
+def _remember(cloud: str, reachable: bool) -> None:
+    if reachable:
+        _unreachable_until.pop(cloud, None)
+        with contextlib.suppress(OSError):
+            _marker(cloud).unlink()
+        return
+    _unreachable_until[cloud] = time.monotonic() + UNREACHABLE_FOR_SECONDS
+    with contextlib.suppress(OSError):
+        _marker(cloud).touch()
+
+
 def _skypilot_facts(queries: dict[str, _Queries], timeout: float) -> dict[str, CloudFacts]:
     results: dict[str, CloudFacts | BaseException] = {}
 
     def look_up(cloud: str) -> None:
         try:
             results[cloud] = _ask_skypilot(cloud, queries[cloud])
+            _remember(cloud, True)  # also when it answers after the caller stopped waiting
         except BaseException as exc:  # any failure to load a catalog means: use the built-in one
             results[cloud] = exc
+            _remember(cloud, False)
 
+    skipped = [c for c in queries if recently_unreachable(c)]
+    for cloud in skipped:
+        results[cloud] = TimeoutError("unreachable recently")
     deadline = time.monotonic() + timeout
-    with _quiet_skypilot():
-        threads = [threading.Thread(target=look_up, args=(c,), name=f"sky-catalog-{c}", daemon=True)
-                   for c in queries]
+    threads = [threading.Thread(target=look_up, args=(c,), name=f"sky-catalog-{c}", daemon=True)
+               for c in queries if c not in skipped]
+    with _quiet_skypilot(threads):
         for thread in threads:
             thread.start()
         for thread in threads:
@@ -161,7 +228,10 @@ def _skypilot_facts(queries: dict[str, _Queries], timeout: float) -> dict[str, C
         if isinstance(outcome, CloudFacts):
             facts[cloud] = outcome
         else:
+            if outcome is None:
+                _remember(cloud, False)  # still trying in the background; do not wait for it again
             reason = (f"no answer from SkyPilot's catalog for {{clouds}} within {timeout:g}s" if outcome is None
+                      else "SkyPilot's catalog for {clouds} could not be fetched recently" if cloud in skipped
                       else f"SkyPilot's catalog for {{clouds}} could not be fetched ({type(outcome).__name__})")
             facts[cloud] = _builtin_facts({cloud: queries[cloud]}, reason)[cloud]
     return facts
@@ -195,18 +265,32 @@ def _builtin_facts(queries: dict[str, _Queries], reason: str) -> dict[str, Cloud
     facts: dict[str, CloudFacts] = {}
     for cloud, q in queries.items():
         accelerators: dict[str, set[int]] = {}
+        attached: set[str] = set()
         for t in catalog.instance_types(cloud=cloud):
             accelerators.setdefault(t.accelerator, set()).add(t.gpus)
-        instance_types = {name: catalog.find(cloud, name) is not None for name in q.instance_types}
+            if t.attached:
+                attached.add(t.accelerator)
+        for name in attached:  # GPUs attached to a general-purpose machine (GCP n1) come in any count
+            accelerators[name] = set()
+        # Sold on this cloud per SkyPilot's list, node shapes not in the built-in rows: any count passes.
+        for name, clouds in catalog.ACCELERATOR_CLOUDS.items():
+            if cloud in clouds:
+                accelerators.setdefault(name, set())
+        # The built-in rows hold GPU types and common CPU families: another name spelt the cloud's way
+        # passes (SkyPilot judges it at launch), one that is not is refused with the nearest known name.
+        instance_types = {name: catalog.find_any(name, cloud) is not None or bool(_NAMING[cloud].match(name))
+                          for name in q.instance_types}
+        known = tuple(t.name for t in (*catalog.GPU_INSTANCE_TYPES, *catalog.CPU_INSTANCE_TYPES) if t.cloud == cloud)
         # The built-in catalog has no region list: regions are left for SkyPilot to judge at launch.
         facts[cloud] = CloudFacts(cloud, accelerators, instance_types, dict.fromkeys(q.region_zones),
-                                  builtin_because=reason)
+                                  builtin_because=reason, known_instance_types=known)
     return facts
 
 
 @contextlib.contextmanager
-def _quiet_skypilot() -> Iterator[None]:
-    """SkyPilot logs catalog downloads and their failures; the job file's verdict is the only output wanted."""
+def _quiet_skypilot(threads: list[threading.Thread]) -> Iterator[None]:
+    """SkyPilot logs catalog downloads and their failures; the job file's verdict is the only output
+    wanted. A lookup still running when the caller stops waiting stays quiet too."""
     from sky import sky_logging
 
     sky_logger = logging.getLogger("sky")
@@ -216,4 +300,5 @@ def _quiet_skypilot() -> Iterator[None]:
         try:
             yield
         finally:
-            sky_logger.setLevel(previous)
+            if not any(thread.is_alive() for thread in threads):
+                sky_logger.setLevel(previous)

@@ -7,6 +7,8 @@ from typing import Any
 
 from broker.specfile.yaml_lines import Path
 
+MAX_GPUS_PER_NODE = 64  # no cloud sells more per node (GCP a2-megagpu-16g has 16)
+
 
 class ResourceError(ValueError):
     """A resources value the broker cannot use, and where it is."""
@@ -19,8 +21,12 @@ class ResourceError(ValueError):
 @dataclass(frozen=True, slots=True)
 class AcceleratorRequest:
     name: str  # as written
-    count: int  # per node
+    count: float  # per node: a whole number, or a fraction below 1 (a share of one GPU)
     path: Path
+
+    @property
+    def fraction(self) -> float | None:
+        return None if float(self.count).is_integer() else float(self.count)
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,6 +38,8 @@ class ResourceAlternative:
     instance_type: str | None
     use_spot: bool | None
     accelerators: tuple[AcceleratorRequest, ...]
+    cpus: str | None = None
+    memory: str | None = None
 
 
 def resource_alternatives(config: dict[str, Any]) -> list[ResourceAlternative]:
@@ -59,7 +67,8 @@ def _alternative(resources: dict[str, Any], path: Path, own: set[str] | None = N
     cloud, region, zone = _placement(resources)
     accelerators = tuple(_accelerators(resources.get("accelerators"), key_path("accelerators")))
     return ResourceAlternative(path, cloud, region, zone, _str_or_none(resources.get("instance_type")),
-                               resources.get("use_spot"), accelerators)
+                               resources.get("use_spot"), accelerators, _str_or_none(resources.get("cpus")),
+                               _str_or_none(resources.get("memory")))
 
 
 def _placement(resources: dict[str, Any]) -> tuple[str | None, str | None, str | None]:
@@ -84,20 +93,26 @@ def _str_or_none(value: Any) -> str | None:
 
 
 def _accelerators(value: Any, path: Path) -> list[AcceleratorRequest]:
+    """Every form SkyPilot reads: ``H100``, ``H100:8``, ``{H100: 8}``, a set ``{L4, A10G}`` (a mapping
+    with null values), a list (ordered alternatives), and the inline strings ``"{L4, A10G}"``/``"[...]"``."""
     if value is None:
         return []
     if isinstance(value, str):
         text = value.strip()
-        if text.startswith("{") or text.startswith("["):  # SkyPilot's inline set/list syntax
+        if text.startswith("{") or text.startswith("["):
             items = [i for i in text.strip("{}[]").split(",") if i.strip()]
             return [_one(item, path) for item in items]
         return [_one(text, path)]
     if isinstance(value, dict):
-        return [_counted(str(name), count, (*path, str(name))) for name, count in value.items()]
+        # SkyPilot writes `{NAME: null}` as NAME (one GPU) and `{NAME: COUNT}` as NAME:COUNT.
+        return [_one(str(name), (*path, str(name))) if count is None else _counted(str(name), count, (*path, str(name)))
+                for name, count in value.items()]
     if isinstance(value, list):
         out: list[AcceleratorRequest] = []
         for index, item in enumerate(value):
-            out.extend(_accelerators(item, (*path, index)))
+            if isinstance(item, list):
+                raise ResourceError(f"expected an accelerator like V100:2 as list item, got {item!r}", (*path, index))
+            out.extend(_accelerators(item, (*path, index)))  # a string, or {NAME: COUNT} as SkyPilot allows
         return out
     raise ResourceError(f"expected an accelerator like V100:2, {{V100: 2}} or a list of them, got {value!r}", path)
 
@@ -113,11 +128,13 @@ def _counted(name: str, count: Any, path: Path) -> AcceleratorRequest:
     number: float | None
     try:
         number = float(count) if not isinstance(count, bool) else None
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         number = None
-    if number is None or number <= 0:
+    if number is None or not number > 0 or number == float("inf"):
         raise ResourceError(f"expected a positive number of {name} per node, got {count!r}", path)
-    if not number.is_integer():
-        raise ResourceError(f"the broker places whole GPUs: expected a whole number of {name} per node, "
-                            f"got {count!r}", path)
-    return AcceleratorRequest(name, int(number), path)
+    if number > MAX_GPUS_PER_NODE:
+        raise ResourceError(f"expected at most {MAX_GPUS_PER_NODE} {name} per node, got {count!r}", path)
+    if not number.is_integer() and number > 1:
+        raise ResourceError(f"a fraction of a GPU must be below 1 (a share of one {name}, e.g. {name}:0.5); "
+                            f"expected a whole number or a fraction below 1, got {count!r}", path)
+    return AcceleratorRequest(name, int(number) if number.is_integer() else number, path)

@@ -36,9 +36,11 @@ def validate_task(config: dict[str, Any], doc: LoadedYaml, source: str) -> None:
     catalog lookups happen in ``catalog_check``.
     """
     import sky  # slow (seconds): only when a job file is actually read
+    from sky import sky_logging
 
     try:
-        sky.Task.from_yaml_config(copy.deepcopy(config))
+        with sky_logging.silent():
+            sky.Task.from_yaml_config(copy.deepcopy(config))
     except (ValueError, TypeError, KeyError, AssertionError) as exc:
         message = _ANSI.sub("", str(exc)).strip() or type(exc).__name__
         path = locate(message, doc)

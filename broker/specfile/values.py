@@ -16,6 +16,10 @@ _UNCATCHABLE = frozenset({"SIGKILL", "SIGSTOP"})
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|sec|m|min|h|hr|d|w)?\s*$", re.IGNORECASE)
 _UNIT_SECONDS = {"s": 1, "sec": 1, "m": 60, "min": 60, "h": 3600, "hr": 3600, "d": 86400, "w": 604800}
 DURATION_EXPECTED = "a duration like 90s, 30m, 1.5h or 2d"
+MAX_DURATION_S = 100 * 365 * 86400.0  # a century: anything longer is a typo, and overflows datetimes
+MAX_PRIORITY = 1_000_000
+MAX_NAME_CHARS = 200  # the store's job-name column
+MAX_TEAM_CHARS = 100  # the store's team column
 
 
 def duration(value: Any) -> timedelta:
@@ -29,6 +33,8 @@ def duration(value: Any) -> timedelta:
         seconds = float(match.group(1)) * _UNIT_SECONDS[(match.group(2) or "s").lower()]
     else:
         seconds = float(value)
+    if seconds > MAX_DURATION_S:
+        raise ValueError(f"expected {DURATION_EXPECTED} of at most 100 years, got {value!r}")
     if seconds <= 0:
         raise ValueError(f"expected a positive duration ({DURATION_EXPECTED}), got {value!r}")
     return timedelta(seconds=seconds)
@@ -44,7 +50,7 @@ def deadline(value: Any, now: datetime | None) -> datetime | timedelta:
         try:
             return duration(value)
         except ValueError:
-            if not isinstance(value, str):
+            if not isinstance(value, str) or _DURATION.match(value):
                 raise
     if not isinstance(value, str):
         raise ValueError(f"{expected}, got {value!r}")
@@ -70,11 +76,14 @@ def priority(value: Any) -> int:
         text = value.strip().lower()
         if text in PRIORITY_CLASSES:
             return PRIORITY_CLASSES[text]
-        if text.isdigit():
+        if text.isdigit() and len(text) <= 12 and int(text) <= MAX_PRIORITY:
             return int(text)
-    elif isinstance(value, int) and value >= 0:
+    elif isinstance(value, int) and 0 <= value <= MAX_PRIORITY:
         return value
-    raise ValueError(f"{expected}, got {value!r}")
+    if isinstance(value, int | str) and str(value).strip().isdigit():
+        expected = f"expected a priority of at most {MAX_PRIORITY:,}"
+    shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:37] + "..."
+    raise ValueError(f"{expected}, got {shown}")
 
 
 def max_price(value: Any) -> float:
@@ -135,4 +144,22 @@ def checkpoint_dir(value: Any) -> str:
 def team(value: Any) -> str:
     if not isinstance(value, str) or not value.strip():
         raise ValueError(f"expected a team name (a non-empty string), got {value!r}")
+    if len(value.strip()) > MAX_TEAM_CHARS:
+        raise ValueError(f"expected a team name of at most {MAX_TEAM_CHARS} characters, got {len(value.strip())}")
     return value.strip()
+
+
+def gpu_memory(value: Any) -> float:
+    """GB of GPU memory per GPU share, for jobs that ask for a fraction of a GPU."""
+    expected = "expected GB of GPU memory per GPU share, a number > 0 (e.g. 20)"
+    if isinstance(value, str):
+        text = value.strip().upper().removesuffix("GB").strip()
+        try:
+            value = float(text)
+        except ValueError:
+            raise ValueError(f"{expected}, got {value!r}") from None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"{expected}, got {value!r}")
+    if not 0 < value <= 1024:
+        raise ValueError(f"{expected} and at most 1024, got {value!r}")
+    return float(value)

@@ -35,6 +35,7 @@ def parse_json_path(text: str) -> Path:
 class LoadedYaml:
     data: Any
     lines: dict[Path, int] = field(default_factory=dict)
+    first_line: int = 1  # where the document starts in the file
 
     def line_of(self, path: Path) -> int | None:
         """The line of ``path``, or of its nearest ancestor that is in the file."""
@@ -50,11 +51,56 @@ class LoadedYaml:
         return sorted(found, key=lambda p: self.lines[p])
 
 
+# Limits that keep one job file from taking the service down (billion laughs, deep nesting, huge files).
+MAX_FILE_BYTES = 1_000_000
+MAX_DEPTH = 64
+MAX_NODES = 100_000  # keys, items and scalars after alias expansion
+
+
+class _Loader(yaml.SafeLoader):
+    """SafeLoader without implicit timestamps: a date stays the text written, so a wrong one
+    (``2030-13-45``) is judged by the field that reads it instead of failing the whole file."""
+
+
+_Loader.yaml_implicit_resolvers = {
+    first: [(tag, regexp) for tag, regexp in resolvers if tag != "tag:yaml.org,2002:timestamp"]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+
+
 def load_yaml(text: str, source: str) -> LoadedYaml:
-    loader = yaml.SafeLoader(text)
+    """One YAML document (a second one is refused: see ``load_yaml_documents``)."""
+    documents = load_yaml_documents(text, source)
+    if len(documents) > 1:
+        raise SpecError("not valid YAML: expected a single document, but found another document",
+                        line=documents[1].first_line, source=source)
+    return documents[0]
+
+
+def load_yaml_documents(text: str, source: str) -> list[LoadedYaml]:
+    """Every document of a (multi-document) YAML file, each with its keys' lines in the file.
+
+    Aliases are expanded only after their expanded size has been counted, so a file of nested
+    anchors is refused at the alias that would blow up instead of being expanded.
+    """
+    _check_text(text, source)
     try:
-        node = loader.get_single_node()
-        data = loader.construct_document(node) if node is not None else None
+        loader = _Loader(text)  # reads the first characters already: may raise a ReaderError
+    except yaml.YAMLError as exc:
+        raise SpecError(f"not valid YAML: {' '.join(str(exc).split())}", line=1, source=source) from None
+    documents: list[LoadedYaml] = []
+    try:
+        while loader.check_node():
+            node = loader.get_node()
+            if node is None:
+                continue
+            _check_size(node, source)
+            lines: dict[Path, int] = {}
+            _record_lines(node, (), lines, source)
+            data = loader.construct_document(node)
+            documents.append(LoadedYaml(json_safe(data), lines, node.start_mark.line + 1))
+    except SpecError:
+        raise
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         problem = exc.problem or "cannot be read"
@@ -65,13 +111,63 @@ def load_yaml(text: str, source: str) -> LoadedYaml:
         raise SpecError(f"not valid YAML: {problem}", line=mark.line + 1 if mark else None,
                         source=source) from None
     except yaml.YAMLError as exc:
+        raise SpecError(f"not valid YAML: {' '.join(str(exc).split())}", line=loader.get_mark().line + 1,
+                        source=source) from None
+    except RecursionError:
+        raise SpecError(f"nested more than {MAX_DEPTH} levels deep", line=loader.get_mark().line + 1,
+                        source=source) from None
+    except (ValueError, OverflowError) as exc:  # a value PyYAML's constructors cannot build
         raise SpecError(f"not valid YAML: {exc}", source=source) from None
     finally:
         loader.dispose()
-    lines: dict[Path, int] = {}
-    if node is not None:
-        _record_lines(node, (), lines, source)
-    return LoadedYaml(json_safe(data), lines)
+    return documents or [LoadedYaml(None, {}, 1)]
+
+
+def _check_text(text: str, source: str) -> None:
+    if len(text) > MAX_FILE_BYTES:
+        raise SpecError(f"the job file is {len(text):,} characters; at most {MAX_FILE_BYTES:,} are accepted "
+                        "(put large scripts in files under workdir)", source=source)
+    nul = text.find("\x00")
+    if nul >= 0:
+        raise SpecError("contains a NUL byte (a binary file?); a job file is YAML text",
+                        line=text.count("\n", 0, nul) + 1, source=source)
+
+
+def _check_size(root: yaml.Node, source: str) -> None:
+    """Refuse a document whose aliases expand past ``MAX_NODES`` or nest past ``MAX_DEPTH``."""
+    sizes: dict[int, int] = {}
+    visiting: set[int] = set()
+
+    def size(node: yaml.Node, depth: int, path: Path) -> int:
+        key = id(node)
+        if key in sizes:
+            return sizes[key]
+        line = node.start_mark.line + 1
+        where = format_path(path) or None
+        if depth > MAX_DEPTH:
+            raise SpecError(f"nested more than {MAX_DEPTH} levels deep", field=where, line=line, source=source)
+        if key in visiting:
+            raise SpecError("an alias refers to the collection it is inside (a recursive alias)", field=where,
+                            line=line, source=source)
+        visiting.add(key)
+        total = 1
+        children: list[tuple[yaml.Node, Path]] = []
+        if isinstance(node, yaml.MappingNode):
+            for key_node, value_node in node.value:
+                children += [(key_node, path), (value_node, (*path, str(key_node.value)))]
+        elif isinstance(node, yaml.SequenceNode):
+            children = [(item, (*path, index)) for index, item in enumerate(node.value)]
+        for child, child_path in children:
+            total += size(child, depth + 1, child_path)
+            if total > MAX_NODES:
+                raise SpecError(f"YAML aliases expand to more than {MAX_NODES:,} values (nested anchors, "
+                                "a \"billion laughs\" file?); write the values out or use fewer aliases",
+                                field=format_path(child_path) or None, line=line, source=source)
+        visiting.discard(key)
+        sizes[key] = total
+        return total
+
+    size(root, 0, ())
 
 
 def _record_lines(node: yaml.Node, path: Path, lines: dict[Path, int], source: str) -> None:

@@ -183,7 +183,6 @@ def test_sky_task_config_is_the_skypilot_part_only_and_skypilot_accepts_it() -> 
 # --- bad files: message, field, line ------------------------------------------------------------
 
 BAD_FILES: list[tuple[str, str, str | None, int | None, list[str]]] = [
-    ("missing run", "name: x\nresources:\n  accelerators: V100:1\n", "run", None, ["required", "run: python"]),
     ("negative accelerator count", "run: x\nresources:\n  accelerators: H100:-1\n",
      "resources.accelerators", 3, ["Accelerator count must be a positive number", "'H100': -1"]),
     ("unknown top-level key", "run: x\nnum_node: 2\n", "num_node", 2,
@@ -228,8 +227,10 @@ BAD_FILES: list[tuple[str, str, str | None, int | None, list[str]]] = [
     ("env without a value", "run: x\nenvs:\n  TOKEN:\n", "envs.TOKEN", 3, ["Environment variable 'TOKEN' is None"]),
     ("infra with region", "run: x\nresources:\n  infra: aws\n  region: us-east-1\n", "resources.infra", 3,
      ["Cannot specify both `infra` and"]),
-    ("fractional GPUs", "run: x\nresources:\n  accelerators: V100:0.5\n", "resources.accelerators", 3,
-     ["whole GPUs"]),
+    ("fraction over one GPU", "run: x\nresources:\n  accelerators: V100:1.5\n", "resources.accelerators", 3,
+     ["fraction below 1", "'1.5'"]),
+    ("gang of fractions", "run: x\nnum_nodes: 2\nresources:\n  accelerators: V100:0.5\n",
+     "resources.accelerators", 4, ["a gang of 2 nodes needs whole GPUs"]),
     ("top level is a list", "- run: x\n", None, 1, ["expected a mapping"]),
     ("empty file", "", None, None, ["expected a mapping", "empty file"]),
 ]
@@ -266,19 +267,28 @@ def test_missing_file() -> None:
 
 
 def test_unknown_accelerator_offline_lists_the_known_ones() -> None:
-    error = refused("run: x\nresources:\n  accelerators: H200:8\n")
+    error = refused("run: x\nresources:\n  accelerators: B300:8\n")
     assert (error.field, error.line) == ("resources.accelerators", 3)
     message = str(error)
-    assert "unknown accelerator 'H200' on any of aws, gcp, azure (did you mean 'H100'?)" in message
+    assert "unknown accelerator 'B300' on any of aws, gcp, azure (did you mean 'B200'?)" in message
     assert all(name in message for name in catalog.ACCELERATORS)
     assert "built-in catalog: offline validation" in message
 
 
 def test_accelerator_count_must_be_offered() -> None:
-    error = refused("run: x\nresources:\n  infra: gcp\n  accelerators: {V100: 3}\n")
-    assert (error.field, error.line) == ("resources.accelerators.V100", 4)
-    counts = sorted({t.gpus for t in catalog.instance_types(cloud="gcp", accelerator="V100")})
-    assert f"V100:3 is not offered on gcp: a node has {', '.join(map(str, counts))} V100" in str(error)
+    error = refused("run: x\nresources:\n  infra: gcp\n  accelerators: {A100: 3}\n")
+    assert (error.field, error.line) == ("resources.accelerators.A100", 4)
+    counts = sorted({t.gpus for t in catalog.instance_types(cloud="gcp", accelerator="A100")})
+    assert f"A100:3 is not offered on gcp: a node has {', '.join(map(str, counts))} A100" in str(error)
+
+
+def test_gpus_attached_to_a_general_purpose_machine_come_in_any_count() -> None:
+    assert parse("run: x\nresources:\n  infra: gcp\n  accelerators: {V100: 4}\n").accelerators[0].count == 4
+
+
+def test_a_count_one_alternative_lacks_rules_out_that_choice_only() -> None:
+    spec = parse("run: x\nresources:\n  accelerators: {A100:1, T4:1}\n  any_of:\n    - cloud: aws\n    - cloud: gcp\n")
+    assert [a.name for a in spec.accelerators] == ["A100", "T4"]
 
 
 def test_broker_clouds_narrow_where_an_accelerator_must_exist() -> None:
@@ -381,6 +391,8 @@ CATALOG_CASES = [
     ("run: x\nresources:\n  infra: aws/mars-north-1\n  accelerators: H100:8\n", ANSWERING),
     ("run: x\nresources:\n  infra: azure\n  accelerators: L40S:1\n", ANSWERING),
     ("run: x\nresources:\n  infra: gcp\n  accelerators: L40S:1\n", SILENT),
+    # Asked again right after: the built-in catalog answers at once, however long the caller would wait.
+    ("run: x\nresources:\n  infra: gcp\n  accelerators: L40S:1\n", ANSWERING),
 ]
 
 
@@ -389,8 +401,8 @@ def catalog_results(catalog_server: str, tmp_path_factory: pytest.TempPathFactor
     home = tmp_path_factory.mktemp("sky-home")
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("AWS_", "GOOGLE_", "AZURE_", "SKYPILOT_", "BROKER_"))}
-    env.update(HOME=str(home), SKY_RUNTIME_DIR=str(home), PYTHONPATH=str(REPO), AWS_EC2_METADATA_DISABLED="true",
-               NO_PROXY="127.0.0.1,localhost", no_proxy="127.0.0.1,localhost")
+    env.update(HOME=str(home), SKY_RUNTIME_DIR=str(home), TMPDIR=str(home), PYTHONPATH=str(REPO),
+               AWS_EC2_METADATA_DISABLED="true", NO_PROXY="127.0.0.1,localhost", no_proxy="127.0.0.1,localhost")
     done = subprocess.run([sys.executable, "-c", CHILD, catalog_server, json.dumps(CATALOG_CASES)],
                           env=env, cwd=home, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
@@ -433,6 +445,12 @@ def test_catalog_that_never_answers_does_not_hang_validation(catalog_results: li
     assert f"no answer from SkyPilot's catalog for gcp within {SILENT:g}s" in result["error"]
     assert result["seconds"] < SILENT + 2
 
+
+@pytest.mark.slow
+def test_an_unreachable_catalog_is_not_waited_for_again(catalog_results: list[dict[str, Any]]) -> None:
+    result = catalog_results[6]
+    assert "SkyPilot's catalog for gcp could not be fetched recently" in result["error"]
+    assert result["seconds"] < 1.0
 
 
 def test_topology_requirement_is_read() -> None:

@@ -1,0 +1,176 @@
+"""GPU-sharing placement: the hard rules on tiny clusters with answers worked out by hand, and
+properties over random clusters and tasks for every registered policy."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from policies import registry
+from policies.sharing import (
+    PlacementRefused,
+    SharingCluster,
+    SharingNode,
+    SharingPlacement,
+    SharingRequest,
+    TaskShape,
+    WorkloadMix,
+    expected_fragmentation,
+)
+
+POLICIES = registry.names("sharing")
+HALF = TaskShape.of(cpus=1, memory_gb=1, gpus=0.5)
+WHOLE = TaskShape.of(cpus=1, memory_gb=1, gpus=1)
+
+
+def place(name: str, task: TaskShape, cluster: SharingCluster, mix: WorkloadMix | None = None,
+          seed: int = 0) -> SharingPlacement | None:
+    return registry.get("sharing", name)(SharingRequest(task, mix or WorkloadMix.of({task: 1}), seed), cluster)
+
+
+def two_t4() -> SharingCluster:
+    return SharingCluster.of([SharingNode("a", 16000, 65536, 2, "T4", 16384),
+                              SharingNode("b", 16000, 65536, 2, "T4", 16384)])
+
+
+def test_registered_with_fgd_as_default() -> None:
+    assert set(POLICIES) == {"fgd", "first_fit", "best_fit", "dot_product", "gpu_packing", "gpu_clustering",
+                             "random"}
+    assert registry.default_name("sharing") == "fgd"
+
+
+@pytest.mark.parametrize("name", ["fgd", "best_fit", "gpu_packing", "dot_product", "gpu_clustering"])
+@pytest.mark.parametrize("seed", range(5))
+def test_a_half_goes_where_the_other_half_is(name: str, seed: int) -> None:
+    # Node b GPU 1 already holds a 0.5 task; a second 0.5 fills that GPU and keeps three whole GPUs free.
+    cluster = two_t4().with_placement(HALF, SharingPlacement(1, (1,), 500))
+    mix = WorkloadMix.of({HALF: 1, WHOLE: 1})
+    assert place(name, HALF, cluster, mix, seed) == SharingPlacement(1, (1,), 500)
+
+
+def test_fgd_measure_by_hand() -> None:
+    # Against a mix of half and whole GPUs (equal weights): a GPU with 0.5 left is lost to the
+    # whole-GPU tasks (500 milli) but not to the halves, so the expected fragmentation is 250.
+    cluster = two_t4().with_placement(HALF, SharingPlacement(0, (0,), 500))
+    frag = expected_fragmentation(cluster, WorkloadMix.of({HALF: 1, WHOLE: 1}))
+    assert list(frag) == [250.0, 0.0]
+
+
+def test_fgd_keeps_whole_gpus_whole_for_a_whole_gpu_workload() -> None:
+    # Node a: GPU 0 has 0.7 left. A 0.3 task fits there exactly; putting it on a free GPU would leave
+    # two broken GPUs for the whole-GPU tasks the mix expects.
+    cluster = two_t4().with_placement(TaskShape(1000, 1024, 1, 300), SharingPlacement(0, (0,), 300))
+    small = TaskShape(1000, 1024, 1, 300)
+    got = place("fgd", small, cluster, WorkloadMix.of({WHOLE: 9, small: 1}))
+    assert got == SharingPlacement(0, (0,), 300)
+
+
+@pytest.mark.parametrize("name", POLICIES)
+def test_gpu_type_is_never_broken(name: str) -> None:
+    cluster = SharingCluster.of([SharingNode("t4", 64000, 262144, 4, "T4"),
+                                 SharingNode("v100", 8000, 32768, 1, "V100M32")])
+    task = TaskShape(1000, 1024, 1, 500, gpu_types=("V100M32",))
+    for seed in range(5):
+        got = place(name, task, cluster, seed=seed)
+        assert got is not None and got.node == 1
+    cluster = cluster.with_placement(TaskShape(1000, 1024, 1, 1000), SharingPlacement(1, (0,), 1000))
+    assert place(name, task, cluster) is None  # the T4s are free, but not the right kind
+
+
+@pytest.mark.parametrize("name", POLICIES)
+def test_cpu_and_memory_are_never_oversubscribed(name: str) -> None:
+    # Node a has GPUs free but only 2 cores and 4 GiB left; node b has CPU but no memory.
+    cluster = SharingCluster.of([SharingNode("a", 2000, 4096, 2, "T4"), SharingNode("b", 64000, 2048, 2, "T4")])
+    assert place(name, TaskShape(3000, 3072, 1, 500), cluster) is None  # a lacks CPU, b memory
+    got = place(name, TaskShape(1000, 3072, 1, 500), cluster)
+    assert got is not None and got.node == 0
+    assert place(name, TaskShape(0, 8192, 0, 0), cluster) is None  # memory: nowhere
+
+
+@pytest.mark.parametrize("name", POLICIES)
+def test_a_fraction_is_never_spread_over_two_gpus(name: str) -> None:
+    # 0.4 + 0.4 left on the two GPUs: 0.8 in all, but no single GPU holds a 0.6 task.
+    cluster = SharingCluster.of([SharingNode("a", 16000, 65536, 2, "T4")])
+    for g in (0, 1):
+        cluster = cluster.with_placement(TaskShape(0, 0, 1, 600), SharingPlacement(0, (g,), 600))
+    assert place(name, TaskShape(0, 0, 1, 600), cluster) is None
+    got = place(name, TaskShape(0, 0, 1, 400), cluster)
+    assert got is not None and len(got.gpus) == 1
+
+
+def test_gpu_memory_is_a_dimension_of_its_own() -> None:
+    # GPU 0 has share left (0.5) but only 4 GiB of its 16; a 0.2 task needing 8 GiB goes to GPU 1.
+    cluster = SharingCluster.of([SharingNode("a", 16000, 65536, 2, "T4", 16384)])
+    cluster = cluster.with_placement(TaskShape(0, 0, 1, 500, 12288), SharingPlacement(0, (0,), 500))
+    for name in POLICIES:
+        got = place(name, TaskShape(0, 0, 1, 200, 8192), cluster)
+        assert got == SharingPlacement(0, (1,), 200), name
+
+
+def test_the_cluster_refuses_what_breaks_a_rule() -> None:
+    cluster = two_t4()
+    with pytest.raises(PlacementRefused):
+        cluster.with_placement(TaskShape(0, 0, 2, 1000), SharingPlacement(0, (0, 0), 1000))
+    with pytest.raises(PlacementRefused):
+        cluster.with_placement(TaskShape(20000, 0, 0, 0), SharingPlacement(0, (), 0))
+    full = cluster.with_placement(WHOLE, SharingPlacement(0, (0,), 1000))
+    with pytest.raises(PlacementRefused):
+        full.with_placement(HALF, SharingPlacement(0, (0,), 500))
+    with pytest.raises(ValueError):
+        TaskShape(0, 0, 2, 500)  # a gang of fractions
+    with pytest.raises(ValueError):
+        TaskShape.of(gpus=1.5)
+
+
+def test_whole_gpu_gang_gets_the_tightest_links() -> None:
+    # p3.16xlarge (DGX-1 hybrid cube-mesh): GPUs 0-3 are fully NVLinked; 0,1,4,5 are not a clique.
+    cluster = SharingCluster.of([SharingNode("p3", 64000, 488000, 8, "V100", 16384, "p3.16xlarge")])
+    got = place("fgd", TaskShape(0, 0, 4, 1000), cluster)
+    assert got is not None and set(got.gpus) in ({0, 1, 2, 3}, {4, 5, 6, 7})
+
+
+def test_same_request_same_answer() -> None:
+    cluster = SharingCluster.of([SharingNode(f"n{i}", 16000, 65536, 2, "T4") for i in range(6)])
+    for name in POLICIES:
+        assert place(name, HALF, cluster, seed=7) == place(name, HALF, cluster, seed=7)
+
+
+nodes_st = st.lists(st.tuples(st.integers(0, 16000), st.integers(0, 65536), st.integers(0, 8),
+                              st.sampled_from(["T4", "V100"])), min_size=1, max_size=5)
+task_st = st.one_of(
+    st.builds(lambda c, m: TaskShape(c, m, 0, 0), st.integers(0, 9000), st.integers(0, 30000)),
+    st.builds(lambda c, m, s, t: TaskShape(c, m, 1, s, 0, t), st.integers(0, 9000), st.integers(0, 30000),
+              st.integers(1, 1000), st.sampled_from([(), ("T4",), ("V100",)])),
+    st.builds(lambda c, k: TaskShape(c, 0, k, 1000), st.integers(0, 9000), st.integers(1, 8)),
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(nodes_st, st.lists(task_st, min_size=1, max_size=25), st.sampled_from(POLICIES), st.integers(0, 99))
+def test_no_policy_ever_allocates_more_than_a_node_has(raw: list[tuple[int, int, int, str]], tasks: list[TaskShape],
+                                                        name: str, seed: int) -> None:
+    nodes = [SharingNode(f"n{i}", max(c, 1), max(m, 1), g, model) for i, (c, m, g, model) in enumerate(raw)]
+    cluster = SharingCluster.of(nodes)
+    policy = registry.get("sharing", name)
+    counts: dict[TaskShape, float] = {}
+    held: list[tuple[TaskShape, SharingPlacement]] = []
+    for i, task in enumerate(tasks):
+        counts[task] = counts.get(task, 0) + 1
+        got = policy(SharingRequest(task, WorkloadMix.of(counts), seed + i), cluster)
+        if got is None:
+            continue
+        cluster.check(task, got)  # the policy's answer honours every rule on the state it saw
+        cluster = cluster.with_placement(task, got)
+        held.append((task, got))
+    # Books kept independently of the cluster's arrays: nothing is ever over a node's capacity.
+    for n, node in enumerate(nodes):
+        mine = [(t, p) for t, p in held if p.node == n]
+        assert sum(t.cpu_milli for t, _ in mine) <= node.cpu_milli
+        assert sum(t.memory_mib for t, _ in mine) <= node.memory_mib
+        for g in range(node.gpus):
+            assert sum(t.gpu_milli for t, p in mine if g in p.gpus) <= 1000
+        for t, p in mine:
+            assert all(0 <= g < node.gpus for g in p.gpus)
+            assert len(p.gpus) == t.gpus
+            assert not t.gpus or not t.gpu_types or node.gpu_model in t.gpu_types
