@@ -333,6 +333,9 @@ class Fleet:
                 with contextlib.suppress(ProcessLookupError):
                     replica.process.send_signal(signal.SIGCONT)
             replica.stop()
+        root = self.home / "local" / "clusters"
+        for directory in root.iterdir() if root.is_dir() else []:
+            (directory / "terminate").touch()  # a run cut short leaves no local cluster host behind
         self.store.dispose()
 
 
