@@ -3,6 +3,14 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh dev
+# The dashboard's browser tests drive Debian's Chromium; the alert rules are checked by promtool.
+if ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null || ! command -v promtool >/dev/null; then
+  if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null; then
+    apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium chromium-driver prometheus
+  else
+    echo "chromium, chromium-driver or promtool missing and apt-get unusable: their tests will fail under CI" >&2
+  fi
+fi
 # checkov (tests/terraform) pins versions that conflict with ours: it gets a venv of its own.
 if [ ! -x .venv-checkov/bin/checkov ]; then
   .venv/bin/uv venv -q --python .venv/bin/python .venv-checkov

@@ -35,6 +35,9 @@ def create_app(store: Store, clock: Clock, intake: JobIntake | None = None,
         app.include_router(prices_router(store, team))
         app.include_router(reports_router(store, team))
         install_metrics(app, store, is_leader)
+        from broker.web.app import mount_dashboard
+
+        mount_dashboard(app, store, clock, intake.home)
     return app
 
 

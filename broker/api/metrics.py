@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Awaitable, Callable, Iterator
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from fastapi import FastAPI, Request, Response
@@ -20,7 +21,7 @@ from sqlalchemy import and_, func, inspect, select, text
 from broker.engine import LIVE_CLUSTER_STATES
 from broker.model import JobState, Usage
 from broker.store import Store
-from broker.store.tables import ClusterRow, JobRow, LedgerRow
+from broker.store.tables import AllocationRow, ClusterRow, JobRow, LedgerRow, NoticeRow, PriceQuoteRow
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -47,6 +48,7 @@ class StoreCollector(Collector):
             live = dict(s.execute(select(ClusterRow.state, func.count()).where(
                 ClusterRow.state.in_(LIVE_CLUSTER_STATES)).group_by(ClusterRow.state)).tuples().all())
             quotes = self._quotes(s)
+            ages = self._ages(s)
         jobs = GaugeMetricFamily("broker_jobs", "Jobs by state", labels=["state"])
         for state in JobState:
             jobs.add_metric([state.value], float(by_state.get(state.value, 0)))
@@ -69,11 +71,44 @@ class StoreCollector(Collector):
         for cloud, count in sorted(quotes.items()):
             seen.add_metric([cloud], float(count))
         yield seen
+        yield from ages
+
+    def _ages(self, s: Any) -> list[Metric]:
+        """Ages the alerting rules watch: a job stuck in a state, stale prices, a slow replacement."""
+        now = datetime.now(UTC)
+        stuck = GaugeMetricFamily("broker_job_state_age_seconds", "Seconds the longest-waiting job has been in "
+                                  "each unfinished state", labels=["state"])
+        for state, since in s.execute(select(JobRow.state, func.min(JobRow.updated_at)).where(
+                JobRow.state.in_([st.value for st in JobState if not st.terminal])).group_by(JobRow.state)):
+            stuck.add_metric([state], _age(now, since))
+        prices = GaugeMetricFamily("broker_price_age_seconds", "Seconds since a cloud's prices were last confirmed",
+                                   labels=["cloud"])
+        if inspect(s.get_bind()).has_table("price_quotes"):
+            for cloud, seen in s.execute(select(PriceQuoteRow.cloud, func.max(PriceQuoteRow.confirmed_at))
+                                         .group_by(PriceQuoteRow.cloud)):
+                prices.add_metric([cloud], _age(now, seen))
+        slowest = 0.0
+        for received, job_id in s.execute(select(NoticeRow.received_at, ClusterRow.job_id)
+                                          .join(ClusterRow, ClusterRow.id == NoticeRow.cluster_id)
+                                          .where(NoticeRow.received_at >= now - timedelta(hours=1)).limit(1000)):
+            running = s.scalar(select(func.min(AllocationRow.running_at)).where(
+                AllocationRow.job_id == job_id, AllocationRow.running_at > received))
+            slowest = max(slowest, _age(running or now, received))
+        replacement = GaugeMetricFamily("broker_notice_to_replacement_seconds", "Slowest notice-to-replacement "
+                                        "(or wait so far) of notices in the last hour", value=slowest)
+        return [stuck, prices, replacement]
 
     def _quotes(self, s: Any) -> dict[str, int]:
         if not inspect(s.get_bind()).has_table("price_quotes"):
             return {}
         return dict(s.execute(text("SELECT cloud, count(*) FROM price_quotes GROUP BY cloud")).tuples().all())
+
+
+def _age(now: datetime, then: datetime | None) -> float:
+    if then is None:
+        return 0.0
+    then = then if then.tzinfo else then.replace(tzinfo=UTC)
+    return max((now - then).total_seconds(), 0.0)
 
 
 def install_metrics(app: FastAPI, store: Store, is_leader: Callable[[], bool] | None) -> None:

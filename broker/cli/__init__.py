@@ -9,7 +9,7 @@ from broker.cli.app import UsageError, app, err_console
 
 
 def _register() -> None:
-    from broker.cli import jobs, placement, prices, report, serve, simulate  # noqa: F401
+    from broker.cli import dashboard, jobs, placement, prices, report, serve, simulate  # noqa: F401
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -149,13 +149,21 @@ def _html_table(headers: list[str], rows: list[list[str]]) -> str:
     return f'<table style="border-collapse:collapse;font-size:13px"><tr>{head}</tr>{body}</table>'
 
 
-def render_html(report: Report, chart_cid: str | None = None) -> str:
+def render_html(report: Report, chart_cid: str | None = None, inline_chart: bool = True) -> str:
+    """HTML for mail (the chart by ``chart_cid``, attached beside it) or a file (the chart inline, as a data URI)."""
     t = report.totals
     parts = [f'<div style="font-family:Helvetica,Arial,sans-serif;color:#222"><h2>{escape(report.title)}</h2>']
     parts += [f"<p style='margin:2px 0'>{escape(line)}</p>" for line in summary_lines(report)]
+    alt = "Spend per day by cloud vs its on-demand equivalent"
     if chart_cid:
-        parts.append(f'<p><img src="cid:{escape(chart_cid)}" alt="Daily spend vs on-demand equivalent by cloud" '
-                     f'width="720"></p>')
+        parts.append(f'<p><img src="cid:{escape(chart_cid)}" alt="{alt}" width="810"></p>')
+    elif inline_chart:
+        import base64
+
+        from broker.reports.charts import daily_spend_png
+
+        data = base64.b64encode(daily_spend_png(report)).decode("ascii")
+        parts.append(f'<p><img src="data:image/png;base64,{data}" alt="{alt}" width="810"></p>')
     parts.append("<h3>Idle GPU-hours by cause</h3>")
     parts.append(_html_table(
         ["cause", "GPU-h", "cost", "% of allocated"],

@@ -8,7 +8,7 @@ import pytest
 from PIL import Image
 
 from broker.reports.build import Window, build_report
-from broker.reports.charts import daily_spend_png
+from broker.reports.charts import CLOUD_COLOURS, daily_spend_png, draw, window_days
 from broker.reports.render import render_csv, render_html, render_text
 from broker.store import Store
 from tests.broker.reports.ledger import DEMO_START, LedgerWriter
@@ -45,7 +45,38 @@ def test_chart_is_a_png_with_a_point_per_day(sqlite_demo: tuple[Store, LedgerWri
     store, _ = sqlite_demo
     report = build_report(store, WINDOW)
     image = Image.open(io.BytesIO(daily_spend_png(report)))
-    assert image.format == "PNG" and image.size == (800, 360)
+    assert image.format == "PNG" and image.size == (900, 420)
     assert len({p.day for p in report.daily}) == 3 and {p.cloud for p in report.daily} == {"aws", "gcp", "azure"}
     empty = build_report(store, Window(DEMO_START - timedelta(days=9), DEMO_START - timedelta(days=2)))
     assert Image.open(io.BytesIO(daily_spend_png(empty))).format == "PNG"
+
+
+def test_chart_has_a_bar_per_cloud_and_day_and_a_legend_outside_the_plot(
+        sqlite_demo: tuple[Store, LedgerWriter]) -> None:
+    from matplotlib.colors import to_hex
+
+    store, _ = sqlite_demo
+    report = build_report(store, WINDOW)
+    figure = draw(report)
+    [axes] = figure.axes
+    days = window_days(report)
+    assert len(days) == 4  # the window's four UTC days, the one without spend included
+    bars = axes.patches
+    assert len(bars) == 3 * len(days)  # one stacked bar per cloud per day
+    assert {to_hex(b.get_facecolor()).upper() for b in bars} == {c.upper() for c in CLOUD_COLOURS.values()}
+    renderer = figure.canvas.get_renderer()
+    legend, plot = axes.get_legend().get_window_extent(renderer), axes.get_window_extent(renderer)
+    assert not legend.overlaps(plot)  # the legend covers no data
+    labels = [t.get_text() for t in axes.get_legend().get_texts()]
+    assert sorted(labels) == ["aws spend", "azure spend", "gcp spend", "on-demand equivalent (all clouds)"]
+
+
+def test_html_for_a_file_carries_the_chart_inline(sqlite_demo: tuple[Store, LedgerWriter]) -> None:
+    import base64
+
+    store, _ = sqlite_demo
+    html = render_html(build_report(store, WINDOW))
+    start = html.index('src="data:image/png;base64,') + len('src="data:image/png;base64,')
+    image = Image.open(io.BytesIO(base64.b64decode(html[start:html.index('"', start)])))
+    assert image.format == "PNG" and image.size == (900, 420)
+    assert "cid:" not in html

@@ -1,0 +1,153 @@
+"""Render time of each dashboard page with 10,000 jobs and 1 million ledger rows in PostgreSQL.
+
+    python benchmarks/dashboard.py [--postgres URL] [--jobs 10000] [--ledger-rows 1000000] [--repeat 3]
+
+Fills a fresh database with SQL (generate_series: a few seconds), then times each page over HTTP
+in-process (the FastAPI app, signed in as the admin, who sees every team), best of ``--repeat``,
+next to the same page on an empty database measured in the same run. The target is under 1 s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+import time
+import uuid
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import psycopg
+from fastapi.testclient import TestClient
+
+from broker.api.app import create_app
+from broker.api.jobs import JobIntake
+from broker.clock import WallClock
+from broker.store import open_store
+from broker.tokens import create_api_token
+
+CLOUDS = (("aws", "us-east-1a", "p4d.24xlarge"), ("gcp", "us-central1-a", "a2-highgpu-8g"),
+          ("azure", "eastus-1", "Standard_ND96asr_v4"))
+
+
+def fill(db_url: str, jobs: int, ledger_rows: int, now: datetime) -> None:
+    """Jobs of ten teams started evenly over 30 days, a cluster per job, 8 GPUs of each held, and its ledger minutes."""
+    start = now - timedelta(days=30)
+    clusters = jobs
+    per_cluster = max(ledger_rows // clusters, 1)
+    step = 30 * 86400 / jobs  # seconds between job starts: the jobs spread over the 30 days
+    with psycopg.connect(db_url.replace("postgresql+psycopg://", "postgresql://"), autocommit=True) as conn:
+        conn.execute("""
+            INSERT INTO jobs (id, name, team, state, priority, spec, backend, num_nodes, gpus_per_node, accelerator,
+                              checkpoint_dir, attempt, preemptions, migrations, work_lost_s, zones, created_at,
+                              updated_at, work_s)
+            SELECT 'j-' || lpad(i::text, 6, '0'), 'job-' || i, 'team-' || (i %% 10),
+                   (ARRAY['RUNNING','SUCCEEDED','PENDING','FAILED','CHECKPOINTING'])[1 + i %% 5],
+                   100 * (i %% 9), '{}', 'local', 1, 8, 'A100', '/ckpt', 1, i %% 3, i %% 2, (i %% 7) * 60.0,
+                   '["us-east-1a"]', %(start)s + (i * %(step)s * interval '1 second'),
+                   %(start)s + (i * %(step)s * interval '1 second'),
+                   86400.0
+            FROM generate_series(1, %(jobs)s) AS i""", {"start": start, "jobs": jobs, "step": step})
+        conn.execute("""
+            INSERT INTO clusters (id, launch_key, job_id, backend, cloud, region, zone, instance_type, accelerator,
+                                  gpus_per_node, num_nodes, spot, price_per_node_hour, on_demand_price_per_node_hour,
+                                  state, handle, created_at, up_at)
+            SELECT 'c-' || i, 'c-' || i, 'j-' || lpad(i::text, 6, '0'), 'local',
+                   (ARRAY['aws','gcp','azure'])[1 + i %% 3], 'r',
+                   (ARRAY['us-east-1a','us-central1-a','eastus-1'])[1 + i %% 3],
+                   (ARRAY['p4d.24xlarge','a2-highgpu-8g','Standard_ND96asr_v4'])[1 + i %% 3], 'A100', 8, 1, true,
+                   10.0 + i %% 5, 32.0, CASE WHEN i %% 20 = 0 THEN 'UP' ELSE 'TERMINATED' END, '{}',
+                   %(start)s + (i * %(step)s * interval '1 second'), %(start)s + (i * %(step)s * interval '1 second')
+            FROM generate_series(1, %(clusters)s) AS i""", {"start": start, "clusters": clusters, "step": step})
+        conn.execute("""
+            INSERT INTO allocations (job_id, cluster_id, attempt, gpus, started_at, running_at)
+            SELECT 'j-' || lpad(i::text, 6, '0'), 'c-' || i, 1, '{"0": [0, 1, 2, 3, 4, 5, 6, 7]}',
+                   %(start)s + (i * %(step)s * interval '1 second'), %(start)s + (i * %(step)s * interval '1 second')
+            FROM generate_series(1, %(clusters)s) AS i""", {"start": start, "clusters": clusters, "step": step})
+        conn.execute("""
+            INSERT INTO ledger (cluster_id, minute, holder, job_id, team, usage, cloud, region, zone, instance_type,
+                                accelerator, nodes, gpus, seconds, spot, price_per_node_hour,
+                                on_demand_price_per_node_hour, cost, on_demand_cost)
+            SELECT 'c-' || c, %(start)s + (c * %(step)s * interval '1 second') + (m * interval '1 minute'),
+                   'job:j-' || lpad(c::text, 6, '0'), 'j-' || lpad(c::text, 6, '0'), 'team-' || (c %% 10),
+                   CASE WHEN m < 3 THEN 'provisioning' ELSE 'running' END,
+                   (ARRAY['aws','gcp','azure'])[1 + c %% 3], 'r',
+                   (ARRAY['us-east-1a','us-central1-a','eastus-1'])[1 + c %% 3],
+                   (ARRAY['p4d.24xlarge','a2-highgpu-8g','Standard_ND96asr_v4'])[1 + c %% 3], 'A100', 1, 8, 60, true,
+                   10.0 + c %% 5, 32.0, (10.0 + c %% 5) / 60, 32.0 / 60
+            FROM generate_series(1, %(clusters)s) AS c, generate_series(0, %(per)s - 1) AS m""",
+                     {"start": start, "clusters": clusters, "per": per_cluster, "step": step})
+        for hour in range(0, 24 * 7, 1):
+            for cloud, zone, itype in CLOUDS:
+                at = now - timedelta(hours=hour)
+                conn.execute("""
+                    INSERT INTO price_quotes (cloud, region, zone, instance_type, accelerator, gpus_per_node,
+                                              spot_price, on_demand_price, available_nodes, stale, observed_at,
+                                              confirmed_at)
+                    VALUES (%s, 'r', %s, %s, 'A100', 8, %s, 32.0, 4, false, %s, %s)""",
+                             (cloud, zone, itype, 10.0 + hour % 4, at, at + timedelta(minutes=59)))
+        conn.execute("ANALYZE")
+
+
+def time_pages(db_url: str, home: Path, repeat: int) -> dict[str, float]:
+    store = open_store(db_url)
+    try:
+        token = create_api_token(store, "admin").token
+        client = TestClient(create_app(store, WallClock(), JobIntake(home, "local", None)))
+        assert client.post("/login", data={"token": token}, follow_redirects=False).status_code == 303
+        first_job = "j-000001"
+        pages = {"overview (7d)": "/", "overview (30d)": "/?since=30d", "jobs": "/jobs",
+                 "jobs by cost": "/jobs?sort=cost", "jobs, one state": "/jobs?state=RUNNING",
+                 "job page": f"/jobs/{first_job}", "clusters": "/clusters", "market": "/market",
+                 "simulate (form)": "/simulate"}
+        times = {}
+        for name, path in pages.items():
+            best = float("inf")
+            for _ in range(repeat):
+                began = time.perf_counter()
+                response = client.get(path)
+                best = min(best, time.perf_counter() - began)
+                assert response.status_code in (200, 404), (path, response.status_code)
+            times[name] = best
+        return times
+    finally:
+        store.dispose()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--postgres", default=os.environ.get("BROKER_TEST_POSTGRES",
+                                                             "postgresql://postgres@127.0.0.1:5432/postgres"))
+    parser.add_argument("--jobs", type=int, default=10_000)
+    parser.add_argument("--ledger-rows", type=int, default=1_000_000)
+    parser.add_argument("--repeat", type=int, default=3)
+    args = parser.parse_args()
+    names = [f"broker_dash_{uuid.uuid4().hex[:8]}" for _ in range(2)]
+    base = args.postgres.rsplit("/", 1)[0]
+    with psycopg.connect(args.postgres, autocommit=True) as conn:
+        for name in names:
+            conn.execute(f'CREATE DATABASE "{name}"')
+    home = Path(tempfile.mkdtemp(prefix="broker-dash-"))
+    try:
+        empty_url, full_url = (f"{base}/{n}" for n in names)
+        open_store(empty_url).dispose()
+        open_store(full_url).dispose()
+        began = time.perf_counter()
+        fill(full_url, args.jobs, args.ledger_rows, datetime.now(UTC))
+        with psycopg.connect(full_url, autocommit=True) as conn:
+            rows = conn.execute("SELECT count(*) FROM ledger").fetchone()[0]  # type: ignore[index]
+            jobs = conn.execute("SELECT count(*) FROM jobs").fetchone()[0]  # type: ignore[index]
+        print(f"filled {jobs:,} jobs and {rows:,} ledger rows in {time.perf_counter() - began:.1f} s")
+        empty = time_pages(empty_url, home, args.repeat)
+        full = time_pages(full_url, home, args.repeat)
+        print(f"{'page':<18} {'empty store s':>13} {'full store s':>12}  under 1 s")
+        for name in full:
+            print(f"{name:<18} {empty[name]:>13.3f} {full[name]:>12.3f}  {'yes' if full[name] < 1.0 else 'NO'}")
+    finally:
+        with psycopg.connect(args.postgres, autocommit=True) as conn:
+            for name in names:
+                conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""The web dashboard: server-rendered pages over the store, signed in with a team's API token."""

@@ -1,0 +1,117 @@
+"""Overview: the cost report for a chosen window (built by the report builder itself), with charts."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime, timedelta
+
+from sqlalchemy import func, select
+
+from broker.reports.build import ReportError, Window, build_report, parse_window
+from broker.reports.model import CAUSE_LABELS, IDLE_CAUSES, Report
+from broker.reports.render import render_json
+from broker.store import Store
+from broker.store.tables import LedgerRow
+from broker.web.html import e, money, table
+from broker.web.session import Viewer
+
+SINCE_CHOICES = ("1d", "7d", "30d", "90d")
+
+
+def ledger_now(store: Store) -> datetime:
+    """Now, or later if the ledger holds later minutes (a local replay runs its clock ahead), as `broker report`."""
+    with store.transaction() as s:
+        newest = s.scalar(select(func.max(LedgerRow.minute)))
+    now = datetime.now(UTC)
+    if newest is None:
+        return now
+    newest = newest if newest.tzinfo else newest.replace(tzinfo=UTC)
+    return max(now, newest + timedelta(minutes=1))
+
+
+def overview_window(store: Store, since: str | None, start: str | None, end: str | None) -> Window:
+    """The same window `broker report --since/--from/--to` would cover; ReportError names the bad field."""
+    for name, value in (("since", since), ("from", start), ("to", end)):
+        if value is not None and (len(value) > 40 or "\x00" in value):
+            raise ReportError(f"--{name}: expected a short date, time or duration")
+    return parse_window(since or None, start or None, end or None, ledger_now(store))
+
+
+def build(store: Store, viewer: Viewer, window: Window) -> Report:
+    return build_report(store, window, team=viewer.scope)
+
+
+def _card(label: str, value: str, key: str) -> str:
+    return (f'<div class="card"><div class="label">{e(label)}</div>'
+            f'<div class="value" data-figure="{e(key)}">{e(value)}</div></div>')
+
+
+def daily_chart_data(report: Report) -> dict[str, object]:
+    """A bar per UTC day of the window per cloud (the report chart's colours) and the on-demand equivalent."""
+    from broker.reports.charts import cloud_colours, window_days
+
+    days = [d.isoformat() for d in window_days(report)]
+    index = {d: i for i, d in enumerate(days)}
+    clouds = sorted({p.cloud for p in report.daily})
+    colours = cloud_colours(clouds)
+    spend = {c: [0.0] * len(days) for c in clouds}
+    on_demand = [0.0] * len(days)
+    for point in report.daily:
+        i = index.get(point.day)
+        if i is not None:
+            spend[point.cloud][i] += point.spend
+            on_demand[i] += point.on_demand
+    stamps = [int(datetime.fromisoformat(d).replace(tzinfo=UTC).timestamp()) + 43200 for d in days]
+    series: list[dict[str, object]] = [{"label": f"{c} spend", "colour": colours[c],
+                                        "values": [round(v, 4) for v in spend[c]], "bars": True} for c in clouds]
+    series.append({"label": "on-demand equivalent", "colour": "#222222", "values": [round(v, 4) for v in on_demand],
+                   "dash": True})
+    return {"x": stamps, "series": series, "ylabel": "USD per day", "stacked": True}
+
+
+def chart_div(data: dict[str, object], title: str) -> str:
+    payload = json.dumps(data).replace("</", "<\\/")
+    return f'<figure class="chart"><figcaption>{e(title)}</figcaption><div data-chart="{e(payload)}"></div></figure>'
+
+
+def render(report: Report, since: str | None, start: str | None, end: str | None) -> str:
+    t = report.totals
+    chosen = since or ("" if start else "7d")
+    choices = "".join(f'<option value="{c}"{" selected" if c == chosen else ""}>{c}</option>' for c in SINCE_CHOICES)
+    form = (f'<form class="window" method="get" action="/"><label>last <select name="since">'
+            f'<option value="">—</option>{choices}</select></label>'
+            f'<label>or from <input name="from" value="{e(start or "")}" placeholder="2026-03-02"></label>'
+            f'<label>to <input name="to" value="{e(end or "")}" placeholder="now"></label>'
+            f'<button type="submit">Show</button></form>'
+            f'<p class="window-text">{e(report.title)}</p>')
+    cards = "".join([
+        _card("Spend", money(t.spend), "spend"),
+        _card("On-demand would have cost", money(t.on_demand), "on_demand"),
+        _card("Saved", f"{money(t.saving)} ({t.saving_pct:.1f}%)", "saving"),
+        _card("Preemptions", str(t.preemptions), "preemptions"),
+        _card("Migrations", str(t.migrations), "migrations"),
+        _card("Work lost", f"{t.work_lost_s / 3600:,.2f} h", "work_lost_hours"),
+        _card("GPU-hours", f"{t.gpu_hours:,.2f}", "gpu_hours"),
+        _card("Idle GPU-hours", f"{t.idle_total_gpu_hours:,.2f}", "idle_total_gpu_hours"),
+    ])
+    causes = [c for c in IDLE_CAUSES if c in t.idle_gpu_hours] + sorted(set(t.idle_gpu_hours) - set(IDLE_CAUSES))
+    top = max([t.idle_gpu_hours[c] for c in causes] or [0.0]) or 1.0
+    idle_rows = [[e(CAUSE_LABELS.get(c, c)), f"{t.idle_gpu_hours[c]:,.2f}", e(money(t.idle_cost.get(c, 0.0))),
+                  f'<span class="bar" style="width:{int(200 * t.idle_gpu_hours[c] / top)}px"></span>']
+                 for c in causes]
+    idle = table(["cause", "GPU-hours", "cost", ""], idle_rows, 'class="idle"') if idle_rows else \
+        "<p>No idle GPU-hours in the window.</p>"
+    groups = []
+    for dimension, title in (("team", "By team"), ("cloud", "By cloud"), ("gpu", "By GPU type")):
+        rows = [[e(g.label), e(money(g.figures.spend)), e(money(g.figures.on_demand)),
+                 f"{g.figures.saving_pct:.1f}%", f"{g.figures.gpu_hours:,.2f}", str(g.figures.preemptions)]
+                for g in report.groups.get(dimension, [])[:10]]
+        groups.append(f"<section><h3>{title}</h3>"
+                      + table(["", "spend", "on-demand", "saved", "GPU-h", "preemptions"], rows) + "</section>")
+    chart = chart_div(daily_chart_data(report), "Daily spend by cloud (stacked) and its on-demand equivalent, USD") \
+        if report.daily else '<p class="empty">No ledger minutes in the window: nothing to chart.</p>'
+    wastes = "".join(f"<li>{e(w.suggestion)}</li>" for w in report.wastes[:5]) or "<li>none</li>"
+    data = render_json(report).replace("</", "<\\/")
+    return (f"{form}<div class=cards>{cards}</div>{chart}<h2>Idle GPU-hours by cause</h2>{idle}"
+            f"<h2>Largest wastes</h2><ol>{wastes}</ol><div class=groups>{''.join(groups)}</div>"
+            f'<script type="application/json" id="report-json">{data}</script>')

@@ -1,0 +1,133 @@
+"""The dashboard over HTTP: sign-in, team scoping (also by URL), hostile query strings, every page renders."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.broker.web.conftest import Dashboard
+
+PAGES = ["/", "/jobs", "/clusters", "/market", "/simulate"]
+
+
+def test_pages_send_a_signed_out_browser_to_sign_in(dashboard: Dashboard) -> None:
+    for path in [*PAGES, f"/jobs/{dashboard.jobs['alpha']}"]:
+        response = dashboard.client.get(path, follow_redirects=False)
+        assert response.status_code == 303 and response.headers["location"] == "/login", path
+    assert dashboard.client.get("/jobs/rows", headers={"HX-Request": "true"}).status_code == 401
+
+
+@pytest.mark.parametrize("token", ["wrong", "", "bkr_" + "x" * 5000, "bkr_\x00abc", "\udcff"])
+def test_a_wrong_token_is_refused_and_sets_no_cookie(dashboard: Dashboard, token: str) -> None:
+    response = dashboard.client.post("/login", content=f"token={token}".encode("utf-8", "surrogateescape"),
+                                     headers={"Content-Type": "application/x-www-form-urlencoded"},
+                                     follow_redirects=False)
+    assert response.status_code in (400, 401, 413)
+    assert "set-cookie" not in response.headers
+    assert "token:" in response.text
+
+
+def test_a_huge_sign_in_form_is_refused(dashboard: Dashboard) -> None:
+    response = dashboard.client.post("/login", content=b"token=" + b"a" * 1_000_000,
+                                     headers={"Content-Type": "application/x-www-form-urlencoded"})
+    assert response.status_code == 413
+
+
+def test_the_token_is_kept_in_an_httponly_cookie(dashboard: Dashboard) -> None:
+    response = dashboard.client.post("/login", data={"token": dashboard.tokens["alpha"]}, follow_redirects=False)
+    cookie = response.headers["set-cookie"]
+    assert response.status_code == 303 and "HttpOnly" in cookie and "SameSite=strict" in cookie
+
+
+def test_a_team_sees_its_jobs_only_also_by_url(dashboard: Dashboard) -> None:
+    alpha = dashboard.signed_in("alpha")
+    listing = alpha.get("/jobs").text
+    assert dashboard.jobs["alpha"] in listing and dashboard.jobs["beta"] not in listing
+    assert "secret-beta-model" not in listing
+    assert alpha.get(f"/jobs/{dashboard.jobs['beta']}").status_code == 404
+    assert alpha.get(f"/jobs/{dashboard.jobs['beta']}/live").status_code == 404
+    assert alpha.get("/jobs", params={"team": "beta"}).text.count("secret-beta-model") == 0
+    for path in PAGES:
+        assert "secret-beta-model" not in alpha.get(path).text and dashboard.jobs["beta"] not in alpha.get(path).text
+    admin = dashboard.signed_in("admin")
+    everything = admin.get("/jobs").text
+    assert dashboard.jobs["alpha"] in everything and dashboard.jobs["beta"] in everything
+    assert admin.get(f"/jobs/{dashboard.jobs['beta']}").status_code == 200
+
+
+@pytest.mark.parametrize("params", [{"state": "SLEEPING"}, {"sort": "1;drop"}, {"order": "sideways"},
+                                    {"q": "x" * 500}, {"team": "a\x00b"}])
+def test_bad_job_filters_are_one_clear_400(dashboard: Dashboard, params: dict[str, str]) -> None:
+    response = dashboard.signed_in("admin").get("/jobs", params=params)
+    assert response.status_code == 400
+    assert next(iter(params)) + ":" in response.text
+
+
+@pytest.mark.parametrize("params", [{"since": "forever"}, {"from": "yesterday"}, {"since": "1d", "from": "2026-01-01"},
+                                    {"since": "9" * 400}, {"to": "2026\x00"}])
+def test_bad_windows_are_one_clear_400(dashboard: Dashboard, params: dict[str, str]) -> None:
+    response = dashboard.signed_in("alpha").get("/", params=params)
+    assert response.status_code == 400 and 'class="error"' in response.text
+
+
+def test_jobs_sort_and_filter(dashboard: Dashboard) -> None:
+    admin = dashboard.signed_in("admin")
+    by_cost = admin.get("/jobs", params={"sort": "cost", "order": "desc"}).text
+    assert by_cost.index("j-alpha-run") < by_cost.index("j-beta-run") < by_cost.index("j-alpha-done")
+    running = admin.get("/jobs", params={"state": "running"}).text
+    assert "j-alpha-done" not in running and "j-alpha-run" in running
+    named = admin.get("/jobs", params={"q": "EVAL"}).text
+    assert "j-alpha-done" in named and "j-alpha-run\"" not in named
+
+
+def test_job_page_shows_timeline_ledger_and_markers(dashboard: Dashboard) -> None:
+    html = dashboard.signed_in("alpha").get(f"/jobs/{dashboard.jobs['alpha']}").text
+    assert 'class="marker notice"' in html and 'class="marker migration"' in html
+    assert 'data-zone="us-central1-a"' in html and 'data-zone="us-east-1a"' in html
+    assert 'class="price"' in html and "Ledger ($" in html and "predicted finish" in html
+
+
+def test_clusters_page_draws_nvlink_groups_and_marks_holders(dashboard: Dashboard) -> None:
+    html = dashboard.signed_in("alpha").get("/clusters").text
+    assert 'data-cluster="c-aws"' in html and 'data-cluster="c-azure"' not in html
+    assert html.count('class="gpu held" title=') == 4 and html.count('class="gpu free" title=') == 4
+    assert 'class="nvgroup"' in html  # p4d: eight A100s on one NVSwitch
+
+
+def test_market_page_charts_each_accelerator(dashboard: Dashboard) -> None:
+    html = dashboard.signed_in("alpha").get("/market").text
+    assert "A100: spot price per zone" in html and "us-east-1a" in html and "eastus-1" in html
+    assert "preemption notice" not in html  # the notice is three days old: no zone is avoided now
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_overview_figures_equal_broker_report_json_for_the_same_window(dashboard: Dashboard, db_url: str) -> None:
+    import json
+    import os
+    import re
+    import subprocess
+    import sys
+    from html import unescape
+
+    from broker.reports.render import money
+    from tests.broker.web.seed import DAY0, NOW
+
+    start, end = f"{DAY0:%Y-%m-%dT%H:%M}", f"{NOW:%Y-%m-%dT%H:%M}"
+    done = subprocess.run([sys.executable, "-m", "broker", "report", "--from", start, "--to", end, "--team", "alpha",
+                           "--format", "json"], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "BROKER_DB_URL": db_url, "BROKER_HOME": str(dashboard.home)})
+    assert done.returncode == 0, done.stderr
+    cli = json.loads(done.stdout)
+    html = dashboard.signed_in("alpha").get("/", params={"from": start, "to": end}).text
+    shown = json.loads(re.search(r'<script type="application/json" id="report-json">(.*?)</script>', html,
+                                 re.S).group(1).replace("<\\/", "</"))  # type: ignore[union-attr]
+    cli.pop("generated_at"), shown.pop("generated_at")
+    assert shown == cli
+    assert cli["totals"]["spend"] > 0 and cli["totals"]["preemptions"] == 1 and cli["team"] == "alpha"
+    cards = dict(re.findall(r'data-figure="([a-z_]+)">([^<]*)<', html))
+    totals = cli["totals"]
+    assert unescape(cards["spend"]) == money(totals["spend"])
+    assert unescape(cards["on_demand"]) == money(totals["on_demand"])
+    assert unescape(cards["saving"]) == f"{money(totals['saving'])} ({totals['saving_pct']:.1f}%)"
+    assert cards["preemptions"] == str(totals["preemptions"]) and cards["migrations"] == str(totals["migrations"])
+    assert cards["idle_total_gpu_hours"] == f"{totals['idle_total_gpu_hours']:,.2f}"
