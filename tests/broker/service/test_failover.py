@@ -45,6 +45,7 @@ run: python train.py --steps 400 --step-seconds 0.05 --checkpoint-every 40
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(600)  # replicas take a minute to start on a loaded machine
 def test_leader_killed_mid_migration_the_other_replica_finishes(tmp_path: Path, broker_home: Path,
                                                                postgres_url: str) -> None:
     env = {"BROKER_HOME": str(broker_home), "BROKER_DB_URL": postgres_url,
@@ -113,6 +114,7 @@ def epoch_of(replica: Replica) -> int:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(600)  # replicas take a minute to start on a loaded machine
 def test_a_frozen_leader_is_replaced_and_writes_nothing_when_it_wakes(tmp_path: Path, broker_home: Path,
                                                                       postgres_url: str) -> None:
     """SIGSTOP the leader (a GC pause, a stalled VM): it keeps nothing but its lease, and that runs out."""
@@ -155,6 +157,7 @@ def test_a_frozen_leader_is_replaced_and_writes_nothing_when_it_wakes(tmp_path: 
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(600)  # replicas take a minute to start on a loaded machine
 def test_a_leader_told_to_stop_releases_the_lease_and_does_nothing_after(tmp_path: Path, broker_home: Path,
                                                                          postgres_url: str) -> None:
     """SIGTERM mid-run: no transition and no cloud call once the lease is released; the other leads at once."""
@@ -197,6 +200,7 @@ def test_a_leader_told_to_stop_releases_the_lease_and_does_nothing_after(tmp_pat
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1500)  # replicas take a minute to start on a loaded machine
 def test_chaos_the_leader_killed_at_twenty_random_moments(tmp_path: Path, broker_home: Path,
                                                           postgres_url: str) -> None:
     """SIGKILL the leader 20 times while a queue with preemptions runs: every job finishes, nothing twice."""
