@@ -83,9 +83,11 @@ class Runtime:
     tokens: SharedAgentTokens
     world: LocalWorld | None = None  # the local replay, on the local backend
 
-    def engine(self, broker_url: str | None, **extra: Any) -> Engine:
-        """The engine over these parts; ``broker_url`` is where node agents report."""
-        return Engine(self.store, self.clock, self.market, self.provisioner,
+    def engine(self, broker_url: str | None, store: Store | None = None, provisioner: Provisioner | None = None,
+               **extra: Any) -> Engine:
+        """The engine over these parts; ``broker_url`` is where node agents report. A leader passes
+        its fenced store and provisioner, so a stale leader can neither write nor call a cloud."""
+        return Engine(store or self.store, self.clock, self.market, provisioner or self.provisioner,
                       engine_options(self.settings, broker_url, **extra), tokens=self.tokens)
 
 

@@ -22,3 +22,22 @@ def assert_one_cluster_per_zone_and_whole_ledger(job: JobRow, clusters: Sequence
         assert all(b.second == 0 and b.microsecond == 0 and timedelta(0) < b - a <= timedelta(minutes=1)
                    for a, b in itertools.pairwise(minutes))
         assert cluster.metered_until == cluster.terminated_at
+
+
+def ledger_outside_cluster_life(clusters: Sequence[ClusterRow], ledger: Sequence[LedgerRow]) -> list[str]:
+    """Ledger rows billed before a cluster's launch or from its end on; ended clusters metered past their end."""
+    by_id = {c.id: c for c in clusters}
+    wrong = []
+    for row in ledger:
+        cluster = by_id[row.cluster_id]
+        ended = cluster.terminated_at
+        if row.minute < cluster.created_at or (ended is not None and row.minute >= ended):
+            end = f"{cluster.terminated_at:%H:%M:%S}" if cluster.terminated_at else "now"
+            wrong.append(f"{row.cluster_id} billed {row.minute:%H:%M:%S} ({row.holder}) outside"
+                         f" {cluster.created_at:%H:%M:%S}..{end}")
+    for cluster in clusters:
+        if cluster.terminated_at is not None and cluster.metered_until is not None \
+                and cluster.metered_until > cluster.terminated_at:
+            wrong.append(f"{cluster.id} metered until {cluster.metered_until:%H:%M:%S},"
+                         f" after its end {cluster.terminated_at:%H:%M:%S}")
+    return wrong

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from sqlalchemy import select
+from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
 from broker.clock import Clock
@@ -92,6 +92,8 @@ class ClusterHistory:
 
 def meter_cluster(s: Session, row: ClusterRow, now: datetime, market: Market) -> int:
     """Write the ledger rows of every minute of ``row`` not yet metered; returns rows written."""
+    if row.terminated_at is not None and row.metered_until is not None and row.metered_until > row.terminated_at:
+        _take_back(s, row, row.terminated_at)
     start = row.metered_until or row.created_at
     end = min(row.terminated_at, now) if row.terminated_at else now
     key = OfferKey(row.cloud, row.region, row.zone, row.instance_type)
@@ -126,15 +128,26 @@ def meter_cluster(s: Session, row: ClusterRow, now: datetime, market: Market) ->
 
 
 def meter(store: Store, clock: Clock, market: Market) -> None:
-    """Meter every cluster with minutes not yet in the ledger, each in its own transaction."""
+    """Meter every cluster with minutes not yet in the ledger, each in its own transaction.
+
+    A cluster metered past its end (its end learned late, after a broker restart) is taken again,
+    so the minutes after its end are taken back.
+    """
     now = clock.now()
     with store.transaction() as s:
         ids = list(s.scalars(select(ClusterRow.id).where(ClusterRow.up_at.is_not(None))
                              .where((ClusterRow.metered_until.is_(None))
                                     | (ClusterRow.terminated_at.is_(None))
-                                    | (ClusterRow.metered_until < ClusterRow.terminated_at))))
+                                    | (ClusterRow.metered_until != ClusterRow.terminated_at))))
     for cluster_id in ids:
         with store.transaction() as s:
             row = s.get(ClusterRow, cluster_id, with_for_update=True)
             if row is not None:
                 meter_cluster(s, row, now, market)
+
+
+def _take_back(s: Session, row: ClusterRow, ended: datetime) -> None:
+    """Delete the minutes metered from the one ``ended`` falls in: the cluster was gone (its end was learned late)."""
+    restart = max(ended.replace(second=0, microsecond=0), row.created_at)
+    s.execute(delete(LedgerRow).where(LedgerRow.cluster_id == row.id, LedgerRow.minute >= restart))
+    row.metered_until = restart

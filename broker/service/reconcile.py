@@ -9,6 +9,7 @@ asked for before a crash but never arrived, or a store restored from a backup).
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from pathlib import Path
 
 from broker.model import LIVE_CLUSTER_STATES
@@ -19,8 +20,8 @@ from broker.store.tables import ClusterRow
 log = logging.getLogger("broker.service.reconcile")
 
 
-def reconcile_local(store: Store, clusters_root: Path) -> list[str]:
-    """Ask every stray local cluster to terminate; returns their ids."""
+def reconcile_local(store: Store, clusters_root: Path, check: Callable[[], None] | None = None) -> list[str]:
+    """Ask every stray local cluster to terminate; returns their ids. ``check`` runs before each teardown."""
     if not clusters_root.is_dir():
         return []
     strays: list[str] = []
@@ -32,6 +33,8 @@ def reconcile_local(store: Store, clusters_root: Path) -> list[str]:
             row = s.get(ClusterRow, directory.name)
             wanted = row is not None and row.state in LIVE_CLUSTER_STATES
         if not wanted:
+            if check is not None:
+                check()
             (directory / "terminate").touch()
             strays.append(directory.name)
             log.warning("reconcile: cluster %s runs but the store has it %s; tearing it down", directory.name,

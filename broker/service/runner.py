@@ -1,10 +1,12 @@
 """``broker serve``: the API on every replica; the scheduler and the engine on the leader only.
 
 Every replica serves the whole API (a submission writes a PENDING job, a notice is recorded by
-whichever replica gets it). One replica at a time holds the leader lock; it starts an APScheduler
-``BackgroundScheduler`` whose jobs live in the store (``apscheduler_jobs``) and run the engine's
-step, reconcile, price polls, report schedules and time-based policy changes. A replica that
-loses the lock stops its scheduler at once and goes back to trying for it.
+whichever replica gets it). One replica at a time holds the leader lease (``leader.py``); it
+starts an APScheduler ``BackgroundScheduler`` whose jobs live in the store (``apscheduler_jobs``)
+and run the engine's step, reconcile, price polls, report schedules and time-based policy changes.
+The engine it builds writes through a store fenced by the lease's epoch and calls the cloud
+through a fenced provisioner, so it can do nothing once the lease is gone. A replica that loses
+the lease stops its scheduler at once and goes back to trying for it.
 """
 
 from __future__ import annotations
@@ -25,15 +27,17 @@ from broker.api.app import create_app
 from broker.api.jobs import JobIntake
 from broker.config import ConfigError, Settings
 from broker.engine import Engine
+from broker.provision.fenced import FencedProvisioner
 from broker.provision.local import LocalProvisioner, LocalWorld
 from broker.runtime import BUNDLED_MARKET, active_job_count, assemble
 from broker.service import tasks
 from broker.service.hooks import resolve
-from broker.service.leader import LeaderLock, leader_lock
+from broker.service.leader import LeaseLock, leader_lock, lease_seconds
 from broker.service.reconcile import reconcile_local
 from broker.service.schedule_config import policy_cron_trigger
 from broker.service.timepolicy import admission_check, apply_due_policies
 from broker.store import Store
+from broker.store.db import FencedStore
 from providers.local import LocalMarket
 
 log = logging.getLogger("broker.service")
@@ -79,9 +83,10 @@ class Service:
         self.market = self.runtime.market
         self.clock = self.runtime.clock
         self.provisioner = self.runtime.provisioner
-        self.lock: LeaderLock = leader_lock(settings.database_url, self.home)
+        self.lock: LeaseLock = leader_lock(self.store, self.home, lease_seconds(settings.leader_check_seconds))
         self.leading = False
         self.engine: Engine | None = None
+        self.work_store: Store = self.store  # fenced by the lease's epoch while leading
         self.scheduler: Any = None
         self._stop = threading.Event()
         self._leadership = threading.Lock()
@@ -110,11 +115,12 @@ class Service:
     # ----------------------------------------------------------------- leadership
 
     def confirm_leadership(self) -> bool:
-        """Re-check the lock (before each engine step): a lost session demotes this replica at once."""
-        with self._leadership:
-            if self.leading and not self.lock.check():
-                self._demote("lock session lost")
-            return self.leading
+        """The lease, as this process sees it (before each task): no round trip, so it can run before every step.
+
+        A lease that ran out here (a stall, failed renewals) stops every task at once; the campaign
+        loop demotes the replica on its next pass.
+        """
+        return self.leading and self.lock.check()
 
     def _campaign(self) -> None:
         with self._leadership:
@@ -122,24 +128,41 @@ class Service:
                 if self.lock.try_acquire():
                     self._promote()
             elif not self.lock.check():
-                self._demote("lock session lost")
+                self._demote("lease lost")
+
+    def _renew(self) -> None:
+        """Renew the lease every leader check, on a thread of its own: starting the engine or a slow
+        campaign must not make the leader miss its renewals (it would lose the lease for nothing)."""
+        while not self._stop.is_set():
+            if self.leading and self.lock.epoch is not None:
+                try:
+                    self.lock.renew()
+                except Exception:
+                    log.exception("leader lease: renewal failed")
+            self._stop.wait(self.settings.leader_check_seconds)
 
     def _promote(self) -> None:
+        fence = self.lock.fence
         self.leading = True
-        log.info("leader: acquired the leader lock; starting the scheduler and the engine",
-                 extra={"event": "leader_acquired"})
-        self.engine = self.runtime.engine(self.public_url, admit=admission_check(self.settings.capacity_gpus))
-        apply_due_policies(self.store, self.settings.policy_schedules, datetime.now(UTC))
+        log.info("leader: acquired the leader lease (epoch %d); starting the scheduler and the engine", fence.epoch,
+                 extra={"event": "leader_acquired", "epoch": fence.epoch})
+        self.work_store = self.store.fenced(fence)
+        self.engine = self.runtime.engine(self.public_url, store=self.work_store,
+                                          provisioner=FencedProvisioner(self.provisioner, fence.ensure),
+                                          admit=admission_check(self.settings.capacity_gpus))
+        apply_due_policies(self.work_store, self.settings.policy_schedules, datetime.now(UTC))
         tasks.bind(self)
         self.scheduler = build_scheduler(self.store, self.settings)
         start_scheduler(self.scheduler)
 
     def _demote(self, reason: str) -> None:
         self.leading = False
+        self.lock.release()  # the local view first: running tasks stop at their next step or cloud call
         log.warning("leader: lost leadership (%s); stopping the scheduler and the engine", reason,
                     extra={"event": "leader_lost"})
         self._stop_scheduler()
         self.engine = None
+        self.work_store = self.store
 
     def _stop_scheduler(self) -> None:
         if self.scheduler is not None:
@@ -150,7 +173,8 @@ class Service:
             self.scheduler = None
 
     def reconcile(self) -> None:
-        reconcile_local(self.store, self.provisioner.root)
+        check = self.work_store.fence.ensure if isinstance(self.work_store, FencedStore) else None
+        reconcile_local(self.work_store, self.provisioner.root, check)
 
     # ----------------------------------------------------------------- running
 
@@ -161,6 +185,7 @@ class Service:
         thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.socket]}, daemon=True,
                                   name="api")
         thread.start()
+        threading.Thread(target=self._renew, daemon=True, name="lease").start()
         log.info("serving the API at %s (agents report to %s)", self.url, self.public_url,
                  extra={"event": "listening", "url": self.url})
         try:
@@ -179,16 +204,24 @@ class Service:
         self._stop.set()
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        self.lock.close()  # fenced from this instant: no step, no write, no cloud call
         log.info("received %s; stopping", signal.Signals(signum).name)
         self.stop()
 
     def shutdown(self) -> None:
+        self.lock.close()
+        self._stop_scheduler()
+        # A task that was running stops at its next fence check; the lease is handed back after
+        # it has (a fenced transaction already past its check holds the lease row until it ends).
+        if not tasks.drain(10.0):
+            log.warning("leader: a task is still running after 10 s; releasing the lease anyway")
         with self._leadership:
-            self._stop_scheduler()
             if self.leading:
                 self.leading = False
+                epoch = self.lock.epoch
                 self.lock.release()
-                log.info("leader: released the leader lock", extra={"event": "leader_released"})
+                log.info("leader: released the leader lease (epoch %s)", epoch,
+                         extra={"event": "leader_released", "epoch": epoch})
             tasks.bind(None)
         self.store.dispose()
 

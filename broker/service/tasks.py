@@ -2,19 +2,28 @@
 
 APScheduler's SQLAlchemy job store persists each job as a reference (``module:function``) and
 its arguments; the running service they act on is bound here when a replica becomes leader.
+Each task runs only while the service holds the leader lease, and stops at the first refused
+write or cloud call (``Fenced``) once it does not.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
+import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
+
+from broker.store.db import Fenced
 
 if TYPE_CHECKING:
     from broker.service.runner import Service
 
 log = logging.getLogger("broker.service.tasks")
 _service: Service | None = None
+_running = 0
+_idle = threading.Condition()
 
 
 def bind(service: Service | None) -> None:
@@ -22,41 +31,59 @@ def bind(service: Service | None) -> None:
     _service = service
 
 
-def _leading() -> Service | None:
+def drain(timeout_s: float) -> bool:
+    """Wait until no task is running (they stop at their next fence check); False on a timeout."""
+    deadline = time.monotonic() + timeout_s
+    with _idle:
+        while _running:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            _idle.wait(left)
+    return True
+
+
+def _as_leader(work: Callable[[Service], object]) -> None:
+    global _running
     service = _service
     if service is None or not service.confirm_leadership():
-        return None
-    return service
+        return
+    with _idle:
+        _running += 1
+    try:
+        work(service)
+    except Fenced as exc:
+        log.warning("leader: stopped by the fence: %s", exc, extra={"event": "fenced"})
+    finally:
+        with _idle:
+            _running -= 1
+            _idle.notify_all()
 
 
 def engine_step() -> None:
     """Move every job on by at most one transition: dispatch, provisioning, migration, teardown, metering."""
-    service = _leading()
-    if service is not None and service.engine is not None:
-        service.engine.step()
+
+    def step(service: Service) -> None:
+        if service.engine is not None:
+            service.engine.step()
+
+    _as_leader(step)
 
 
 def reconcile() -> None:
-    service = _leading()
-    if service is not None:
-        service.reconcile()
+    _as_leader(lambda service: service.reconcile())
 
 
 def poll_prices(cloud: str) -> None:
-    service = _leading()
-    if service is not None:
-        service.price_poller(service.store, service.settings, cloud)
+    _as_leader(lambda service: service.price_poller(service.work_store, service.settings, cloud))
 
 
 def run_reports() -> None:
-    service = _leading()
-    if service is not None:
-        service.report_runner(service.store, service.settings, datetime.now(UTC))
+    _as_leader(lambda service: service.report_runner(service.work_store, service.settings, datetime.now(UTC)))
 
 
 def apply_policies() -> None:
     from broker.service.timepolicy import apply_due_policies
 
-    service = _leading()
-    if service is not None:
-        apply_due_policies(service.store, service.settings.policy_schedules, datetime.now(UTC))
+    _as_leader(lambda service: apply_due_policies(service.work_store, service.settings.policy_schedules,
+                                                  datetime.now(UTC)))

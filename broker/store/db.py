@@ -5,16 +5,20 @@ from __future__ import annotations
 import fcntl
 import logging
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 
 from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import Engine, create_engine, event, select, update
 from sqlalchemy.orm import Session, sessionmaker
+
+from broker.store.tables import LeaderLeaseRow
 
 MIGRATIONS = Path(__file__).parent / "migrations"
 
@@ -23,6 +27,32 @@ _migrate_lock = threading.Lock()
 
 class StoreError(RuntimeError):
     pass
+
+
+class Fenced(RuntimeError):
+    """This process no longer holds the leader lease its work was fenced by: stop, write nothing."""
+
+
+@dataclass(frozen=True)
+class Fence:
+    """One tenure of the leader lease: who, which epoch, and the holder's own view of it.
+
+    ``held`` is the holder's local check (lease not released, renewed recently enough by its own
+    monotonic clock); it saves a round trip and stops a process that wakes from a stall before it
+    does anything. The database check in ``FencedStore.transaction`` does not rely on it.
+    """
+
+    lease: str
+    holder: str
+    epoch: int
+    held: Callable[[], bool]
+    # PostgreSQL ends a fenced transaction left idle this long (a leader stalled mid-transaction):
+    # its row locks must not outlive its lease, or they would stall the next leader.
+    idle_timeout_s: float = 7.5
+
+    def ensure(self) -> None:
+        if not self.held():
+            raise Fenced(f"leader lease {self.lease!r} epoch {self.epoch} is no longer held by {self.holder}")
 
 
 def alembic_config(url: str) -> Config:
@@ -102,8 +132,73 @@ class Store:
         finally:
             session.close()
 
+    def fenced(self, fence: Fence) -> FencedStore:
+        """A view of this store whose every transaction commits only while ``fence`` holds the lease."""
+        return FencedStore(self, fence)
+
     def dispose(self) -> None:
         self.engine.dispose()
+
+
+class FencedStore(Store):
+    """The store the leader's engine writes through: every transaction carries the leader's epoch.
+
+    Each transaction first locks the lease row in the database, and only if it still names this
+    holder and epoch and has not expired (otherwise it raises ``Fenced`` and nothing is written).
+    On PostgreSQL the lock is ``FOR KEY SHARE``: a takeover or a release locks the row ``FOR
+    UPDATE`` first, so it waits for the transactions that passed the check to end, and a check
+    that starts after it sees the new epoch (read committed re-reads a row a committed update
+    changed): a stale write and the takeover cannot both commit in the wrong order. Renewals are
+    plain updates, which do not wait for the engine's transactions. On SQLite the check is an
+    ``UPDATE``, which takes the database's single write lock for the whole transaction. Rows
+    written get the epoch in their ``epoch`` column.
+    """
+
+    def __init__(self, store: Store, fence: Fence) -> None:
+        # Shares the store's pool (super().__init__ would open a second one).
+        self.url = store.url
+        self.engine = store.engine
+        self._sessions = store._sessions
+        self.fence = fence
+
+    @contextmanager
+    def transaction(self) -> Iterator[Session]:
+        self.fence.ensure()
+        session = self._sessions()
+        try:
+            with session.begin():
+                self._check_lease(session)
+                epoch = self.fence.epoch
+                event.listen(session, "before_flush", lambda s, _ctx, _objs: _stamp(s, epoch))
+                yield session
+        finally:
+            session.close()
+
+    def _check_lease(self, session: Session) -> None:
+        fence = self.fence
+        mine = ((LeaderLeaseRow.name == fence.lease) & (LeaderLeaseRow.holder == fence.holder)
+                & (LeaderLeaseRow.epoch == fence.epoch))
+        if self.dialect == "postgresql":
+            from sqlalchemy import func, text
+
+            session.execute(text(f"SET LOCAL idle_in_transaction_session_timeout = {int(fence.idle_timeout_s * 1000)}"))
+            # broker.epoch names the transaction's epoch to the database (for triggers, audits).
+            found = session.scalar(select(func.set_config("broker.epoch", str(fence.epoch), True))
+                                   .where(mine, LeaderLeaseRow.expires_at > func.now())
+                                   .with_for_update(read=True, key_share=True))
+        else:
+            now = datetime.now(UTC)
+            found = session.execute(update(LeaderLeaseRow).where(mine, LeaderLeaseRow.expires_at > now)
+                                    .values(epoch=LeaderLeaseRow.epoch)).rowcount or None  # type: ignore[attr-defined]
+        if not found:
+            raise Fenced(f"leader lease {fence.lease!r} epoch {fence.epoch} is no longer held by {fence.holder}:"
+                         " the database refused the write")
+
+
+def _stamp(session: Session, epoch: int) -> None:
+    for obj in [*session.new, *(o for o in session.dirty if session.is_modified(o))]:
+        if hasattr(obj, "epoch") and not isinstance(obj, LeaderLeaseRow):
+            obj.epoch = epoch
 
 
 def open_store(url: str, migrate: bool = True) -> Store:

@@ -77,6 +77,7 @@ class JobRow(Base):
     finished_at: Mapped[datetime | None] = mapped_column(UtcDateTime, nullable=True)
     wall_started_at: Mapped[datetime | None] = mapped_column(UtcDateTime, nullable=True)
     wall_finished_at: Mapped[datetime | None] = mapped_column(UtcDateTime, nullable=True)
+    epoch: Mapped[int | None] = mapped_column(Integer, nullable=True)  # the leader epoch that last wrote it
 
 
 class JobEventRow(Base):
@@ -91,6 +92,7 @@ class JobEventRow(Base):
     from_state: Mapped[str | None] = mapped_column(String(20), nullable=True)
     to_state: Mapped[str | None] = mapped_column(String(20), nullable=True)
     detail: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    epoch: Mapped[int | None] = mapped_column(Integer, nullable=True)  # the leader epoch that last wrote it
 
 
 class ClusterRow(Base):
@@ -122,6 +124,7 @@ class ClusterRow(Base):
     terminate_at: Mapped[datetime | None] = mapped_column(UtcDateTime, nullable=True)
     terminated_at: Mapped[datetime | None] = mapped_column(UtcDateTime, nullable=True)
     metered_until: Mapped[datetime | None] = mapped_column(UtcDateTime, nullable=True)
+    epoch: Mapped[int | None] = mapped_column(Integer, nullable=True)  # the leader epoch that last wrote it
 
 
 class AllocationRow(Base):
@@ -140,6 +143,7 @@ class AllocationRow(Base):
     stopping_at: Mapped[datetime | None] = mapped_column(UtcDateTime, nullable=True)
     ended_at: Mapped[datetime | None] = mapped_column(UtcDateTime, nullable=True)
     outcome: Mapped[str | None] = mapped_column(String(20), nullable=True)
+    epoch: Mapped[int | None] = mapped_column(Integer, nullable=True)  # the leader epoch that last wrote it
 
     __table_args__ = (UniqueConstraint("job_id", "attempt", name="uq_allocation_attempt"),)
 
@@ -158,6 +162,7 @@ class NoticeRow(Base):
     checkpoint: Mapped[str | None] = mapped_column(Text, nullable=True)
     detail: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     handled_at: Mapped[datetime | None] = mapped_column(UtcDateTime, nullable=True)
+    epoch: Mapped[int | None] = mapped_column(Integer, nullable=True)  # the leader epoch that last wrote it
 
 
 class CheckpointReportRow(Base):
@@ -226,6 +231,7 @@ class LedgerRow(Base):
     on_demand_price_per_node_hour: Mapped[float] = mapped_column(Float)
     cost: Mapped[float] = mapped_column(Float)
     on_demand_cost: Mapped[float] = mapped_column(Float)
+    epoch: Mapped[int | None] = mapped_column(Integer, nullable=True)  # the leader epoch that last wrote it
 
     __table_args__ = (
         UniqueConstraint("cluster_id", "minute", "holder", name="uq_ledger_minute"),
@@ -350,3 +356,23 @@ class PolicyOverrideRow(Base):
     schedule: Mapped[str] = mapped_column(String(100))
     fire_time: Mapped[datetime] = mapped_column(UtcDateTime)  # the schedule fire that set it
     applied_at: Mapped[datetime] = mapped_column(UtcDateTime)
+
+
+# --- leadership (broker serve) ---
+
+
+class LeaderLeaseRow(Base):
+    """Who runs the engine, until when, and under which epoch (one more on every takeover).
+
+    Every write of a leader's engine checks this row in its own transaction (``Store.fenced``), so a
+    leader that lost the lease cannot commit anything, however late it wakes up.
+    """
+
+    __tablename__ = "leader_lease"
+
+    name: Mapped[str] = mapped_column(String(32), primary_key=True)
+    holder: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    epoch: Mapped[int] = mapped_column(Integer, default=0)
+    expires_at: Mapped[datetime] = mapped_column(UtcDateTime)
+    acquired_at: Mapped[datetime | None] = mapped_column(UtcDateTime, nullable=True)
+    renewed_at: Mapped[datetime | None] = mapped_column(UtcDateTime, nullable=True)

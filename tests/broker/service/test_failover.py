@@ -1,11 +1,14 @@
-"""Two `broker serve` replicas on one PostgreSQL: the leader is SIGKILLed mid-migration, the other finishes.
+"""`broker serve` replicas on one PostgreSQL, their leader killed, frozen or stopped mid-run.
 
-Both replicas share one broker home (the local backend's clusters and market replay live there,
-as they would on one machine); everything else they share is the database.
+The replicas share one broker home (the local backend's clusters and market replay live there,
+as they would on one machine); everything else they share is the database. The database logs
+every write to the engine's tables with the leader epoch of its transaction (``write_audit``), so
+"the old leader wrote nothing more" is checked where it counts.
 """
 
 from __future__ import annotations
 
+import random
 import signal
 import time
 from pathlib import Path
@@ -17,7 +20,18 @@ from sqlalchemy import select
 from broker.store import open_store
 from broker.store.tables import ClusterRow, JobRow, LedgerRow, NoticeRow
 from broker.tokens import create_api_token
-from tests.broker.service.replicas import ROOT, Replica, start_replica, two_zone_trace, wait_for
+from tests.broker.service.replicas import (
+    ROOT,
+    Fleet,
+    Replica,
+    audited_writes,
+    chaos,
+    flapping_trace,
+    lease_changes,
+    start_replica,
+    two_zone_trace,
+    wait_for,
+)
 from tests.ledger_checks import assert_one_cluster_per_zone_and_whole_ledger
 
 JOB = """\
@@ -31,6 +45,7 @@ run: python train.py --steps 400 --step-seconds 0.05 --checkpoint-every 40
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(600)  # replicas take a minute to start on a loaded machine
 def test_leader_killed_mid_migration_the_other_replica_finishes(tmp_path: Path, broker_home: Path,
                                                                postgres_url: str) -> None:
     env = {"BROKER_HOME": str(broker_home), "BROKER_DB_URL": postgres_url,
@@ -90,3 +105,118 @@ def test_leader_killed_mid_migration_the_other_replica_finishes(tmp_path: Path, 
         for replica in replicas:
             replica.stop()
         store.dispose()
+
+
+def epoch_of(replica: Replica) -> int:
+    return max(int(line["epoch"]) for line in replica.lines() if line.get("event") == "leader_acquired")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)  # replicas take a minute to start on a loaded machine
+def test_a_frozen_leader_is_replaced_and_writes_nothing_when_it_wakes(tmp_path: Path, broker_home: Path,
+                                                                      postgres_url: str) -> None:
+    """SIGSTOP the leader (a GC pause, a stalled VM): it keeps nothing but its lease, and that runs out."""
+    fleet = Fleet(tmp_path, broker_home, postgres_url, flapping_trace(tmp_path / "market.csv"))
+    try:
+        fleet.start(2)
+        old = fleet.leader()
+        for _ in range(4):
+            fleet.submit(steps=300)
+        wait_for(lambda: "RUNNING" in fleet.states().values() or None, 120, "a job to run")
+        old.process.send_signal(signal.SIGSTOP)
+        frozen = time.time()
+        new = fleet.leader(timeout=60)
+        took_over = time.time() - frozen
+        old_epoch, new_epoch = epoch_of(old), epoch_of(new)
+        time.sleep(2)
+        old.process.send_signal(signal.SIGCONT)  # it wakes in the middle of whatever it was doing
+        wait_for(lambda: any(line.get("event") == "leader_lost" for line in old.lines()), 30,
+                 "the old one to step down")
+        states = fleet.wait_finished(300)
+        checks = fleet.check()
+        writes = audited_writes(postgres_url)
+        print(f"{old.name} frozen; {new.name} led {took_over:.1f} s later (epoch {old_epoch} -> {new_epoch})")
+
+        assert took_over < 30
+        assert new_epoch > old_epoch and new is not old
+        assert set(states.values()) == {"SUCCEEDED"}
+        _, ended = lease_changes(writes)[old_epoch]
+        by_old = [w for w in writes if w.epoch == old_epoch and w.tbl != "leader_lease"]
+        assert by_old and ended is not None  # it did write, while it led
+        assert [w for w in by_old if w.ts >= ended] == []  # and nothing once its lease was taken
+        assert checks["late_writes"] == []
+        assert any(w.epoch == new_epoch and w.tbl == "job_events" for w in writes)
+        assert (old.health() or {}).get("leader") is False
+        assert checks["ledger_violations"] == []
+        assert checks["jobs_started_twice"] == 0 and checks["clusters_without_row"] == 0
+        assert checks["clusters_left_up"] == 0
+    finally:
+        fleet.close()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)  # replicas take a minute to start on a loaded machine
+def test_a_leader_told_to_stop_releases_the_lease_and_does_nothing_after(tmp_path: Path, broker_home: Path,
+                                                                         postgres_url: str) -> None:
+    """SIGTERM mid-run: no transition and no cloud call once the lease is released; the other leads at once."""
+    fleet = Fleet(tmp_path, broker_home, postgres_url, flapping_trace(tmp_path / "market.csv"))
+    try:
+        fleet.start(2, "--log-level", "debug")
+        old = fleet.leader()
+        for _ in range(6):
+            fleet.submit(steps=200)
+        wait_for(lambda: "RUNNING" in fleet.states().values() or None, 120, "a job to run")
+        old.process.send_signal(signal.SIGTERM)
+        stopped = time.time()
+        assert old.process.wait(timeout=30) == 0
+        new = fleet.leader(timeout=30)
+        took_over = time.time() - stopped
+        states = fleet.wait_finished(300)
+        checks = fleet.check()
+        writes = audited_writes(postgres_url)
+        old_epoch = epoch_of(old)
+        print(f"{old.name} stopped; {new.name} led {took_over:.1f} s later")
+
+        events = [line.get("event") for line in old.lines()]
+        released = events.index("leader_released")
+        assert "cloud_call" in events[:released]  # it was working
+        assert "cloud_call" not in events[released:]
+        assert old.lines()[released]["epoch"] == old_epoch
+        _, ended = lease_changes(writes)[old_epoch]
+        assert ended is not None and [w for w in writes if w.epoch == old_epoch and w.ts >= ended
+                                      and w.tbl != "leader_lease"] == []
+        holders = [w.holder for w in writes if w.tbl == "leader_lease" and w.ts >= ended]
+        assert holders[0] is None  # released, not taken over after it expired
+        taken, _ = lease_changes(writes)[epoch_of(new)]
+        assert (taken - ended).total_seconds() < 10  # the next leader check after the release
+        assert took_over < 60  # from the signal, through the old one's shutdown, to /v1/health saying so
+        assert set(states.values()) == {"SUCCEEDED"}
+        assert checks["late_writes"] == [] and checks["ledger_violations"] == []
+        assert checks["jobs_started_twice"] == 0 and checks["clusters_left_up"] == 0
+    finally:
+        fleet.close()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1500)  # replicas take a minute to start on a loaded machine
+def test_chaos_the_leader_killed_at_twenty_random_moments(tmp_path: Path, broker_home: Path,
+                                                          postgres_url: str) -> None:
+    """SIGKILL the leader 20 times while a queue with preemptions runs: every job finishes, nothing twice."""
+    market = flapping_trace(tmp_path / "market.csv")
+    fleet = Fleet(tmp_path, broker_home, postgres_url, market, BROKER_LEADER_CHECK_SECONDS="1")
+    try:
+        fleet.start(4)
+        run = chaos(fleet, kills=20, rng=random.Random(22))
+        print(f"kills {run.kills}, takeovers {len(run.takeovers)} in {min(run.takeovers):.1f}-"
+              f"{max(run.takeovers):.1f} s, jobs {run.jobs} {run.finished}, checks {run.checks}")
+        assert run.kills == 20 and len(run.takeovers) == 20
+        assert run.finished == {"SUCCEEDED": run.jobs}
+        assert run.checks["ledger_violations"] == []
+        assert run.checks["late_writes"] == []
+        assert run.checks["jobs_started_twice"] == 0 and run.checks["clusters_without_row"] == 0
+        assert run.checks["clusters_left_up"] == 0
+        with fleet.store.transaction() as s:
+            preempted = s.scalar(select(JobRow.id).where(JobRow.migrations > 0).limit(1))
+        assert preempted is not None  # the run had preemptions to recover from
+    finally:
+        fleet.close()
