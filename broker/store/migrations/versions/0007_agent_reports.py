@@ -1,7 +1,7 @@
 """agent reports: complete checkpoints and progress the node agents report
 
-Revision ID: 0006_agent_reports
-Revises: 0002_engine_reasons
+Revision ID: 0007_agent_reports
+Revises: 0005_leader_lease
 """
 
 from collections.abc import Sequence
@@ -11,8 +11,8 @@ from alembic import op
 
 import broker.store.tables
 
-revision: str = "0006_agent_reports"
-down_revision: str | None = "0002_engine_reasons"
+revision: str = "0007_agent_reports"
+down_revision: str | None = "0005_leader_lease"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
