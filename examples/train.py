@@ -38,7 +38,7 @@ def save(directory: Path, step: int, weights: np.ndarray) -> Path:
     np.savez(tmp, step=step, weights=weights)
     os.replace(tmp, path)
     marker_tmp = directory / ".LATEST.tmp"
-    marker_tmp.write_text(path.name)
+    marker_tmp.write_text(f"{path.name}\nstep={step}\n")  # the step lets the broker count work kept
     os.replace(marker_tmp, directory / "LATEST")  # the checkpoint is complete only from here
     return path
 
@@ -83,6 +83,7 @@ def main() -> int:
         loss = float(np.mean((x @ weights - y) ** 2))
         if rank == 0:
             print(f"step {step} loss {loss:.5f}", flush=True)
+            print(f"BROKER_PROGRESS step={step} total={args.steps}", flush=True)  # read by the node agent
         if rank == 0 and (requested or step % args.checkpoint_every == 0):
             path = save(checkpoint_dir, step, weights)
             print(f"checkpoint {path.name} ({'on notice' if requested else 'periodic'})", flush=True)

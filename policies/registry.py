@@ -15,17 +15,19 @@ from typing import TYPE_CHECKING, Literal, Protocol, TypeVar, overload
 
 if TYPE_CHECKING:
     from policies.admission import AdmissionRequest
+    from policies.checkpointing import CheckpointPlan, CheckpointRequest
     from policies.gang import GangPlacement
     from policies.placement import ClusterSnapshot, PlacementRequest
     from policies.preemption import PreemptionPlan, PreemptionRequest, RunningGang
     from policies.selection import Plan, SelectionRequest
     from policies.sharing import SharingCluster, SharingPlacement, SharingRequest
 
-Kind = Literal["selection", "placement", "preemption", "admission", "sharing"]
-KINDS: tuple[Kind, ...] = ("selection", "placement", "preemption", "admission", "sharing")
+Kind = Literal["selection", "placement", "preemption", "admission", "sharing", "checkpointing"]
+KINDS: tuple[Kind, ...] = ("selection", "placement", "preemption", "admission", "sharing", "checkpointing")
 # The modules whose import registers the built-in policies.
 BUILTIN = ("policies.selection", "policies.baselines", "policies.broker_policy", "policies.optimal",
-           "policies.placement", "policies.preemption", "policies.admission", "policies.sharing")
+           "policies.placement", "policies.preemption", "policies.admission", "policies.sharing",
+           "policies.checkpointing")
 
 
 class SelectionPolicy(Protocol):
@@ -59,12 +61,19 @@ class SharingPolicy(Protocol):
     def __call__(self, request: SharingRequest, cluster: SharingCluster, /) -> SharingPlacement | None: ...
 
 
-Policy = SelectionPolicy | PlacementPolicy | PreemptionPolicy | AdmissionPolicy | SharingPolicy
+class CheckpointingPolicy(Protocol):
+    """How often a running job should checkpoint."""
+
+    def __call__(self, request: CheckpointRequest, /) -> CheckpointPlan: ...
+
+
+Policy = SelectionPolicy | PlacementPolicy | PreemptionPolicy | AdmissionPolicy | SharingPolicy | CheckpointingPolicy
 S = TypeVar("S", bound=SelectionPolicy)
 P = TypeVar("P", bound=PlacementPolicy)
 X = TypeVar("X", bound=PreemptionPolicy)
 A = TypeVar("A", bound=AdmissionPolicy)
 H = TypeVar("H", bound=SharingPolicy)
+C = TypeVar("C", bound=CheckpointingPolicy)
 
 _REGISTRY: dict[str, dict[str, Policy]] = {kind: {} for kind in KINDS}
 _DEFAULTS: dict[str, str] = {}
@@ -91,6 +100,9 @@ def register(kind: Literal["admission"], name: str, *, default: bool = False,
 @overload
 def register(kind: Literal["sharing"], name: str, *, default: bool = False,
              simulator_only: bool = False) -> Callable[[H], H]: ...
+@overload
+def register(kind: Literal["checkpointing"], name: str, *, default: bool = False,
+             simulator_only: bool = False) -> Callable[[C], C]: ...
 def register(kind: Kind, name: str, *, default: bool = False,  # type: ignore[misc]
              simulator_only: bool = False) -> Callable[[Policy], Policy]:
     if kind not in _REGISTRY:
@@ -145,6 +157,8 @@ def get(kind: Literal["preemption"], name: str | None = None, *, live: bool = Fa
 def get(kind: Literal["admission"], name: str | None = None, *, live: bool = False) -> AdmissionPolicy: ...
 @overload
 def get(kind: Literal["sharing"], name: str | None = None, *, live: bool = False) -> SharingPolicy: ...
+@overload
+def get(kind: Literal["checkpointing"], name: str | None = None, *, live: bool = False) -> CheckpointingPolicy: ...
 def get(kind: Kind, name: str | None = None, *, live: bool = False) -> Policy:
     """The policy ``name`` of ``kind`` (None: the kind's default); ``live``: refuse simulator-only ones."""
     return _find(kind, name, live)

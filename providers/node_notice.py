@@ -14,6 +14,10 @@ from typing import Any, Protocol
 
 log = logging.getLogger(__name__)
 
+# How long before the node goes each cloud says so (AWS spot: 2 minutes; GCP preemption and Azure
+# eviction: 30 s). A checkpoint that takes longer cannot be saved on the notice alone.
+NOTICE_LEAD_SECONDS: dict[str, float] = {"aws": 120.0, "gcp": 30.0, "azure": 30.0, "local": 120.0}
+
 
 @dataclass(frozen=True, slots=True)
 class NodeNotice:

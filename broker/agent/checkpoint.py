@@ -1,7 +1,9 @@
 """The checkpoint contract's marker: a job marks a checkpoint complete by rewriting ``LATEST``.
 
 ``$BROKER_CHECKPOINT_DIR/LATEST`` holds the path (absolute, or relative to the directory) of the
-newest complete checkpoint; a job writes the checkpoint first, then replaces ``LATEST`` atomically.
+newest complete checkpoint on its first line; a job writes the checkpoint first, then replaces
+``LATEST`` atomically. Lines after the first may say ``step=N``: the training step the checkpoint
+holds, which the agent reports with it.
 """
 
 from __future__ import annotations
@@ -11,12 +13,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 MARKER = "LATEST"
+MAX_MARKER_BYTES = 4096
 
 
 @dataclass(frozen=True, slots=True)
 class CheckpointMark:
     path: str
     written_at: float  # epoch seconds (the marker's mtime)
+    step: int | None = None
 
 
 def latest_checkpoint(directory: str | os.PathLike[str] | None) -> CheckpointMark | None:
@@ -24,16 +28,31 @@ def latest_checkpoint(directory: str | os.PathLike[str] | None) -> CheckpointMar
         return None
     marker = Path(directory) / MARKER
     try:
-        text = marker.read_text().strip()
+        with marker.open("rb") as handle:
+            raw = handle.read(MAX_MARKER_BYTES)
         written = marker.stat().st_mtime
     except OSError:
         return None
-    if not text:
+    lines = raw.decode("utf-8", errors="replace").splitlines()
+    first = lines[0].strip() if lines else ""
+    if not first or "\x00" in first:
         return None
-    path = Path(text)
+    path = Path(first)
     if not path.is_absolute():
         path = Path(directory) / path
-    return CheckpointMark(str(path), written)
+    return CheckpointMark(str(path), written, _step(lines[1:]))
+
+
+def _step(lines: list[str]) -> int | None:
+    for line in lines:
+        key, _, value = line.partition("=")
+        if key.strip() == "step":
+            try:
+                step = int(value.strip())
+            except ValueError:
+                return None
+            return step if 0 <= step <= 2**62 else None
+    return None
 
 
 def mark_complete(directory: str | os.PathLike[str], checkpoint: str | os.PathLike[str]) -> None:

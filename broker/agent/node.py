@@ -4,6 +4,10 @@ The job runs in its own process group. On a notice the agent sends the checkpoin
 group at once (whether or not the broker answers), waits for the job to mark a checkpoint complete,
 and reports the notice to the broker twice: as soon as it is seen (so the replacement starts) and
 again with the checkpoint when it is complete. Reports retry until the notice's deadline.
+
+Whatever the reason, every new complete checkpoint the job marks is reported too
+(``POST /v1/checkpoints``): the broker decides moves and resumes from what agents report, so a
+checkpoint directory that is a mounted bucket works like a local one.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import logging
 import os
 import signal
 import subprocess
+import tempfile
 import threading
 import time
 import urllib.error
@@ -24,6 +29,8 @@ from pathlib import Path
 from typing import Any
 
 from broker.agent.checkpoint import CheckpointMark, latest_checkpoint
+from broker.agent.progress import ProgressReporter, pass_through, read_progress_file
+from broker.agent.reporting import LatestOnly, post_with_retry
 from providers.notices import NodeNotice, NoticeReader, reader_for
 
 log = logging.getLogger("broker.agent")
@@ -99,29 +106,54 @@ class NoticeReporter:
     def report(self, payload: dict[str, Any], deadline: float) -> bool:
         if self.url is None:
             return False
-        delay = 0.2
-        body = json.dumps(payload).encode()
-        headers = {"Content-Type": "application/json"}
-        if self.token:
-            headers["Authorization"] = f"Bearer {self.token}"
-        while True:
-            request = urllib.request.Request(self.url, data=body, method="POST", headers=headers)
-            try:
-                with urllib.request.urlopen(request, timeout=5) as response:
-                    self.events.write("reported", status=response.status, checkpoint=payload.get("checkpoint"))
-                    return True
-            except urllib.error.HTTPError as exc:
-                if exc.code in (400, 401, 403, 404, 422):
-                    self.events.write("report_refused", status=exc.code)
-                    return False
-                problem = f"HTTP {exc.code}"
-            except (OSError, urllib.error.URLError) as exc:
-                problem = str(exc)
-            if time.time() + delay > deadline:
-                self.events.write("report_gave_up", problem=problem)
-                return False
-            time.sleep(delay)
-            delay = min(delay * 2, 5.0)
+        return post_with_retry(self.url, self.token, payload, deadline, self.events, "notice",
+                               names=("reported", "report_refused", "report_gave_up"),
+                               checkpoint=payload.get("checkpoint"))
+
+
+class CheckpointReporter:
+    """Reports each new complete checkpoint the job marks; only the newest unsent one is kept."""
+
+    RETRY_SECONDS = 60.0
+
+    def __init__(self, broker_url: str | None, token: str | None, cluster_id: str, node: str,
+                 job_id: str | None, checkpoint_dir: str | None, events: EventLog) -> None:
+        self.url = broker_url.rstrip("/") + "/v1/checkpoints" if broker_url and job_id and checkpoint_dir else None
+        self.token = token
+        self.cluster_id, self.node, self.job_id = cluster_id, node, job_id
+        self.checkpoint_dir = checkpoint_dir
+        self.events = events
+        self.last: CheckpointMark | None = latest_checkpoint(checkpoint_dir)  # a resumed job's old one is known
+        self.sender = LatestOnly(self._send)
+
+    def watch(self) -> None:
+        """Called every poll: report the marker if it names a checkpoint not reported yet."""
+        if self.url is None:
+            return
+        mark = latest_checkpoint(self.checkpoint_dir)
+        if mark is None or (self.last is not None and (mark.path, mark.step) == (self.last.path, self.last.step)):
+            return
+        self.last = mark
+        payload = self._payload(mark)
+        if payload is not None:
+            self.sender.offer(payload)
+
+    def flush(self, timeout: float) -> None:
+        self.sender.flush(timeout)
+
+    def _payload(self, mark: CheckpointMark) -> dict[str, Any] | None:
+        assert self.checkpoint_dir is not None
+        relative = os.path.relpath(mark.path, self.checkpoint_dir)
+        if relative.startswith("..") or os.path.isabs(relative):
+            self.events.write("checkpoint_outside_dir", path=mark.path)
+            return None
+        return {"job_id": self.job_id, "cluster_id": self.cluster_id, "node": self.node, "path": relative,
+                "written_at": datetime.fromtimestamp(mark.written_at, UTC).isoformat(), "step": mark.step}
+
+    def _send(self, payload: dict[str, Any]) -> None:
+        assert self.url is not None
+        post_with_retry(self.url, self.token, payload, time.time() + self.RETRY_SECONDS, self.events,
+                        "checkpoint", path=payload["path"], step=payload["step"])
 
 
 class Agent:
@@ -131,6 +163,13 @@ class Agent:
         self.events = EventLog(options.status_file + ".events" if options.status_file else None)
         self.reporter = NoticeReporter(options.broker_url, options.token, self.events)
         self.checkpoint_dir = options.checkpoint_dir or os.environ.get("BROKER_CHECKPOINT_DIR")
+        job_id = options.env.get("BROKER_JOB_ID") or os.environ.get("BROKER_JOB_ID")
+        self.checkpoints = CheckpointReporter(options.broker_url, options.token, options.cluster_id, options.node,
+                                              job_id, self.checkpoint_dir, self.events)
+        self.progress = ProgressReporter(options.broker_url, options.token, options.cluster_id, options.node,
+                                         job_id, self.events)
+        self.progress_file = (options.status_file + ".progress" if options.status_file
+                              else os.path.join(tempfile.gettempdir(), f"broker-progress-{os.getpid()}.json"))
         self.handled: set[str] = set()
         self.child: subprocess.Popen[bytes] | None = None
         self.pending: list[tuple[threading.Thread, float]] = []  # (thread, its deadline)
@@ -139,7 +178,11 @@ class Agent:
         env = {**os.environ, **self.options.env}
         if self.checkpoint_dir:
             env["BROKER_CHECKPOINT_DIR"] = self.checkpoint_dir
-        self.child = subprocess.Popen(self.options.command, start_new_session=True, env=env)
+        env["BROKER_PROGRESS_FILE"] = self.progress_file
+        self.child = subprocess.Popen(self.options.command, start_new_session=True, env=env,
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        assert self.child.stdout is not None
+        output = pass_through(self.child.stdout, self.progress)
         self.events.write("started", pid=self.child.pid, command=self.options.command)
         if self.options.status_file:
             # The local cloud kills every process group recorded here when it takes the node away.
@@ -150,8 +193,13 @@ class Agent:
             if self.reader is not None:
                 for notice in self.reader.poll():
                     self._on_notice(notice)
+            self._watch()
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self.child.wait(timeout=self.options.poll_seconds)
+        output.join(timeout=5.0)  # a daemon the job left behind may hold its output open
+        self._watch()
+        self.checkpoints.flush(timeout=10.0)
+        self.progress.flush(timeout=5.0)
         for thread, deadline in self.pending:  # let the last checkpoint's report get out
             thread.join(timeout=max(deadline - time.time(), 0.0))
         close = getattr(self.reader, "close", None)
@@ -165,6 +213,11 @@ class Agent:
             tmp.write_text(json.dumps({"exit_code": exit_code, "finished_wall": time.time()}))
             os.replace(tmp, self.options.status_file)
         return exit_code
+
+    def _watch(self) -> None:
+        self.checkpoints.watch()
+        self.progress.saw(read_progress_file(self.progress_file))
+        self.progress.tick()
 
     def _forward(self, signum: int, _frame: object) -> None:
         if self.child is not None and self.child.poll() is None:

@@ -10,6 +10,7 @@ import uvicorn
 from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
 
+from broker.api.agent_reports import agent_reports_router
 from broker.api.auth import team_dependency
 from broker.api.jobs import JobIntake, jobs_router
 from broker.api.limits import Limits, RequestLimits
@@ -28,6 +29,7 @@ def create_app(store: Store, clock: Clock, intake: JobIntake | None = None,
     app = FastAPI(title="spot broker", version="1", docs_url=None, redoc_url=None)
     app.add_exception_handler(RequestValidationError, validation_error_response)
     app.include_router(notices_router(store, clock))
+    app.include_router(agent_reports_router(store, clock))
 
     @app.get("/v1/health")
     def health() -> dict[str, object]:

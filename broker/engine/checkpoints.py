@@ -1,8 +1,9 @@
 """A job's checkpoints and attempts: which checkpoint it resumes from, and what work it lost.
 
-The newest complete checkpoint is the later of the one reported on a notice and the marker the
-job writes in its checkpoint directory. An attempt cut short counts the work since that
-checkpoint as lost; progress is the running time of every attempt less what was lost.
+The newest complete checkpoint is the newest one the job's agents reported, on a notice or as it
+appeared (``broker.checkpoint_reports``): the engine never reads a checkpoint directory, so a
+bucket works like a local path. An attempt cut short counts the work since that checkpoint as
+lost; progress is the running time of every attempt less what was lost.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from datetime import datetime
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from broker.agent.checkpoint import latest_checkpoint
+from broker import checkpoint_reports
 from broker.clock import Clock
 from broker.engine.notices import notices_of
 from broker.spec import JobSpec
@@ -27,11 +28,12 @@ def current_allocation(s: Session, job: JobRow) -> AllocationRow | None:
                                                 AllocationRow.attempt == job.attempt))
 
 
-def checkpointed_since(clock: Clock, job: JobRow, spec: JobSpec, requested: datetime) -> bool:
-    """The job marked a checkpoint complete after ``requested``, or its grace to do so ran out."""
-    mark = latest_checkpoint(job.checkpoint_dir)
-    if mark is not None and clock.to_clock(mark.written_at) >= requested:
-        return True
+def reported_since(s: Session, job: JobRow, requested: datetime) -> bool:
+    """An agent reported a checkpoint of the job written at or after ``requested``."""
+    return checkpoint_reports.newest(s, job, since=requested) is not None
+
+
+def grace_over(clock: Clock, spec: JobSpec, requested: datetime) -> bool:
     return clock.now() >= requested + spec.broker.checkpoint.grace
 
 
@@ -45,14 +47,13 @@ def record_checkpoint(clock: Clock, job: JobRow, notice: NoticeRow) -> None:
 
 
 def refresh_checkpoint(s: Session, clock: Clock, job: JobRow, cluster_id: str) -> None:
-    """The newest complete checkpoint: the last one reported on a notice, or the marker itself."""
+    """Take the newest complete checkpoint reported, on a notice of the cluster or on its own."""
     for notice in notices_of(s, cluster_id):
         record_checkpoint(clock, job, notice)
-    mark = latest_checkpoint(job.checkpoint_dir)
-    if mark is not None:
-        written = clock.to_clock(mark.written_at)
-        if job.checkpoint_at is None or written > job.checkpoint_at:
-            job.checkpoint, job.checkpoint_at = mark.path, written
+    reported = checkpoint_reports.newest(s, job)
+    if reported is not None and (job.checkpoint_at is None or reported.written_at > job.checkpoint_at):
+        job.checkpoint = checkpoint_reports.resolve(job.checkpoint_dir, reported.path)
+        job.checkpoint_at = reported.written_at
 
 
 def end_allocation(alloc: AllocationRow, outcome: str, at: datetime) -> None:

@@ -10,13 +10,15 @@ from __future__ import annotations
 from sqlalchemy.orm import Session
 
 from broker.engine import clusters, machine, packing
+from broker.engine.cadence import Cadence
 from broker.engine.checkpoints import (
-    checkpointed_since,
     close_attempt,
     current_allocation,
     end_allocation,
+    grace_over,
     record_checkpoint,
     refresh_checkpoint,
+    reported_since,
 )
 from broker.engine.notices import open_notice
 from broker.engine.parts import AfterCommit, Parts, cluster_info
@@ -34,6 +36,7 @@ class JobStepper:
         self.parts = parts
         self.planner = planner
         self.reviewer = Reviewer(parts, planner)
+        self.cadence = Cadence(parts)
 
     def advance(self, job_id: str) -> None:
         """Move one job on by at most one transition, then start it if its GPUs are ready."""
@@ -116,6 +119,7 @@ class JobStepper:
             # Recorded as started, never started: the engine stopped between the two. Starting is idempotent.
             after.starts.append(self._job_launch(job, cluster, GangPlacement.from_json(cluster.id, alloc.gpus)))
         else:
+            self.cadence.maybe_ask(s, job, alloc, cluster, after)
             self.reviewer.review(s, job, alloc, cluster, after)
 
     def _launch_replacement(self, s: Session, job: JobRow, cluster: ClusterRow, after: AfterCommit) -> None:
@@ -141,9 +145,13 @@ class JobStepper:
             self._yield_gpus(s, job, alloc, cluster, after)
             return
         if job.checkpoint_requested_at is not None and open_notice(s, cluster.id, any_state=True) is None:
-            # A move the policy chose: go once the job has checkpointed, or its grace ran out.
-            if checkpointed_since(clock, job, self.parts.spec_of(job), job.checkpoint_requested_at):
-                machine.migrating(s, clock, job, reason="checkpoint complete")
+            # A move the policy chose: go once the job has reported a checkpoint, or its grace ran out.
+            if reported_since(s, job, job.checkpoint_requested_at):
+                refresh_checkpoint(s, clock, job, cluster.id)
+                machine.migrating(s, clock, job, checkpoint=job.checkpoint, reason="checkpoint complete")
+            elif grace_over(clock, self.parts.spec_of(job), job.checkpoint_requested_at):
+                machine.migrating(s, clock, job, checkpoint=job.checkpoint,
+                                  reason="grace ran out with no checkpoint reported")
             return
         notice = open_notice(s, cluster.id, any_state=True)
         if notice is not None:
@@ -160,7 +168,8 @@ class JobStepper:
                     after: AfterCommit) -> None:
         """A gang preempted inside its cluster: once it has checkpointed (or its grace ran out), stop and requeue."""
         clock = self.parts.clock
-        if not checkpointed_since(clock, job, self.parts.spec_of(job), job.checkpoint_requested_at or clock.now()):
+        requested = job.checkpoint_requested_at or clock.now()
+        if not (reported_since(s, job, requested) or grace_over(clock, self.parts.spec_of(job), requested)):
             return
         after.stops.append((cluster_info(cluster), job.id, job.attempt))
         refresh_checkpoint(s, clock, job, cluster.id)

@@ -39,6 +39,7 @@ class EngineOptions:
     selection_policy: str | None = None
     placement_policy: str | None = None
     preemption_policy: str | None = None
+    checkpointing_policy: str | None = None
     broker_url: str | None = None
     restart_overhead_s: float = CLOUD_RESTART_OVERHEAD_S
     checkpoint_gb: float = 0.0  # size of a job's checkpoint, for the cost of moving it between regions

@@ -95,6 +95,18 @@ def node_checkpoint_dir(checkpoint_dir: str | None, job_id: str) -> str:
     return f'"$HOME"/{LOCAL_CHECKPOINT_ROOT}/{shlex.quote(job_id)}'
 
 
+def node_resume_path(checkpoint_dir: str | None, resume_from: str | None) -> str:
+    """A checkpoint the broker names inside a bucket (``s3://B/PATH/step-9``) as the nodes see it."""
+    if not resume_from or not checkpoint_dir or not is_bucket(checkpoint_dir):
+        return resume_from or ""
+    prefix = checkpoint_dir.rstrip("/") + "/"
+    if not resume_from.startswith(prefix):
+        return resume_from
+    path = split_bucket(checkpoint_dir)[1]
+    base = f"{CHECKPOINT_MOUNT}/{path}" if path else CHECKPOINT_MOUNT
+    return f"{base}/{resume_from.removeprefix(prefix)}"
+
+
 def _accelerators(spec: JobSpec, cluster: ClusterInfo) -> dict[str, int] | None:
     for choice in spec.accelerators:
         if choice.count == cluster.gpus_per_node:
@@ -218,7 +230,7 @@ def job_task(cluster: ClusterInfo, launch: JobLaunch) -> dict[str, Any]:
     envs = {
         **spec.envs,
         "BROKER_JOB_ID": launch.job_id,
-        "BROKER_RESUME_FROM": launch.resume_from or "",
+        "BROKER_RESUME_FROM": node_resume_path(launch.checkpoint_dir, launch.resume_from),
         "BROKER_ATTEMPT": str(launch.attempt),
     }
     run = "\n".join([_visible_devices(launch), f"export BROKER_CHECKPOINT_DIR={node_dir}",

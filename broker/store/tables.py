@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import JSON, DateTime, Float, ForeignKey, Index, Integer, String, Text, UniqueConstraint
+from sqlalchemy import JSON, BigInteger, DateTime, Float, ForeignKey, Index, Integer, String, Text, UniqueConstraint
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from sqlalchemy.types import TypeDecorator
 
@@ -163,6 +163,42 @@ class NoticeRow(Base):
     detail: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     handled_at: Mapped[datetime | None] = mapped_column(UtcDateTime, nullable=True)
     epoch: Mapped[int | None] = mapped_column(Integer, nullable=True)  # the leader epoch that last wrote it
+
+
+class CheckpointReportRow(Base):
+    """A complete checkpoint a node agent reported: the broker decides from these, never from its disk.
+
+    ``path`` is relative to the job's checkpoint directory, so a bucket checkpoint reported from one
+    cluster names the same object on the next.
+    """
+
+    __tablename__ = "checkpoint_reports"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id"), index=True)
+    cluster_id: Mapped[str] = mapped_column(ForeignKey("clusters.id"))
+    node: Mapped[str] = mapped_column(String(100))
+    path: Mapped[str] = mapped_column(String(1024))
+    step: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    written_at: Mapped[datetime] = mapped_column(UtcDateTime)  # market clock
+    received_at: Mapped[datetime] = mapped_column(UtcDateTime)
+
+    __table_args__ = (UniqueConstraint("job_id", "path", name="uq_checkpoint_report_path"),)
+
+
+class ProgressRow(Base):
+    """How far a job had got at a moment, as its agent reported (rank 0 speaks for the gang)."""
+
+    __tablename__ = "progress_reports"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id"))
+    attempt: Mapped[int] = mapped_column(Integer)
+    step: Mapped[int] = mapped_column(BigInteger)
+    total: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    at: Mapped[datetime] = mapped_column(UtcDateTime)  # market clock
+
+    __table_args__ = (Index("ix_progress_reports_job_at", "job_id", "at"),)
 
 
 class LedgerRow(Base):

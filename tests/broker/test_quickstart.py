@@ -8,6 +8,7 @@ import os
 import re
 import subprocess
 import sys
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -75,13 +76,21 @@ def test_quickstart_survives_a_preemption(broker_home: Path) -> None:
         clusters = list(s.scalars(select(ClusterRow)))
     store.dispose()
     assert total == pytest.approx(sum(r.cost for r in rows))
-    assert total == pytest.approx(summary["cost"], abs=1e-5)
-    assert sum(r.on_demand_cost for r in rows) == pytest.approx(summary["on_demand_cost"], abs=1e-5)
+    mine = [r for r in rows if r.job_id == summary["job_id"]]
+    assert sum(r.cost for r in mine) == pytest.approx(summary["cost"], abs=1e-5)
+    assert sum(r.on_demand_cost for r in mine) == pytest.approx(summary["on_demand_cost"], abs=1e-5)
+    # The only GPU time not the job's: idle after it finished, in the minute its cluster went down.
+    ended = {c.id: c.terminated_at for c in clusters}
+    for row in rows:
+        if row.job_id is None:
+            assert row.usage == "finished", row.usage
+            assert ended[row.cluster_id] - row.minute <= timedelta(minutes=1)
     assert {c.zone for c in clusters if c.up_at} == set(summary["zones"])
     for cluster in clusters:
-        minutes = [r.minute for r in rows if r.cluster_id == cluster.id]
+        minutes = [(r.minute, r.job_id) for r in rows if r.cluster_id == cluster.id]
         assert len(minutes) == len(set(minutes))
-        assert all((b - a).total_seconds() <= 60 for a, b in itertools.pairwise(minutes))
+        times = sorted(minute for minute, _ in minutes)
+        assert all((b - a).total_seconds() <= 60 for a, b in itertools.pairwise(times))
         if minutes:
             covered = sum(r.cost for r in rows if r.cluster_id == cluster.id)
             assert cluster.terminated_at is not None

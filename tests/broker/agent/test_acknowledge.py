@@ -6,11 +6,10 @@ import email.utils
 import json
 import subprocess
 import sys
-import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from tests.broker.agent.test_node import JOB
+from tests.broker.agent.test_node import JOB, wait_until_ready
 from tests.cloud_metadata import FakeAzureImds, azure_server
 
 
@@ -26,7 +25,7 @@ def test_azure_eviction_is_acknowledged_after_the_checkpoint(tmp_path: Path) -> 
         process = subprocess.Popen([sys.executable, "-m", "broker.agent", "--cloud", "auto", "--metadata-url",
                                     metadata, "--poll", "50ms", "--checkpoint-dir", str(ckpt),
                                     "--status-file", str(status), "--", sys.executable, str(job)])
-        time.sleep(0.5)
+        wait_until_ready(ckpt)
         not_before = email.utils.format_datetime(datetime.now(UTC) + timedelta(seconds=4), usegmt=True)
         event_id = state.preempt(["node-0"], not_before=not_before)
         code = process.wait(timeout=30)

@@ -24,6 +24,7 @@ d = Path(os.environ["BROKER_CHECKPOINT_DIR"])
 flag = []
 saved = 0
 signal.signal(signal.SIGUSR1, lambda *_: flag.append(1))
+(d / "ready").write_text("")  # the handler is in place: the test may send the notice
 for step in range(1000):
     time.sleep(0.01)
     if flag:
@@ -64,6 +65,13 @@ def broker_stub(status: int = 202) -> Iterator[tuple[str, list[dict[str, Any]]]]
         server.server_close()
 
 
+def wait_until_ready(checkpoint_dir: Path, timeout: float = 30.0) -> None:
+    """Until the job has its signal handler in place (a loaded machine starts Python slowly)."""
+    until = time.time() + timeout
+    while not (checkpoint_dir / "ready").exists() and time.time() < until:
+        time.sleep(0.05)
+
+
 def _run_agent(tmp_path: Path, metadata: str, broker: str | None, state: FakeImds) -> tuple[int, list[dict]]:
     ckpt = tmp_path / "ckpt"
     ckpt.mkdir()
@@ -77,7 +85,7 @@ def _run_agent(tmp_path: Path, metadata: str, broker: str | None, state: FakeImd
         command += ["--broker-url", broker]
     process = subprocess.Popen([*command, "--", sys.executable, str(job)],
                                env={**os.environ, "BROKER_AGENT_TOKEN": "secret-token"})
-    time.sleep(0.5)
+    wait_until_ready(ckpt)
     state.action = {"action": "terminate",
                     "time": (datetime.now(UTC) + timedelta(seconds=4)).strftime("%Y-%m-%dT%H:%M:%SZ")}
     code = process.wait(timeout=30)

@@ -13,7 +13,7 @@ import pytest
 
 from broker.provision.agent_wheel import build_agent_wheel
 from broker.provision.base import ClusterInfo, JobLaunch
-from broker.provision.sky_task import CheckpointDirError, job_task, node_checkpoint_dir, split_bucket
+from broker.provision.sky_task import CheckpointDirError, job_task, node_checkpoint_dir, node_resume_path, split_bucket
 from broker.spec import parse_job_spec
 from policies.gang import GangPlacement
 
@@ -73,6 +73,18 @@ def _expand(word: str, home: Path) -> str:
 def test_checkpoint_buckets_mount_whole(url: str, bucket: str, node_dir: str) -> None:
     assert split_bucket(url)[0] == bucket
     assert _expand(node_checkpoint_dir(url, "j-1"), Path("/home/ubuntu")) == node_dir
+
+
+@pytest.mark.parametrize(("url", "reported", "on_node"), [
+    ("s3://ckpt/team/run-1/", "s3://ckpt/team/run-1/step-9.npz", "/broker-checkpoint/team/run-1/step-9.npz"),
+    ("gs://ckpt", "gs://ckpt/step-9", "/broker-checkpoint/step-9"),
+    ("az://acct/container/run", "az://acct/container/run/a/b", "/broker-checkpoint/run/a/b"),
+    ("s3://ckpt/run", "/broker-checkpoint/run/step-3", "/broker-checkpoint/run/step-3"),  # a notice's node path
+    ("/srv/ckpt", "/srv/ckpt/step-3", "/srv/ckpt/step-3"),
+    ("s3://ckpt/run", None, ""),
+])
+def test_a_reported_bucket_checkpoint_resumes_from_the_mount(url: str, reported: str | None, on_node: str) -> None:
+    assert node_resume_path(url, reported) == on_node
 
 
 def test_a_local_checkpoint_dir_stays_on_the_node() -> None:

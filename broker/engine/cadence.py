@@ -1,0 +1,112 @@
+"""Periodic checkpoints: when to ask a running spot job for one, and how the interval is chosen.
+
+A notice that is too short for the job's checkpoint (GCP and Azure give 30 s) leaves only the
+checkpoints taken before it. Once per step for each running spot job this asks the checkpointing
+policy (``policies/checkpointing.py``, Young/Daly by default) for an interval from:
+
+- the zone's hazard: the broker's own record of preemptions there per second of spot time it ran
+  there, with one preemption per day as the prior;
+- the job's checkpoint time, measured: from each request to the first checkpoint reported after
+  it, or from a notice's signal to its checkpoint; until one is measured the job is asked once
+  after 15 minutes, to measure it;
+- the cloud's notice lead time.
+
+The job is asked by the same signal a notice sends, and the request is an event of the job
+(``checkpoint_asked``, with the interval and why), so a restarted engine knows it was made.
+"""
+
+from __future__ import annotations
+
+import statistics
+from datetime import datetime, timedelta
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from broker import checkpoint_reports
+from broker.engine.parts import AfterCommit, Parts, cluster_info
+from broker.model import ClusterState
+from broker.store.tables import (
+    AllocationRow,
+    CheckpointReportRow,
+    ClusterRow,
+    JobEventRow,
+    JobRow,
+    NoticeRow,
+)
+from policies import registry
+from policies.checkpointing import FIXED_INTERVAL_S, CheckpointRequest
+from providers.node_notice import NOTICE_LEAD_SECONDS
+
+ASKED = "checkpoint_asked"
+PRIOR_SECONDS = 24 * 3600.0
+MEASURED_KEPT = 5
+
+
+class Cadence:
+    def __init__(self, parts: Parts) -> None:
+        self.parts = parts
+        self.policy = registry.get("checkpointing", parts.options.checkpointing_policy)
+
+    def maybe_ask(self, s: Session, job: JobRow, alloc: AllocationRow, cluster: ClusterRow,
+                  after: AfterCommit) -> None:
+        if not cluster.spot:
+            return
+        now = self.parts.clock.now()
+        began = alloc.running_at or alloc.started_at
+        asked = s.scalar(select(func.max(JobEventRow.at)).where(JobEventRow.job_id == job.id,
+                                                                 JobEventRow.kind == ASKED, JobEventRow.at >= began))
+        newest = checkpoint_reports.newest(s, job)
+        # The next one is due an interval after the newest of: the start of this attempt, the last
+        # checkpoint reported and the last one asked for (answered or not: asking again at once
+        # would only interrupt a job that is slow to answer).
+        since = max([began, *(t for t in (asked, newest.written_at if newest else None) if t is not None)])
+        measured = self.checkpoint_seconds(s, job)
+        if measured is None:
+            interval, why = FIXED_INTERVAL_S, "to measure how long a checkpoint takes"
+        else:
+            plan = self.policy(CheckpointRequest(
+                hazard_per_s=zone_hazard(s, cluster, now), checkpoint_s=measured,
+                notice_s=NOTICE_LEAD_SECONDS.get(cluster.cloud, 0.0)))
+            if plan.interval_s is None:
+                return
+            interval, why = plan.interval_s, plan.reason
+        if now - since < timedelta(seconds=interval):
+            return
+        signal = self.parts.spec_of(job).broker.checkpoint.signal
+        after.signals.append((cluster_info(cluster), job.id, job.attempt, signal))
+        self.parts.event(s, job.id, ASKED, interval_s=round(interval, 1), checkpoint_s=measured, reason=why)
+
+    def checkpoint_seconds(self, s: Session, job: JobRow) -> float | None:
+        """The job's measured checkpoint time (median of its latest ones), or None before any."""
+        asks = list(s.scalars(select(JobEventRow.at).where(JobEventRow.job_id == job.id, JobEventRow.kind == ASKED)
+                              .order_by(JobEventRow.at.desc()).limit(MEASURED_KEPT)))
+        samples: list[float] = []
+        for at in asks:
+            first = s.scalar(select(func.min(CheckpointReportRow.written_at)).where(
+                CheckpointReportRow.job_id == job.id, CheckpointReportRow.written_at >= at))
+            if first is not None:
+                samples.append((first - at).total_seconds())
+        for detail in s.scalars(select(NoticeRow.detail).join(ClusterRow, ClusterRow.id == NoticeRow.cluster_id)
+                                .where(ClusterRow.job_id == job.id)):
+            signaled, written = (detail or {}).get("signaled_at"), (detail or {}).get("checkpoint_at")
+            if signaled and written:
+                samples.append((datetime.fromisoformat(written) - datetime.fromisoformat(signaled)).total_seconds()
+                               * self.parts.clock.speed)
+        samples = [x for x in samples if x >= 0]
+        return statistics.median(samples) if samples else None
+
+
+def zone_hazard(s: Session, cluster: ClusterRow, now: datetime) -> float:
+    """Preemptions per second of spot time the broker ran in the cluster's zone and instance type."""
+    rows = s.execute(select(ClusterRow.up_at, ClusterRow.terminated_at, ClusterRow.state, ClusterRow.reason)
+                     .where(ClusterRow.cloud == cluster.cloud, ClusterRow.zone == cluster.zone,
+                            ClusterRow.instance_type == cluster.instance_type, ClusterRow.spot.is_(True),
+                            ClusterRow.up_at.is_not(None)))
+    preemptions, seconds = 0, 0.0
+    for up_at, ended, state, reason in rows:
+        if up_at is None:
+            continue
+        seconds += max(((ended or now) - up_at).total_seconds(), 0.0)
+        preemptions += int(state == ClusterState.TERMINATED.value and "reclaimed" in (reason or ""))
+    return (preemptions + 1) / (seconds + PRIOR_SECONDS)
