@@ -9,25 +9,18 @@ import os
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-import yaml
 from pydantic import AliasChoices, Field, SecretStr, ValidationError, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, NoDecode, PydanticBaseSettingsSource, SettingsConfigDict
 
 from broker.reports.settings import BudgetSettings, ReportSchedule
 from broker.service.schedule_config import PolicySchedule
+from broker.settings_file import ConfigError, check_db_url, check_home, read_settings_file
 
 
 def default_home() -> Path:
     return Path(os.environ.get("BROKER_HOME") or Path.home() / ".broker")
 
 
-class ConfigError(ValueError):
-    pass
-
-
-# A settings file is a few KB; anything near this is not one.
-MAX_CONFIG_BYTES = 1024 * 1024
-DATABASE_SCHEMES = ("sqlite", "postgresql")
 
 
 class _YamlFile(PydanticBaseSettingsSource):
@@ -41,29 +34,7 @@ class _YamlFile(PydanticBaseSettingsSource):
     def __call__(self) -> dict[str, Any]:
         if self.path is None or not self.path.exists():
             return {}
-        try:
-            with self.path.open("rb") as handle:
-                raw = handle.read(MAX_CONFIG_BYTES + 1)
-        except OSError as exc:
-            raise ConfigError(f"{self.path}: cannot read the settings file: {exc.strerror or exc}") from None
-        if len(raw) > MAX_CONFIG_BYTES:
-            raise ConfigError(f"{self.path}: larger than {MAX_CONFIG_BYTES} bytes; not a settings file")
-        try:
-            text = raw.decode("utf-8")
-            if "\x00" in text:
-                raise UnicodeDecodeError("utf-8", raw, text.index("\x00"), text.index("\x00") + 1, "NUL byte")
-        except UnicodeDecodeError:
-            raise ConfigError(f"{self.path}: not text (a binary file?); expected YAML settings") from None
-        try:
-            data = yaml.safe_load(text) or {}
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"{self.path}: not valid YAML: {' '.join(str(exc).split())}") from None
-        except RecursionError:
-            raise ConfigError(f"{self.path}: nested too deeply to be settings") from None
-        if not isinstance(data, dict):
-            raise ConfigError(f"{self.path}: expected a mapping of settings at the top level, "
-                              f"got {type(data).__name__}")
-        return data
+        return read_settings_file(self.path)
 
 
 class Settings(BaseSettings):
@@ -176,30 +147,12 @@ class Settings(BaseSettings):
     @field_validator("home", mode="after")
     @classmethod
     def _home_is_a_directory(cls, value: Path) -> Path:
-        if "\x00" in str(value):
-            raise ValueError("contains a NUL byte")
-        if value.exists() and not value.is_dir():
-            raise ValueError(f"{value} is not a directory (state, logs and checkpoints go there)")
-        return value
+        return check_home(value)
 
     @field_validator("db_url", mode="after")
     @classmethod
     def _db_url_is_a_database(cls, value: str | None) -> str | None:
-        if value is None:
-            return None
-        if "\x00" in value:
-            raise ValueError("contains a NUL byte")
-        from sqlalchemy.engine import make_url
-        from sqlalchemy.exc import ArgumentError
-
-        try:
-            url = make_url(value)
-        except (ArgumentError, ValueError):
-            raise ValueError("not a database URL; expected sqlite:///PATH or postgresql://HOST/DB") from None
-        if url.get_backend_name() not in DATABASE_SCHEMES:
-            raise ValueError(f"unsupported database {url.get_backend_name()!r}; "
-                             "expected sqlite:///PATH or postgresql://HOST/DB")
-        return value
+        return None if value is None else check_db_url(value)
 
     @property
     def database_url(self) -> str:

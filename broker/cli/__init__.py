@@ -11,7 +11,7 @@ from broker.cli.app import UsageError, app, register_all
 # are looked up in sys.modules, so catching them imports nothing: an error whose module was never
 # imported cannot have been raised.
 USER_ERRORS = (
-    ("broker.config", "ConfigError"),
+    ("broker.settings_file", "ConfigError"),
     ("broker.engine.machine", "UnknownJob"),
     ("broker.spec", "SpecError"),
     ("broker.store.db", "StoreError"),

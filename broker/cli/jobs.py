@@ -183,18 +183,24 @@ def _open(config: Path | None) -> tuple[Settings, Store]:
 
 
 def store_url(config: Path | None) -> str:
-    """The store's URL as the settings model derives it (flag-free: BROKER_DB_URL, then the file, then home).
+    """The store's URL as the settings model derives it (BROKER_DB_URL, then the file, then home).
 
-    `broker status` reads only this, so it does not pay for importing the whole settings model.
+    `broker status` reads only this, so it does not pay for importing the whole settings model; a
+    settings file that says anything is judged whole, as every other command judges it.
     """
     import os
 
-    values = remote.read_settings_file(config)
-    url = os.environ.get("BROKER_DB_URL") or remote.text_setting(values, "db_url")
+    from broker.settings_file import checked
+
+    if remote.read_settings_file(config):
+        from broker.config import load_settings
+
+        return load_settings(config).database_url
+    url = os.environ.get("BROKER_DB_URL")
     if url:
-        return url
-    home = os.environ.get("BROKER_HOME") or remote.text_setting(values, "home")
-    return f"sqlite:///{Path(home) if home else Path.home() / '.broker'}/broker.db"
+        return checked("db_url", url)
+    home = os.environ.get("BROKER_HOME")
+    return f"sqlite:///{Path(checked('home', home)) if home else Path.home() / '.broker'}/broker.db"
 
 
 def _local_summaries(config: Path | None, job_id: str | None) -> list[dict[str, Any]]:

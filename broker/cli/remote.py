@@ -26,7 +26,6 @@ ServerOption = Annotated[str | None, typer.Option("--server", envvar="BROKER_SER
                                                   help="URL of a `broker serve` to talk to instead of the "
                                                        "embedded broker")]
 _NODE0 = re.compile(r"^attempt-(\d+)-node-0$")
-_MAX_SETTINGS_BYTES = 1 << 20
 _TERMINAL = frozenset({"SUCCEEDED", "FAILED", "CANCELLED"})  # broker.model.TERMINAL_STATES
 
 
@@ -70,19 +69,9 @@ def read_settings_file(config: Path | None) -> dict[str, Any]:
     path = config or home / "config.yaml"
     if not path.exists():
         return {}
-    import yaml
+    from broker.settings_file import read_settings_file as read
 
-    try:
-        if path.stat().st_size > _MAX_SETTINGS_BYTES:
-            raise UsageError(f"{path}: a settings file of over {_MAX_SETTINGS_BYTES // 1024} KiB is not one")
-        data = yaml.safe_load(path.read_text())
-    except (yaml.YAMLError, UnicodeDecodeError, OSError, RecursionError) as exc:
-        raise UsageError(f"{path}: not a readable YAML settings file: {str(exc).splitlines()[0][:200]}") from None
-    if data is None:
-        return {}
-    if not isinstance(data, dict):
-        raise UsageError(f"{path}: expected a mapping of settings at the top level")
-    return data
+    return read(path)
 
 
 def text_setting(values: dict[str, Any], key: str) -> str | None:
