@@ -45,6 +45,12 @@ class Limits:
     max_json_depth: int = MAX_JSON_DEPTH
     max_target_bytes: int = MAX_TARGET_BYTES
     time_budget_s: float = TIME_BUDGET_SECONDS
+    # Routes that take more and bound their bodies themselves, with a message naming their field:
+    # the dashboard's simulate form (an uploaded market trace, at most 8 MB).
+    larger_bodies: tuple[tuple[str, int], ...] = (("/simulate", 9 * 1024 * 1024),)
+
+    def body_limit(self, path: str) -> int:
+        return next((limit for route, limit in self.larger_bodies if route == path), self.max_body_bytes)
 
 
 def json_depth(body: bytes) -> int:
@@ -100,9 +106,10 @@ class RequestLimits:
         if problem is not None:
             await refuse(send, 400, problem)
             return
+        max_body = limits.body_limit(scope.get("path", ""))
         declared = dict(scope.get("headers") or []).get(b"content-length")
-        if declared is not None and (not declared.isdigit() or int(declared) > limits.max_body_bytes):
-            await refuse(send, 413, f"body: larger than {limits.max_body_bytes} bytes", ["body"])
+        if declared is not None and (not declared.isdigit() or int(declared) > max_body):
+            await refuse(send, 413, f"body: larger than {max_body} bytes", ["body"])
             return
         chunks: list[bytes] = []
         size = 0
@@ -113,8 +120,8 @@ class RequestLimits:
                 return
             chunk = message.get("body", b"")
             size += len(chunk)
-            if size > limits.max_body_bytes:
-                await refuse(send, 413, f"body: larger than {limits.max_body_bytes} bytes", ["body"])
+            if size > max_body:
+                await refuse(send, 413, f"body: larger than {max_body} bytes", ["body"])
                 return
             chunks.append(chunk)
             more = bool(message.get("more_body"))

@@ -57,9 +57,9 @@ def test_skypilot_example_task_files_are_accepted_by_a_detached_local_launch(tmp
 
 @pytest.mark.slow
 def test_an_accelerator_no_catalog_knows_is_still_refused(tmp_path: Path) -> None:
-    job = tmp_path / "h200.yaml"
-    job.write_text("resources:\n  accelerators: H200:8\nrun: echo hi\n")
+    job = tmp_path / "x900.yaml"
+    job.write_text("resources:\n  accelerators: X900:8\nrun: echo hi\n")
     refused = _broker(tmp_path / "home", "launch", str(job), "--backend", "local", "--detach")
     assert refused.returncode == 2
-    assert "unknown accelerator 'H200'" in refused.stderr and "Traceback" not in refused.stderr
+    assert "unknown accelerator 'X900'" in refused.stderr and "Traceback" not in refused.stderr
     assert not (tmp_path / "home" / "broker.db").exists() or "j-" not in _broker(tmp_path / "home", "status").stdout
