@@ -133,9 +133,6 @@ class MarketHistory:
     def available_nodes(self) -> np.ndarray:
         return self.series.available_nodes[: self.now + 1]
 
-    def up_now(self, num_nodes: int) -> np.ndarray:
-        return self.series.gang(num_nodes).up[self.now]
-
     def age(self, num_nodes: int) -> np.ndarray:
         """Ticks each zone has been in its current state (up or down), counting now."""
         return self.series.gang(num_nodes).age[self.now]
@@ -154,11 +151,6 @@ class MarketHistory:
     def finished_down_runs(self, num_nodes: int, zone: int, window: int) -> np.ndarray:
         gang = self.series.gang(num_nodes)
         return ended_within(gang.down_end[zone], gang.down_length[zone], self.now, window)
-
-    def price_change(self, zone: int, window: int) -> float:
-        """Spot price now minus ``window`` ticks ago (or the first tick known)."""
-        then = max(0, self.now - window)
-        return float(self.series.spot_price[self.now, zone] - self.series.spot_price[then, zone])
 
 
 def ended_within(ends: np.ndarray, lengths: np.ndarray, now: int, window: int) -> np.ndarray:

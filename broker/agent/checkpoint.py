@@ -53,11 +53,3 @@ def _step(lines: list[str]) -> int | None:
                 return None
             return step if 0 <= step <= 2**62 else None
     return None
-
-
-def mark_complete(directory: str | os.PathLike[str], checkpoint: str | os.PathLike[str]) -> None:
-    """What a job calls after writing a checkpoint (used by the examples and tests)."""
-    marker = Path(directory) / MARKER
-    tmp = marker.with_name(f".{MARKER}.{os.getpid()}")
-    tmp.write_text(str(checkpoint))
-    os.replace(tmp, marker)
