@@ -69,9 +69,12 @@ def read_settings_file(config: Path | None) -> dict[str, Any]:
     path = config or home / "config.yaml"
     if not path.exists():
         return {}
-    from broker.settings_file import read_settings_file as read
+    from broker.settings_file import ConfigError, read_settings_file
 
-    return read(path)
+    try:
+        return read_settings_file(path)
+    except ConfigError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def text_setting(values: dict[str, Any], key: str) -> str | None:
