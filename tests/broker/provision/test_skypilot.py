@@ -114,8 +114,8 @@ def test_launch_returns_at_once_and_the_gang_runs_under_the_agent(broker_home: P
     assert "-m broker.agent --cloud auto" in run and '--node "$SKYPILOT_NODE_RANK"' in run
     assert "--broker-url http://broker.example:8080" in run and "--token" not in run
     # The agent reads its token from the secret's variable; it never appears on a command line.
-    assert job["task"]["secrets"]["BROKER_AGENT_TOKEN"] == engine.tokens(f"{job_id}-c1")
-    assert engine.tokens(f"{job_id}-c1") not in run
+    assert job["task"]["secrets"]["BROKER_AGENT_TOKEN"] == engine.parts.tokens(f"{job_id}-c1")
+    assert engine.parts.tokens(f"{job_id}-c1") not in run
     assert "export BROKER_CHECKPOINT_DIR=/broker-checkpoint/train\n" in run
 
     rows = _clusters(store)
