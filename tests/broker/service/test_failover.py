@@ -8,6 +8,7 @@ every write to the engine's tables with the leader epoch of its transaction (``w
 
 from __future__ import annotations
 
+import json
 import random
 import signal
 import time
@@ -48,8 +49,13 @@ run: python train.py --steps 400 --step-seconds 0.05 --checkpoint-every 40
 @pytest.mark.timeout(600)  # replicas take a minute to start on a loaded machine
 def test_leader_killed_mid_migration_the_other_replica_finishes(tmp_path: Path, broker_home: Path,
                                                                postgres_url: str) -> None:
+    # The cheap zone goes late enough for slow replica starts; the job is submitted 12 market
+    # minutes before it goes, so it starts there and is preempted there, however long they took.
+    lost_from = 200
+    market = two_zone_trace(tmp_path / "market.csv", cheap_lost_from=lost_from, cheap_lost_until=lost_from + 75,
+                            ticks=lost_from + 160)
     env = {"BROKER_HOME": str(broker_home), "BROKER_DB_URL": postgres_url,
-           "BROKER_MARKET": str(two_zone_trace(tmp_path / "market.csv")), "BROKER_SPEED": "60",
+           "BROKER_MARKET": str(market), "BROKER_SPEED": "60",
            "BROKER_LOCAL_PROVISION_SECONDS": "60", "BROKER_POLL_SECONDS": "0.2",
            "BROKER_LEADER_CHECK_SECONDS": "1"}
     store = open_store(postgres_url)
@@ -62,6 +68,14 @@ def test_leader_killed_mid_migration_the_other_replica_finishes(tmp_path: Path, 
                           "a leader")
         follower = next(r for r in replicas if r is not leader)
         assert follower.health() == {"status": "ok", "leader": False}
+
+        world = json.loads((broker_home / "local" / "world.json").read_text())
+
+        def market_minute() -> float:
+            return (time.time() - world["wall_origin"]) * world["speed"] / 60
+
+        assert market_minute() < lost_from - 14, "the replicas took longer to start than this market allows"
+        time.sleep(max((lost_from - 12 - market_minute()) * 60 / world["speed"], 0.0))
 
         # Submitted through the follower: any replica takes jobs, the leader's engine runs them.
         auth = {"Authorization": f"Bearer {token}"}
