@@ -131,16 +131,24 @@ def test_binary_file_from_disk_is_one_line(tmp_path: Path) -> None:
 
 
 def test_billion_laughs_in_a_child_process_stays_small(tmp_path: Path) -> None:
-    path = tmp_path / "laughs.yaml"
-    path.write_text(laughs(12))
     code = ("import resource, sys\nfrom broker.spec import SpecError, load_job_spec\n"
             "try:\n    load_job_spec(sys.argv[1], offline=True)\nexcept SpecError as e:\n    print(e)\n"
             "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)\n")
-    done = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, cwd=REPO,
-                          timeout=120)
-    *said, peak_kb = done.stdout.strip().splitlines()  # libraries may print lines of their own first
-    assert any("aliases expand" in line for line in said), done.stdout[-2000:] + done.stderr[-2000:]
-    assert int(peak_kb) < 600_000, peak_kb  # SkyPilot's import is most of it
+
+    def peak_kb(text: str) -> tuple[list[str], int]:
+        path = tmp_path / "job.yaml"
+        path.write_text(text)
+        done = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, cwd=REPO,
+                              timeout=120)
+        *said, peak = done.stdout.strip().splitlines()  # libraries may print lines of their own first
+        return said, int(peak)
+
+    # The same reading of a plain job file is the baseline: most of it is SkyPilot's import, whose
+    # size depends on the machine; the alias bomb must add little to it (unbounded, it took GBs).
+    _, plain = peak_kb("name: plain\nrun: echo hi\n")
+    said, laughs_peak = peak_kb(laughs(12))
+    assert any("aliases expand" in line for line in said), said
+    assert laughs_peak - plain < 150_000, (plain, laughs_peak)
 
 
 YAML_BITS = st.sampled_from([
