@@ -31,6 +31,7 @@ def simulate_command(
     timeline: Annotated[Path | None, typer.Option("--timeline", help="write a JSON line per tick of each run")] = None,
 ) -> None:
     """Compare selection policies on a job over a recorded market: cost, preemptions, deadlines."""
+    from broker.engine.planning import JobLimits
     from broker.sim.market import Market, SimJob
     from broker.sim.runs import random_starts, run_all
     from broker.spec import load_job_spec, market_offers
@@ -73,7 +74,7 @@ def simulate_command(
     job = SimJob(num_nodes=spec.num_nodes, work_s=spec.broker.work.total_seconds() / speed,
                  deadline_s=spec.broker.deadline.total_seconds(), restart_overhead_s=overhead,
                  checkpoint_gb=checkpoint_gb, egress_per_gb=egress_per_gb, accelerator=accelerator.name,
-                 gpus_per_node=accelerator.count)
+                 gpus_per_node=accelerator.count, limits=JobLimits.of(spec))
     sim_market = Market(trace, spec.num_nodes)
     latest = sim_market.latest_start(job)
     if latest < 0:

@@ -3,13 +3,14 @@
 The engine asks it for a job in the store; the SkyPilot dry run asks it for a job file not yet
 submitted. Both go through ``offer_of`` and ``fitting`` (quotes the job's nodes fit, exact sizes
 first) and ``job_view``, so a plan previewed is a plan the engine would make. The simulator asks
-the same policy the same question from its arrays; ``tests/broker/test_policy_parity.py`` holds
-the two to it.
+the same policy the same question from its arrays, with its job seen through the same
+``job_view``; ``tests/broker/test_policy_parity.py`` holds the two to it.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from sqlalchemy import select
@@ -56,16 +57,29 @@ def fitting(spec: JobSpec, quotes: list[SpotQuote]) -> tuple[list[SpotQuote], bo
     return [q for q in priced if fits(spec, q.accelerator, q.gpus_per_node)], False
 
 
-def job_view(spec: JobSpec, num_nodes: int, gpus_per_node: int, accelerator: str | None,
+@dataclass(frozen=True, slots=True)
+class JobLimits:
+    """What a job file limits its placement to: a price cap for the gang, clouds, stated speeds."""
+
+    max_price_per_hour: float | None = None
+    allowed_clouds: frozenset[str] = frozenset()
+    speed: tuple[tuple[str, float], ...] = ()
+
+    @classmethod
+    def of(cls, spec: JobSpec) -> JobLimits:
+        return cls(spec.broker.max_price, frozenset(c.cloud for c in spec.broker.clouds), spec.broker.speed)
+
+
+def job_view(limits: JobLimits, num_nodes: int, gpus_per_node: int, accelerator: str | None,
              remaining_work_s: float | None, deadline: datetime | None, restart_overhead_s: float,
              checkpoint_gb: float = 0.0, total_work_s: float | None = None,
              started_at: datetime | None = None) -> JobView:
+    """The job as every policy sees it, built the same way by the engine, the dry run and the simulator."""
     return JobView(
         num_nodes=num_nodes, gpus_per_node=gpus_per_node, accelerator=accelerator,
         remaining_work_s=remaining_work_s, deadline=deadline, restart_overhead_s=restart_overhead_s,
-        checkpoint_gb=checkpoint_gb, max_price_per_hour=spec.broker.max_price,
-        allowed_clouds=frozenset(c.cloud for c in spec.broker.clouds),
-        total_work_s=total_work_s, started_at=started_at, speed=spec.broker.speed,
+        checkpoint_gb=checkpoint_gb, max_price_per_hour=limits.max_price_per_hour,
+        allowed_clouds=limits.allowed_clouds, total_work_s=total_work_s, started_at=started_at, speed=limits.speed,
     )
 
 
@@ -74,7 +88,7 @@ def preview_request(spec: JobSpec, quotes: list[SpotQuote], now: datetime,
     """The request for a job file not yet submitted, placed nowhere, with no history of its own."""
     offers, _ = fitting(spec, quotes)
     work = spec.broker.work
-    view = job_view(spec, spec.num_nodes, spec.gpus_per_node, spec.accelerator,
+    view = job_view(JobLimits.of(spec), spec.num_nodes, spec.gpus_per_node, spec.accelerator,
                     work.total_seconds() if work is not None else None, spec.broker.deadline_at(now),
                     restart_overhead_s)
     return SelectionRequest(now=now, job=view, offers=tuple(offer_of(q) for q in offers), current=Location(IDLE),
@@ -103,8 +117,8 @@ class Planner:
             if alloc is not None and alloc.ended_at is None and current.kind != IDLE else 0.0
         history, step_s = self._history(now, quotes[0] if exact and quotes else None)
         options = parts.options
-        view = job_view(spec, job.num_nodes, job.gpus_per_node, job.accelerator, work.remaining_s, job.deadline,
-                        options.restart_overhead_s, options.checkpoint_gb, work.total_s, job.created_at)
+        view = job_view(JobLimits.of(spec), job.num_nodes, job.gpus_per_node, job.accelerator, work.remaining_s,
+                        job.deadline, options.restart_overhead_s, options.checkpoint_gb, work.total_s, job.created_at)
         return SelectionRequest(
             now=now, job=view, offers=tuple(offer_of(q) for q in quotes), current=current,
             record=zone_records(s), excluded=frozenset(exclude), history=history, step_s=step_s,

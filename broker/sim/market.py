@@ -29,6 +29,7 @@ from datetime import datetime
 
 import numpy as np
 
+from broker.engine.planning import JobLimits, job_view
 from policies.history import MarketHistory, MarketSeries
 from policies.selection import (
     IDLE,
@@ -59,6 +60,7 @@ class SimJob:
     accelerator: str | None = None
     gpus_per_node: int = 1
     work_known: bool = True  # False: the policy is not told the work (a job file with a deadline only)
+    limits: JobLimits = field(default_factory=JobLimits)  # the job file's price cap, clouds and stated speeds
 
     def __post_init__(self) -> None:
         for name in ("num_nodes", "work_s", "deadline_s"):
@@ -242,11 +244,10 @@ def _asker(market: Market, job: SimJob, policy: Callable[[SelectionRequest], Pla
             current = idle
         view = views.get(state.progress)
         if view is None:
-            view = views[state.progress] = JobView(
-                num_nodes=job.num_nodes, gpus_per_node=job.gpus_per_node, accelerator=job.accelerator,
-                remaining_work_s=(ticks.work - state.progress) * tick_s if job.work_known else None,
-                deadline=deadline, restart_overhead_s=job.restart_overhead_s, checkpoint_gb=job.checkpoint_gb,
-                total_work_s=total_work_s if job.work_known else None, started_at=started,
+            view = views[state.progress] = job_view(
+                job.limits, job.num_nodes, job.gpus_per_node, job.accelerator,
+                (ticks.work - state.progress) * tick_s if job.work_known else None, deadline,
+                job.restart_overhead_s, job.checkpoint_gb, total_work_s if job.work_known else None, started,
             )
         request = SelectionRequest(
             now=market.time_of(tick),

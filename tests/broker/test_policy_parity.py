@@ -10,6 +10,7 @@ from pathlib import Path
 from broker.clock import AcceleratedClock
 from broker.config import load_settings
 from broker.engine import Engine, engine_options
+from broker.engine.planning import JobLimits
 from broker.provision.local import LocalProvisioner, LocalWorld
 from broker.runtime import BUNDLED_MARKET
 from broker.sim.market import Market, RunState, SimJob, _asker
@@ -30,6 +31,8 @@ run: python train.py
 broker:
   work: 40m
   deadline: 3h
+  max_price: 3.0  # for the gang: above some of the trace's spot prices, below others
+  clouds: [aws, gcp]
 """
 
 
@@ -47,7 +50,8 @@ def test_engine_and_simulator_build_the_same_request_and_get_the_same_plan(broke
     market = Market(trace.select("V100", 1), spec.num_nodes)
     overhead = engine_options(settings, None).restart_overhead_s
     sim_job = SimJob(num_nodes=2, work_s=2400, deadline_s=3 * 3600, restart_overhead_s=overhead,
-                     checkpoint_gb=0.0, egress_per_gb=0.02, accelerator="V100", gpus_per_node=1)
+                     checkpoint_gb=0.0, egress_per_gb=0.02, accelerator="V100", gpus_per_node=1,
+                     limits=JobLimits.of(spec))
     answers = []
     for tick in range(0, trace.num_ticks - 200, 7):
         seen: list[SelectionRequest] = []
@@ -78,6 +82,7 @@ def test_engine_and_simulator_build_the_same_request_and_get_the_same_plan(broke
         assert engine_request.job.started_at == sim_request.job.started_at + shift  # type: ignore[operator]
         assert engine_request.job.deadline == sim_request.job.deadline + shift  # type: ignore[operator]
         assert engine_request.offers == sim_request.offers
+        assert sim_request.job.max_price_per_hour == 3.0 and sim_request.job.allowed_clouds == {"aws", "gcp"}
         assert replace(engine_request.job, started_at=None, deadline=None) == \
             replace(sim_request.job, started_at=None, deadline=None)
         assert engine_request.history is not None and sim_request.history is not None
