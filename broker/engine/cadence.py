@@ -25,7 +25,7 @@ from sqlalchemy.orm import Session
 
 from broker import checkpoint_reports
 from broker.engine.parts import AfterCommit, Parts, cluster_info
-from broker.model import ClusterState
+from broker.model import ClusterState, TeardownReason
 from broker.store.tables import (
     AllocationRow,
     CheckpointReportRow,
@@ -99,7 +99,7 @@ class Cadence:
 
 def zone_hazard(s: Session, cluster: ClusterRow, now: datetime) -> float:
     """Preemptions per second of spot time the broker ran in the cluster's zone and instance type."""
-    rows = s.execute(select(ClusterRow.up_at, ClusterRow.terminated_at, ClusterRow.state, ClusterRow.reason)
+    rows = s.execute(select(ClusterRow.up_at, ClusterRow.terminated_at, ClusterRow.state, ClusterRow.teardown_reason)
                      .where(ClusterRow.cloud == cluster.cloud, ClusterRow.zone == cluster.zone,
                             ClusterRow.instance_type == cluster.instance_type, ClusterRow.spot.is_(True),
                             ClusterRow.up_at.is_not(None)))
@@ -108,5 +108,5 @@ def zone_hazard(s: Session, cluster: ClusterRow, now: datetime) -> float:
         if up_at is None:
             continue
         seconds += max(((ended or now) - up_at).total_seconds(), 0.0)
-        preemptions += int(state == ClusterState.TERMINATED.value and "reclaimed" in (reason or ""))
+        preemptions += int(state == ClusterState.TERMINATED.value and reason == TeardownReason.CLOUD.value)
     return (preemptions + 1) / (seconds + PRIOR_SECONDS)

@@ -18,7 +18,7 @@ from sqlalchemy.orm import Session
 
 from broker.engine.checkpoints import current_allocation, progress_s
 from broker.engine.parts import Parts
-from broker.model import ClusterState, JobState
+from broker.model import ClusterState, JobState, TeardownReason
 from broker.spec import JobSpec
 from broker.store.tables import AllocationRow, ClusterRow, JobRow, NoticeRow
 from policies.history import MarketHistory, MarketSeries
@@ -195,7 +195,7 @@ def zone_records(s: Session) -> dict[str, ZoneRecord]:
     preempted: dict[str, list[datetime]] = {}
     failed: dict[str, list[datetime]] = {}
     rows = s.execute(select(ClusterRow.cloud, ClusterRow.zone, ClusterRow.instance_type, ClusterRow.state,
-                            ClusterRow.reason, ClusterRow.terminated_at, ClusterRow.spot)
+                            ClusterRow.teardown_reason, ClusterRow.terminated_at, ClusterRow.spot)
                      .where(ClusterRow.state.in_([ClusterState.FAILED.value, ClusterState.TERMINATED.value])))
     for cloud, zone, instance_type, state, reason, ended, spot in rows:
         if ended is None or not spot:
@@ -203,7 +203,7 @@ def zone_records(s: Session) -> dict[str, ZoneRecord]:
         key = f"{cloud}/{zone}/{instance_type}"
         if state == ClusterState.FAILED.value:
             failed.setdefault(key, []).append(ended)
-        elif reason and "reclaimed" in reason:
+        elif reason == TeardownReason.CLOUD.value:  # the cloud took it back
             preempted.setdefault(key, []).append(ended)
     keys = set(preempted) | set(failed)
     return {k: ZoneRecord(tuple(sorted(preempted.get(k, []))), tuple(sorted(failed.get(k, [])))) for k in keys}
