@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from sqlalchemy.orm import Session
 
-from broker.engine import clusters, machine, packing
+from broker.engine import clusters, machine, packing, stages
 from broker.engine.cadence import Cadence
 from broker.engine.checkpoints import (
     close_attempt,
@@ -63,6 +63,8 @@ class JobStepper:
 
     def _from_pending(self, s: Session, job: JobRow, after: AfterCommit) -> None:
         parts = self.parts
+        if stages.held_back(parts, s, job):
+            return
         if packing.place_on_existing(parts, s, job):
             return
         exclude = self.planner.avoid(s, job)

@@ -78,6 +78,11 @@ class JobRow(Base):
     wall_started_at: Mapped[datetime | None] = mapped_column(UtcDateTime, nullable=True)
     wall_finished_at: Mapped[datetime | None] = mapped_column(UtcDateTime, nullable=True)
     epoch: Mapped[int | None] = mapped_column(Integer, nullable=True)  # the leader epoch that last wrote it
+    # A stage of a pipeline (a multi-document job file): its id, the stage's place (1-based), and,
+    # in a chain, the stage that must succeed before this one may start.
+    pipeline_id: Mapped[str | None] = mapped_column(String(32), nullable=True, index=True)
+    stage: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    after_job_id: Mapped[str | None] = mapped_column(String(32), nullable=True)
 
 
 class JobEventRow(Base):
