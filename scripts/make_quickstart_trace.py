@@ -1,4 +1,4 @@
-"""Generate the bundled market: every GPU instance type of the built-in catalog, six hours, one-minute ticks.
+"""Generate the bundled market: every GPU and CPU-only type of the built-in catalog, six hours, one-minute ticks.
 
 The quickstart's story is three V100 x1 zones on two clouds: the cheapest (AWS us-east-1a) loses
 its spot capacity twenty minutes in (so the quickstart meets a preemption in its first half) and
@@ -28,7 +28,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from providers.catalog import GPU_INSTANCE_TYPES, InstanceType
+from providers.catalog import CPU_INSTANCE_TYPES, GPU_INSTANCE_TYPES, InstanceType
 
 START = datetime(2026, 1, 5, 9, 0, tzinfo=UTC)
 TICKS = 360
@@ -72,7 +72,7 @@ def catalog_offers() -> list[tuple[str, str, str, str, str, int, float, float]]:
     """(cloud, region, zone, instance type, accelerator, GPUs, spot list price, on-demand) for each catalog type."""
     story = {(cloud, itype) for cloud, _, _, itype, _, _ in ZONES}
     offers, seen = [], set()
-    for t in GPU_INSTANCE_TYPES:
+    for t in (*GPU_INSTANCE_TYPES, *CPU_INSTANCE_TYPES):  # CPU-only types too: CPU tasks are jobs like any other
         if (t.cloud, t.name) in story or (t.cloud, t.name) in seen:
             continue  # GCP n1 types appear once per attachable GPU: the first one is the offer
         seen.add((t.cloud, t.name))
