@@ -324,6 +324,28 @@ class SharingCluster:
         return SharingCluster(self.nodes, self.models, self.model_of, _ro(cpu), _ro(mem), gpu_left, gpu_mem,
                               self.cpu_max, self.mem_max, self.gpus_max, tags, self.share_cols, fit, short)
 
+    def with_held(self, node: int, task: TaskShape, gpus: tuple[int, ...]) -> SharingCluster:
+        """The cluster with ``task`` found already holding ``gpus`` of ``node`` (before aggregates are built).
+
+        What runs is not refused: a holder the node cannot fit (a claim on GPUs its previous gang
+        has not left yet) leaves what it overdraws at zero, never below, so it frees nothing.
+        """
+        if self.share_cols:
+            raise ValueError("with_held describes what a cluster holds before any placement is scored")
+        cpu, mem, left, gmem = (a.copy() for a in (self.cpu_left, self.mem_left, self.gpu_left, self.gpu_mem_left))
+        cpu[node] = max(0, int(cpu[node]) - task.cpu_milli)
+        mem[node] = max(0, int(mem[node]) - task.memory_mib)
+        for g in gpus:
+            if 0 <= g < self.nodes[node].gpus:
+                left[node, g] = max(0, int(left[node, g]) - task.gpu_milli)
+                gmem[node, g] = max(0, int(gmem[node, g]) - task.gpu_memory_mib)
+        tags = self.tags
+        if task.gpus:
+            tags = (*tags[:node], tags[node] | {(task.gpus, task.gpu_milli)}, *tags[node + 1:])
+        return SharingCluster(self.nodes, self.models, self.model_of, _ro(cpu), _ro(mem), _ro(left), _ro(gmem),
+                              self.cpu_max, self.mem_max, self.gpus_max, tags, self.share_cols,
+                              self.fit_count, self.short_milli)
+
     def _share_milli(self) -> Any:
         """The GPU share of each aggregate column, in column order."""
         import numpy as np
@@ -706,12 +728,14 @@ def fgd(request: SharingRequest, cluster: SharingCluster) -> SharingPlacement | 
     growth = (frag_a - frag_b) @ arrays.weights
     # Many placements leave the expected fragmentation alike (a whole GPU taken from a node with
     # several free). Among those, pack: the node left with the least CPU, memory and GPU share, so
-    # load is not scattered over the cluster the way a random tie-break would scatter it.
+    # load is not scattered over the cluster the way a random tie-break would scatter it, and on
+    # it the GPU left with the least share (a half joins a half even when no whole-GPU task is expected).
     near = np.flatnonzero(growth <= growth.min() + 1e-6)
     nodes_near = cand_nodes[near]
     leftover = ((cluster.cpu_left[nodes_near] - task.cpu_milli) / cluster.cpu_max
                 + (cluster.mem_left[nodes_near] - task.memory_mib) / cluster.mem_max
-                + (total_b[near] - task.total_gpu_milli) / (MILLI * cluster.gpus_max))
+                + (total_b[near] - task.total_gpu_milli) / (MILLI * cluster.gpus_max)
+                + 1e-3 * after[near] / MILLI)  # then the GPU left with the least share: fractions pack
     pick = int(near[_best(leftover, rng, maximise=False)])
     node = int(cand_nodes[pick])
     if cand_gpu is not None:

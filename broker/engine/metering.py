@@ -67,7 +67,7 @@ class ClusterHistory:
         held = 0.0
         for alloc in self.allocations:
             if alloc.started_at <= minute and (alloc.ended_at is None or minute < alloc.ended_at):
-                gpus = float(sum(len(v) for v in alloc.gpus.values())) or total
+                gpus = (float(sum(len(v) for v in alloc.gpus.values())) or total) * (alloc.gpu_share or 1.0)
                 job = self.jobs.get(alloc.job_id)
                 checkpointing = alloc.stopping_at is not None and minute >= alloc.stopping_at
                 usage = Usage.RESTARTING if checkpointing else Usage.RUNNING

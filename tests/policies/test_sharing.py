@@ -49,6 +49,14 @@ def test_a_half_goes_where_the_other_half_is(name: str, seed: int) -> None:
     assert place(name, HALF, cluster, mix, seed) == SharingPlacement(1, (1,), 500)
 
 
+@pytest.mark.parametrize("seed", range(5))
+def test_fgd_packs_a_half_onto_a_half_when_only_halves_are_expected(seed: int) -> None:
+    # With halves alone in the mix, both GPUs of node b leave the fragmentation unchanged (0): the
+    # tie goes to the GPU left with less, so the other GPU stays whole.
+    cluster = two_t4().with_placement(HALF, SharingPlacement(1, (1,), 500))
+    assert place("fgd", HALF, cluster, WorkloadMix.of({HALF: 1}), seed) == SharingPlacement(1, (1,), 500)
+
+
 def test_fgd_measure_by_hand() -> None:
     # Against a mix of half and whole GPUs (equal weights): a GPU with 0.5 left is lost to the
     # whole-GPU tasks (500 milli) but not to the halves, so the expected fragmentation is 250.
