@@ -143,6 +143,8 @@ def place_on_existing(parts: Parts, s: Session, job: JobRow) -> bool:
             placement = shares.place_fraction(parts, s, row, job, share)
         else:
             placement = parts.placement(gang_request(job, spec, per_node), snapshot(s, row))
+            if placement is not None and not shares.has_room(parts, s, row, job, placement):
+                placement = None  # its GPUs are free, not the CPU or memory beside them
         if placement is None:
             continue
         job.target_cluster_id, job.target_gpus, job.gpu_share = row.id, placement.to_json(), share

@@ -129,6 +129,17 @@ def sharing_cluster(parts: Parts, s: Session, row: ClusterRow, held: Iterable[Ho
     return cluster
 
 
+def has_room(parts: Parts, s: Session, row: ClusterRow, job: JobRow, claim: GangPlacement) -> bool:
+    """Every node of the claim has the CPU and memory the job asks per node, beside what others hold there."""
+    spec = parts.spec_of(job)
+    if not spec.min_cpus and not spec.min_memory_gb:
+        return True
+    cluster = sharing_cluster(parts, s, row, [h for h in holdings(s, row.id) if h.job_id != job.id])
+    need = task_shape(spec, None, 0, None)
+    return all(0 <= rank < row.num_nodes and int(cluster.cpu_left[rank]) >= need.cpu_milli
+               and int(cluster.mem_left[rank]) >= need.memory_mib for rank in claim.nodes)
+
+
 def _mix(parts: Parts, s: Session, row: ClusterRow, held: Iterable[Holding], task: TaskShape) -> WorkloadMix:
     """The shapes the cluster has seen: its holders', the queue's fractions, and this task's."""
     counts: Counter[TaskShape] = Counter([task])

@@ -14,7 +14,7 @@ import pytest
 from sqlalchemy import select
 
 from broker.config import load_settings
-from broker.engine import Engine
+from broker.engine import Engine, machine
 from broker.runtime import EmbeddedBroker
 from broker.spec import parse_job_spec
 from broker.store.tables import AllocationRow, ClusterRow, JobRow, LedgerRow
@@ -127,3 +127,48 @@ def test_two_half_gpu_jobs_share_one_gpu_with_mps_and_split_its_minutes(
     both = [m for m, h in held.items() if f"job:{ids[0]}" in h and f"job:{ids[1]}" in h
             and h[f"job:{ids[0]}"] < 1 and h[f"job:{ids[1]}"] < 1]
     assert both and all(held[m][f"job:{j}"] == pytest.approx(0.5) for m in both for j in ids)
+
+
+@pytest.mark.slow
+def test_cpu_and_memory_beside_free_gpus_are_honoured(tmp_path: Path, broker_home: Path) -> None:
+    # a2-highgpu-2g: 2 A100, 24 vCPUs. A job with one A100 and 16 CPUs runs; another like it, or a
+    # half A100 with 16 CPUs, would find a free GPU there but not 16 more CPUs: neither is placed on
+    # that node, and with the fleet capped at its 2 GPUs both wait. A half without CPUs fits.
+    settings = load_settings(market=_market(tmp_path / "m.csv"), speed=30.0, local_provision_seconds=60.0,
+                             max_gpus=2)
+    broker = EmbeddedBroker(settings, fresh_market=True)
+    engine = broker.start()
+    text = "name: {n}\nresources:\n  accelerators: {acc}\n{cpus}run: sleep 30\n"
+
+    def submit(name: str, acc: str, cpus: str = "  cpus: 16\n") -> str:
+        return engine.submit(parse_job_spec(text.format(n=name, acc=acc, cpus=cpus), source=str(tmp_path / name)))
+
+    jobs: list[str] = []
+    try:
+        jobs.append(submit("a", "A100:1"))
+        deadline = time.time() + 120
+        while _states(engine, jobs[0]) != ["RUNNING"] and time.time() < deadline:
+            engine.step()
+            time.sleep(0.05)
+        assert _states(engine, jobs[0]) == ["RUNNING"]
+        heavy = [submit("b", "A100:1"), submit("c", "A100:0.5")]
+        light = submit("d", "A100:0.5", cpus="")
+        jobs += [*heavy, light]
+        for _ in range(3):
+            engine.step()
+        assert _states(engine, *heavy) == ["PENDING", "PENDING"]
+        assert _states(engine, light)[0] in ("PROVISIONING", "RUNNING")
+        with engine.store.transaction() as s:
+            assert list(s.scalars(select(ClusterRow.id))) == [f"{jobs[0]}-c1"]
+            assert s.get(JobRow, light).gpu_share == 0.5  # type: ignore[union-attr]
+    finally:
+        for job_id in jobs:
+            machine.cancel_job(engine.store, job_id, engine.clock)
+        deadline = time.time() + 60
+        while time.time() < deadline:  # let the engine tear the cluster down
+            engine.step()
+            with engine.store.transaction() as s:
+                if all(c.state in ("TERMINATED", "FAILED") for c in s.scalars(select(ClusterRow))):
+                    break
+            time.sleep(0.1)
+        broker.close()
