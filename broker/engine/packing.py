@@ -181,7 +181,8 @@ def preempt_for(parts: Parts, s: Session, job: JobRow, after: AfterCommit) -> No
                                   reason=f"preempted by {job.id}", cluster=row.id)
             signal = parts.spec_of(victim).broker.checkpoint.signal
             after.signals.append((cluster_info(row), victim.id, victim.attempt, signal))
-        job.target_cluster_id, job.target_gpus = row.id, plan.placement.to_json()
+        # What it takes from lower-priority gangs it takes whole, a fraction's job included.
+        job.target_cluster_id, job.target_gpus, job.gpu_share = row.id, plan.placement.to_json(), None
         machine.provisioning(s, parts.clock, job, cluster=row.id, preempting=list(plan.victims),
                              work_lost_gpu_s=plan.work_lost_gpu_s, gain_gpu_s=plan.gain_gpu_s)
         return
