@@ -117,6 +117,9 @@ def _market_problem(spec: JobSpec, offered: frozenset[tuple[str, int]] | None) -
         return None
     if any((a.name.lower(), a.count) in {(n.lower(), c) for n, c in offered} for a in spec.accelerators):
         return None
+    if any(a.fraction is not None and a.name.lower() in {n.lower() for n, c in offered if c >= 1}
+           for a in spec.accelerators):
+        return None  # a share of one GPU runs on a node of any size
     wanted = ", ".join(f"{a.name}:{a.count}" for a in spec.accelerators)
     have = ", ".join(sorted(f"{n}:{c}" for n, c in offered))
     return SpecError(f"no zone of the market offers {wanted} per node (the market has {have})",

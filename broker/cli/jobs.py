@@ -30,7 +30,8 @@ def _check_market_fits(broker: Any, spec: JobSpec) -> None:
         return  # SkyPilot's catalog: an unknown accelerator was refused when the job file was read
     zones = broker.market.trace.zones
     if spec.accelerators and not any(
-        a.name.lower() == z.accelerator.lower() and a.count == z.gpus_per_node
+        a.name.lower() == z.accelerator.lower()
+        and (a.count == z.gpus_per_node or (a.fraction is not None and z.gpus_per_node >= 1))  # a share fits any
         for a in spec.accelerators for z in zones
     ):
         wanted = ", ".join(f"{a.name}:{a.count}" for a in spec.accelerators)

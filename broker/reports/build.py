@@ -79,6 +79,7 @@ def build_report(store: Store, window: Window, team: str | None = None,
         for dimension in DIMENSIONS:
             _add(groups[dimension][fact.key(dimension)], fact)
     _add_job_counters(totals, groups, facts, jobs)
+    _add_shared(totals, groups, facts, jobs)
     return Report(
         start=window.start,
         end=window.end,
@@ -127,6 +128,16 @@ def _add_job_counters(totals: Figures, groups: dict[str, dict[str, Figures]], fa
                 figures.preemptions += job.preemptions
                 figures.migrations += job.migrations
                 figures.work_lost_s += job.work_lost_s
+
+
+def _add_shared(totals: Figures, groups: dict[str, dict[str, Figures]], facts: list[Fact],
+                jobs: dict[str, JobFacts]) -> None:
+    """GPU-hours that jobs holding a fraction of a GPU ran on (beside them, the stranded idle cause)."""
+    for fact in facts:
+        job = jobs.get(fact.job_id) if fact.job_id and fact.usage == Usage.RUNNING.value else None
+        if job is not None and job.gpu_share is not None:
+            for figures in (totals, *(groups[d][fact.key(d)] for d in DIMENSIONS)):
+                figures.shared_gpu_hours += fact.gpu_hours
 
 
 def _sorted_groups(dimension: str, rows: dict[str, Figures], jobs: dict[str, JobFacts]) -> list[Group]:
@@ -201,10 +212,10 @@ def _job_facts(session: Any, job_ids: set[str]) -> dict[str, JobFacts]:
     ids = sorted(job_ids)
     for chunk in (ids[i:i + 500] for i in range(0, len(ids), 500)):
         stmt = select(JobRow.id, JobRow.name, JobRow.team, JobRow.state, JobRow.preemptions, JobRow.migrations,
-                      JobRow.work_lost_s, JobRow.zones).where(JobRow.id.in_(chunk))
-        for jid, name, team, state, preemptions, migrations, lost, zones in session.execute(stmt):
+                      JobRow.work_lost_s, JobRow.zones, JobRow.gpu_share).where(JobRow.id.in_(chunk))
+        for jid, name, team, state, preemptions, migrations, lost, zones, share in session.execute(stmt):
             jobs[jid] = JobFacts(jid, name, team, state, preemptions or 0, migrations or 0, float(lost or 0.0),
-                                 tuple(zones or ()))
+                                 tuple(zones or ()), share)
     return jobs
 
 

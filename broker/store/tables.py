@@ -60,6 +60,8 @@ class JobRow(Base):
     # Where the job goes next: a cluster (launched for it, or a shared one) and the GPUs it claims.
     target_cluster_id: Mapped[str | None] = mapped_column(String(64), nullable=True, index=True)
     target_gpus: Mapped[dict[str, list[int]] | None] = mapped_column(JSON, nullable=True)
+    # The share of each of those GPUs the job holds (A100:0.5 -> 0.5); None: whole GPUs.
+    gpu_share: Mapped[float | None] = mapped_column(Float, nullable=True)
     # Set while a higher-priority gang is taking this job's GPUs inside a cluster.
     preempted_by: Mapped[str | None] = mapped_column(String(32), nullable=True)
     checkpoint_requested_at: Mapped[datetime | None] = mapped_column(UtcDateTime, nullable=True)
@@ -142,6 +144,7 @@ class AllocationRow(Base):
     cluster_id: Mapped[str] = mapped_column(ForeignKey("clusters.id"), index=True)
     attempt: Mapped[int] = mapped_column(Integer)
     gpus: Mapped[dict[str, list[int]]] = mapped_column(JSON)
+    gpu_share: Mapped[float | None] = mapped_column(Float, nullable=True)  # of each GPU; None: whole GPUs
     started_at: Mapped[datetime] = mapped_column(UtcDateTime)
     running_at: Mapped[datetime | None] = mapped_column(UtcDateTime, nullable=True)
     # When the gang was told to checkpoint before losing these GPUs (a notice, or a preemptor).
