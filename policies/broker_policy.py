@@ -44,6 +44,8 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from policies.baselines import skypilot_eager, up_multi
+from policies.broker_policy_replay import Rule, leading_rule
 from policies.broker_policy_runs import (
     RUN_WINDOW_S,
     RunLengths,
@@ -90,16 +92,46 @@ class _Option:
 
 @register("selection", "broker", default=True)
 def broker(request: SelectionRequest) -> Plan:
+    """``broker_careful``, or the simpler rule that the job's own market shows is winning on it
+    (``policies.broker_policy_replay``), under the same deadline floor."""
+    request = _one_gpu_type(request)
+    floor = _deadline_floor(request)
+    if floor is not None:
+        return floor
+    found = leading_rule(request, RULES)
+    if found is None or found.leader == 0 or request.current.kind == ON_DEMAND:
+        # The simpler rules treat on-demand as the end (their safety net): when careful reasoning
+        # took the job there, careful reasoning decides when it leaves.
+        return broker_careful(request)
+    plan = RULES[found.leader](request)
+    return replace(plan, reason=f"{RULE_NAMES[found.leader]} is winning on this market: {plan.reason}")
+
+
+def _deadline_floor(request: SelectionRequest) -> Plan | None:
+    """On-demand when only on-demand still meets the deadline: off spot, with less slack than a
+    restart plus a preemption need; on spot, less than a preemption and a restart need."""
+    budget = Budget.of(request)
+    k = budget.overhead
+    here = current_offer(request)
+    on_spot = here is not None and spot_ok(here, request.job.num_nodes)
+    floor = (k + 1 + (budget.overhead_left > 0)) if on_spot else 2 * k + 1
+    if budget.slack < floor:
+        return on_demand_plan(request, "deadline floor: only on-demand still meets the deadline")
+    return None
+
+
+@register("selection", "broker_careful")
+def broker_careful(request: SelectionRequest) -> Plan:
     """Cheapest expected progress among spot zones, waiting or on-demand as the slack allows."""
     request = _one_gpu_type(request)
+    floor = _deadline_floor(request)
+    if floor is not None:
+        return floor
     budget = Budget.of(request)
     k, slack = budget.overhead, budget.slack
     n = request.job.num_nodes
     here = current_offer(request)
     on_spot = here is not None and spot_ok(here, n)
-    floor = (k + 1 + (budget.overhead_left > 0)) if on_spot else 2 * k + 1
-    if slack < floor:
-        return on_demand_plan(request, "deadline floor: only on-demand still meets the deadline")
 
     offers = eligible_offers(request)
     od_price = min((o.on_demand_price for o in offers), default=math.inf)
@@ -299,3 +331,6 @@ def _projected(request: SelectionRequest, offer: ZoneOffer, budget: Budget, hori
     ahead = min(horizon, window) / 2
     return max(offer.spot_price + slope * ahead, 0.0)
 
+
+RULES: tuple[Rule, ...] = (broker_careful, up_multi, skypilot_eager)
+RULE_NAMES = ("broker_careful", "up_multi", "skypilot_eager")
