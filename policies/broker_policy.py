@@ -1,6 +1,12 @@
 """``broker``: the default selection policy: the cheapest progress that still meets the deadline.
 
-Each step it prices every zone that can take the gang as *expected dollars per step of progress*:
+``broker`` is ``broker_careful`` (below) with a check on itself: every step it replays the job's
+own market since the job started under ``broker_careful``, ``up_multi`` and ``skypilot_eager``
+(``policies.broker_policy_replay``) and, once a simpler rule's replayed job is clearly worth less,
+follows that rule, under the same deadline floor; on on-demand, ``broker_careful`` decides when to
+leave (the simpler rules never leave on-demand).
+
+``broker_careful``: each step it prices every zone that can take the gang as *expected dollars per step of progress*:
 the zone's spot price projected along its recent trend, times the restart overhead amortised over
 the run the zone is expected to give, plus checkpoint egress when the zone is in another region
 than the checkpoint. The expected run comes from the lengths of the zone's past availability runs
