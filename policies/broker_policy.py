@@ -1,12 +1,13 @@
 """``broker``: the default selection policy: the cheapest progress that still meets the deadline.
 
-``broker`` is ``broker_careful`` (below) with a check on itself: every step it replays the job's
-own market since the job started under ``broker_careful``, ``up_multi`` and ``skypilot_eager``
+(``broker_lean``, registered beside it, is ``broker`` with a check on itself: every step it replays
+the job's own market since the job started under ``broker``, ``up_multi`` and ``skypilot_eager``
 (``policies.broker_policy_replay``) and, once a simpler rule's replayed job is clearly worth less,
-follows that rule, under the same deadline floor; on on-demand, ``broker_careful`` decides when to
-leave (the simpler rules never leave on-demand).
+follows that rule, under the same deadline floor; on on-demand, ``broker`` decides when to leave
+(the simpler rules never leave on-demand). Measured on the job-shape grid it is no better than
+``broker`` (benchmarks/README.md), so it is not the default.)
 
-``broker_careful``: each step it prices every zone that can take the gang as *expected dollars per step of progress*:
+Each step ``broker`` prices every zone that can take the gang as *expected dollars per step of progress*:
 the zone's spot price projected along its recent trend, times the restart overhead amortised over
 the run the zone is expected to give, plus checkpoint egress when the zone is in another region
 than the checkpoint. The expected run comes from the lengths of the zone's past availability runs
@@ -96,9 +97,9 @@ class _Option:
     egress: float = 0.0  # checkpoint egress to enter, in price x node-steps
 
 
-@register("selection", "broker", default=True)
-def broker(request: SelectionRequest) -> Plan:
-    """``broker_careful``, or the simpler rule that the job's own market shows is winning on it
+@register("selection", "broker_lean")
+def broker_lean(request: SelectionRequest) -> Plan:
+    """``broker``, or the simpler rule that the job's own market shows is winning on it
     (``policies.broker_policy_replay``), under the same deadline floor."""
     request = _one_gpu_type(request)
     floor = _deadline_floor(request)
@@ -106,9 +107,9 @@ def broker(request: SelectionRequest) -> Plan:
         return floor
     found = leading_rule(request, RULES)
     if found is None or found.leader == 0 or request.current.kind == ON_DEMAND:
-        # The simpler rules treat on-demand as the end (their safety net): when careful reasoning
-        # took the job there, careful reasoning decides when it leaves.
-        return broker_careful(request)
+        # The simpler rules treat on-demand as the end (their safety net): when broker's reasoning
+        # took the job there, broker's reasoning decides when it leaves.
+        return broker(request)
     plan = RULES[found.leader](request)
     return replace(plan, reason=f"{RULE_NAMES[found.leader]} is winning on this market: {plan.reason}")
 
@@ -126,8 +127,8 @@ def _deadline_floor(request: SelectionRequest) -> Plan | None:
     return None
 
 
-@register("selection", "broker_careful")
-def broker_careful(request: SelectionRequest) -> Plan:
+@register("selection", "broker", default=True)
+def broker(request: SelectionRequest) -> Plan:
     """Cheapest expected progress among spot zones, waiting or on-demand as the slack allows."""
     request = _one_gpu_type(request)
     floor = _deadline_floor(request)
@@ -338,5 +339,5 @@ def _projected(request: SelectionRequest, offer: ZoneOffer, budget: Budget, hori
     return max(offer.spot_price + slope * ahead, 0.0)
 
 
-RULES: tuple[Rule, ...] = (broker_careful, up_multi, skypilot_eager)
-RULE_NAMES = ("broker_careful", "up_multi", "skypilot_eager")
+RULES: tuple[Rule, ...] = (broker, up_multi, skypilot_eager)
+RULE_NAMES = ("broker", "up_multi", "skypilot_eager")

@@ -1,23 +1,23 @@
-"""What the simpler rules would have paid on the market the job has seen: ``broker``'s check on itself.
+"""What the simpler rules would have paid on the market the job has seen: ``broker_lean``'s check on itself.
 
 ``broker``'s caution (waiting for good spot, on-demand when slack runs short, leaving zones whose
 capacity dies young) pays where the market is hard and costs a little where it is easy, where the
 simple rules (``up_multi``, ``skypilot_eager``: stay on spot until preempted, then the cheapest or
 the next region's spot) are near the optimum. So every step, the job's own market since it started
-is replayed under each rule (``careful``, broker's own reasoning, among them), from the job's
+is replayed under each rule (``broker`` itself among them, first), from the job's
 start to now, with the simulator's accounting: a rule's replayed job pays for every running step,
 loses a restart at every move and is preempted when its zone's capacity goes. Each replayed job is
-then valued at what it has paid plus its work left at the cheapest spot price of now (at on-demand
-once its slack is below the ``2 x restart + 1`` safety net, since it must then finish there), and
-the rule whose replayed job is worth least leads; the lead moves only when another rule is
-``LEAN_MARGIN`` and ``EVIDENCE_RESTARTS`` restarts cheaper, so a tie does not make the job flap between rules.
+then valued at what it has paid plus its work left at the cheapest spot price of now, with a share
+of on-demand as its slack falls behind an even pace (all of it below the ``2 x restart + 1`` safety
+net, since it must then finish there); the first rule leads until another's replayed job is worth
+``LEAN_MARGIN`` and ``EVIDENCE_RESTARTS`` on-demand restarts less, so that noise does not make the
+job flap between rules.
 
 The replay is a pure function of the request: the market rows up to now (``request.history``), the
 job's start, work and deadline, and the offers. It is kept in the series' memo keyed by all of
 these, so the simulator's next tick extends it instead of starting over; a request whose history
 does not reach back to the job's start (a live price book's recent rows) replays from its oldest
-row. Without a history, the job's total work or its start, there is nothing to replay and
-``careful`` leads.
+row. Without a history, the job's total work or its start, there is nothing to replay (None).
 """
 
 from __future__ import annotations

@@ -39,7 +39,7 @@ def _run_with_replay(rule_name: str, job: SimJob, start: int = 0) -> tuple[float
     return result.cost, seen, replays
 
 
-@pytest.mark.parametrize("rule_name", ["up_multi", "skypilot_eager", "broker_careful", "on_demand"])
+@pytest.mark.parametrize("rule_name", ["up_multi", "skypilot_eager", "broker", "on_demand"])
 def test_replay_follows_the_simulator_tick_by_tick_and_pays_the_same(rule_name: str) -> None:
     job = SimJob(num_nodes=1, work_s=20 * 300, deadline_s=45 * 300, restart_overhead_s=2 * 300,
                  checkpoint_gb=50, egress_per_gb=0.02)
