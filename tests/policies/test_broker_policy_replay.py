@@ -6,13 +6,16 @@ from dataclasses import replace
 from datetime import timedelta
 
 import pytest
+from hypothesis import HealthCheck, given, settings
 
 from broker.sim.market import Market, SimJob, simulate
 from policies import registry
+from policies.broker_policy import RULE_NAMES
 from policies.broker_policy_replay import IDLE_CODE, ON_DEMAND_CODE, Replay, leading_rule
 from policies.history import MarketHistory, MarketSeries
-from policies.selection import ON_DEMAND, Plan, SelectionRequest
+from policies.selection import ON_DEMAND, Budget, Plan, SelectionRequest
 from tests.markets import make_trace
+from tests.policies.test_selection_policies import markets
 
 A, B = ("us-east-1a", "us-east-1"), ("us-west-2a", "us-west-2")
 # zone A cheap but preempted twice, zone B dearer and in another region: moves, restarts, egress
@@ -112,3 +115,31 @@ def test_the_lead_moves_to_the_rule_whose_replayed_job_is_clearly_cheaper_and_no
     assert 1 < first < 20 and set(lead[first:]) == {1}
     # identical replays: the first rule keeps the lead
     assert set(leaders["a tie"]) == {0}
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(markets())
+def test_broker_lean_follows_the_leader_under_the_floor_and_meets_deadlines(case: tuple[Market, SimJob]) -> None:
+    market, job = case
+    lean, rules = registry.get("selection", "broker_lean"), tuple(registry.get("selection", n) for n in RULE_NAMES)
+    checked: list[str] = []
+
+    def checking(request: SelectionRequest) -> Plan:
+        plan = lean(request)
+        budget = Budget.of(request)
+        if plan.reason.startswith("deadline floor"):
+            assert budget.slack < 2 * budget.overhead + 2
+        else:
+            found = leading_rule(request, rules)
+            assert found is not None
+            if found.leader == 0 or request.current.kind == ON_DEMAND:
+                assert plan == rules[0](request)
+            else:
+                followed = rules[found.leader](request)
+                assert plan.locations == followed.locations
+                assert plan.reason.startswith(f"{RULE_NAMES[found.leader]} is winning")
+        checked.append(plan.reason)
+        return plan
+
+    assert simulate(market, job, checking, start=0).deadline_met
+    assert checked
