@@ -3,38 +3,17 @@
 from __future__ import annotations
 
 import json
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 
-from sqlalchemy import func, select
-
-from broker.reports.build import ReportError, Window, build_report, parse_window
+from broker.reports.build import build_report
 from broker.reports.model import CAUSE_LABELS, IDLE_CAUSES, Report
 from broker.reports.render import render_json
+from broker.reports.window import Window
 from broker.store import Store
-from broker.store.tables import LedgerRow
 from broker.web.html import e, money, table
 from broker.web.session import Viewer
 
 SINCE_CHOICES = ("1d", "7d", "30d", "90d")
-
-
-def ledger_now(store: Store) -> datetime:
-    """Now, or later if the ledger holds later minutes (a local replay runs its clock ahead), as `broker report`."""
-    with store.transaction() as s:
-        newest = s.scalar(select(func.max(LedgerRow.minute)))
-    now = datetime.now(UTC)
-    if newest is None:
-        return now
-    newest = newest if newest.tzinfo else newest.replace(tzinfo=UTC)
-    return max(now, newest + timedelta(minutes=1))
-
-
-def overview_window(store: Store, since: str | None, start: str | None, end: str | None) -> Window:
-    """The same window `broker report --since/--from/--to` would cover; ReportError names the bad field."""
-    for name, value in (("since", since), ("from", start), ("to", end)):
-        if value is not None and (len(value) > 40 or "\x00" in value):
-            raise ReportError(f"--{name}: expected a short date, time or duration")
-    return parse_window(since or None, start or None, end or None, ledger_now(store))
 
 
 def build(store: Store, viewer: Viewer, window: Window) -> Report:
