@@ -190,25 +190,34 @@ def _ledger_facts(sums: dict[_Key, list[float]], clusters: dict[str, ClusterFact
 def _cluster_facts(session: Any, cluster_ids: set[str]) -> dict[str, ClusterFacts]:
     """The clusters with ledger minutes in the window, with their size and the team of the job that launched them."""
     found: dict[str, ClusterFacts] = {}
-    ids = sorted(cluster_ids)
-    for chunk in (ids[i:i + 500] for i in range(0, len(ids), 500)):
+    for chunk in _id_chunks(session, ClusterRow.id, cluster_ids):
         stmt = (
             select(ClusterRow.id, ClusterRow.cloud, ClusterRow.zone, ClusterRow.accelerator, ClusterRow.instance_type,
                    ClusterRow.num_nodes, ClusterRow.gpus_per_node, JobRow.team)
             .outerjoin(JobRow, JobRow.id == ClusterRow.job_id)
-            .where(ClusterRow.id.in_(chunk))
+            .where(chunk)
         )
         for cid, cloud, zone, acc, itype, nodes, gpn, team in session.execute(stmt):
             found[cid] = ClusterFacts(cid, cloud, zone, acc or itype, nodes * gpn, team)
     return found
 
 
+def _id_chunks(session: Any, column: Any, ids: set[str]) -> list[ColumnElement[bool]]:
+    """Conditions ``column`` among ``ids``: one array parameter on PostgreSQL, lists of 500 on SQLite."""
+    ordered = sorted(ids)
+    if session.get_bind().dialect.name == "postgresql":
+        from sqlalchemy import String, any_, bindparam
+        from sqlalchemy.dialects.postgresql import ARRAY
+
+        return [column == any_(bindparam("ids", ordered, type_=ARRAY(String)))] if ordered else []
+    return [column.in_(ordered[i:i + 500]) for i in range(0, len(ordered), 500)]
+
+
 def _job_facts(session: Any, job_ids: set[str]) -> dict[str, JobFacts]:
     jobs: dict[str, JobFacts] = {}
-    ids = sorted(job_ids)
-    for chunk in (ids[i:i + 500] for i in range(0, len(ids), 500)):
+    for chunk in _id_chunks(session, JobRow.id, job_ids):
         stmt = select(JobRow.id, JobRow.name, JobRow.team, JobRow.state, JobRow.preemptions, JobRow.migrations,
-                      JobRow.work_lost_s, JobRow.zones).where(JobRow.id.in_(chunk))
+                      JobRow.work_lost_s, JobRow.zones).where(chunk)
         for jid, name, team, state, preemptions, migrations, lost, zones in session.execute(stmt):
             jobs[jid] = JobFacts(jid, name, team, state, preemptions or 0, migrations or 0, float(lost or 0.0),
                                  tuple(zones or ()))
