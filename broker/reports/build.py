@@ -40,9 +40,7 @@ def build_report(store: Store, window: Window, team: str | None = None,
     totals = Figures()
     groups: dict[str, dict[str, Figures]] = {d: defaultdict(Figures) for d in DIMENSIONS}
     for fact in facts:
-        _add(totals, fact)
-        for dimension in DIMENSIONS:
-            _add(groups[dimension][fact.key(dimension)], fact)
+        _add([totals, *(groups[d][fact.key(d)] for d in DIMENSIONS)], fact)
     _add_job_counters(totals, groups, facts, jobs)
     return Report(
         start=window.start,
@@ -56,17 +54,23 @@ def build_report(store: Store, window: Window, team: str | None = None,
     )
 
 
-def _add(figures: Figures, fact: Fact) -> None:
-    figures.spend += fact.cost
-    figures.on_demand += fact.on_demand
-    figures.gpu_hours += fact.gpu_hours
-    if fact.spot:
-        figures.spot_gpu_hours += fact.gpu_hours
-    if fact.usage == Usage.RUNNING.value:
-        figures.useful_gpu_hours += fact.gpu_hours
-    else:
-        figures.idle_gpu_hours[fact.usage] = figures.idle_gpu_hours.get(fact.usage, 0.0) + fact.gpu_hours
-        figures.idle_cost[fact.usage] = figures.idle_cost.get(fact.usage, 0.0) + fact.cost
+_RUNNING = Usage.RUNNING.value
+
+
+def _add(targets: list[Figures], fact: Fact) -> None:
+    """Add one fact to the totals and to its group in every grouping (the report's inner loop)."""
+    gpu_hours, cost, usage = fact.gpu_minutes / 60.0, fact.cost, fact.usage
+    for figures in targets:
+        figures.spend += cost
+        figures.on_demand += fact.on_demand
+        figures.gpu_hours += gpu_hours
+        if fact.spot:
+            figures.spot_gpu_hours += gpu_hours
+        if usage == _RUNNING:
+            figures.useful_gpu_hours += gpu_hours
+        else:
+            figures.idle_gpu_hours[usage] = figures.idle_gpu_hours.get(usage, 0.0) + gpu_hours
+            figures.idle_cost[usage] = figures.idle_cost.get(usage, 0.0) + cost
 
 
 def _add_job_counters(totals: Figures, groups: dict[str, dict[str, Figures]], facts: list[Fact],

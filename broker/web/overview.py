@@ -59,9 +59,10 @@ SHOWN_ROWS = 10
 def shown_json(report: Report) -> dict[str, object]:
     """The report's JSON (as `broker report --format json`) cut to what the page shows: every group
     but the top rows of the groupings drawn is left out (a month of 10,000 jobs is megabytes)."""
-    data = report.to_dict()
-    data["groups"] = {d: rows[:SHOWN_ROWS] for d, rows in data["groups"].items() if d in SHOWN_GROUPS}
-    return data
+    from dataclasses import replace
+
+    shown = replace(report, groups={d: rows[:SHOWN_ROWS] for d, rows in report.groups.items() if d in SHOWN_GROUPS})
+    return shown.to_dict()
 
 
 def render(report: Report, since: str | None, start: str | None, end: str | None) -> str:
