@@ -20,7 +20,11 @@ class BrokerClient:
 
     def __init__(self, url: str, token: str, timeout: float = 30.0) -> None:
         self.url = url.rstrip("/")
-        parts = urlsplit(self.url)
+        try:
+            parts = urlsplit(self.url)
+            parts.port  # noqa: B018  (raises ValueError for a port out of range)
+        except ValueError:
+            parts = urlsplit("")
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ClientError(f"--server: expected a URL like http://127.0.0.1:8470, got {url[:200]!r}")
         self._parts, self._timeout = parts, timeout
