@@ -96,3 +96,4 @@ class Usage(enum.StrEnum):
     WAITING = "waiting"  # cluster up, nothing placed on these GPUs yet (queue empty)
     UNALLOCATED = "unallocated"  # free GPUs no queued gang fits (fragmentation)
     FINISHED = "finished"  # held by a job that has ended, until teardown
+    QUEUE_DRAIN = "queue_drain"  # between one job's end and the next one's start, with a job waiting

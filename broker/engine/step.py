@@ -15,7 +15,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from broker.clock import Clock
-from broker.engine import clusters, machine, metering
+from broker.engine import clusters, forecast, machine, metering
 from broker.engine.jobs import JobStepper
 from broker.engine.parts import EngineOptions, Parts
 from broker.engine.planning import Planner
@@ -64,7 +64,8 @@ class Engine:
         2. move every active job on by at most one transition, highest priority first;
         3. let queued jobs take GPUs that step 2 freed, before idle clusters are reaped;
         4. tear down clusters nobody holds or is heading to;
-        5. write the ledger's minutes up to now.
+        5. write the ledger's minutes up to now;
+        6. keep a fresh finish-time prediction for every running job.
         """
         with self._lock:
             clusters.sync(self.parts)
@@ -74,6 +75,7 @@ class Engine:
                 self.jobs.advance(job_id)
             clusters.reap(self.parts)
             metering.meter(self.store, self.clock, self.parts.market)
+            forecast.record(self.store, self.clock.now())
 
     def active_jobs(self, only: JobState | None = None) -> list[str]:
         states = [only.value] if only else ACTIVE_STATES

@@ -15,6 +15,7 @@ IDLE_CAUSES: tuple[str, ...] = (
     Usage.WAITING.value,
     Usage.UNALLOCATED.value,
     Usage.FINISHED.value,
+    Usage.QUEUE_DRAIN.value,
 )
 CAUSE_LABELS: dict[str, str] = {
     "provisioning": "provisioning",
@@ -22,6 +23,7 @@ CAUSE_LABELS: dict[str, str] = {
     "waiting": "waiting for a job",
     "unallocated": "unallocated (fragmentation)",
     "finished": "held by finished jobs",
+    "queue_drain": "queue drain (between jobs)",
 }
 DIMENSIONS: tuple[str, ...] = ("job", "team", "cloud", "region", "gpu")
 
