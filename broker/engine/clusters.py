@@ -16,7 +16,7 @@ from datetime import datetime
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from broker.engine import packing
+from broker.engine import autoscale, packing
 from broker.engine.checkpoints import end_allocation
 from broker.engine.notices import record_backend_notice
 from broker.engine.parts import AfterCommit, Parts, cluster_info
@@ -153,7 +153,7 @@ def release(row: ClusterRow, now: datetime, why: TeardownReason) -> None:
 
 
 def reap(parts: Parts) -> None:
-    """Tear down every live cluster that no active job holds or is heading to."""
+    """Tear down every live cluster that no active job holds or is heading to (unless the pool keeps it)."""
     after = AfterCommit()
     now = parts.clock.now()
     with parts.store.transaction() as s:
@@ -162,7 +162,7 @@ def reap(parts: Parts) -> None:
                 holder = s.get(JobRow, alloc.job_id)
                 if holder is None or JobState(holder.state).terminal:
                     end_allocation(alloc, holder.state.lower() if holder else "orphaned", now)
-            if not packing.holdings(s, row.id):
+            if not packing.holdings(s, row.id) and not autoscale.keep(parts, s, row, now):
                 release(row, now, TeardownReason.IDLE)
         for row in s.scalars(select(ClusterRow).where(ClusterRow.state == ClusterState.TERMINATING.value)):
             after.terminations.append(cluster_info(row))
