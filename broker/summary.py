@@ -20,8 +20,12 @@ def job_summary(s: Session, job: JobRow) -> dict[str, Any]:
         select(func.coalesce(func.sum(LedgerRow.cost), 0.0), func.coalesce(func.sum(LedgerRow.on_demand_cost), 0.0))
         .where(LedgerRow.job_id == job.id)
     ).one()
-    cluster = s.scalar(select(ClusterRow).where(ClusterRow.job_id == job.id, ClusterRow.up_at.is_not(None))
-                       .order_by(ClusterRow.created_at.desc()))
+    ran_on = s.scalar(select(AllocationRow.cluster_id).where(AllocationRow.job_id == job.id)
+                      .order_by(AllocationRow.attempt.desc()).limit(1))
+    cluster = s.get(ClusterRow, ran_on) if ran_on else None  # a pool's cluster may have been launched for another job
+    if cluster is None:
+        cluster = s.scalar(select(ClusterRow).where(ClusterRow.job_id == job.id, ClusterRow.up_at.is_not(None))
+                           .order_by(ClusterRow.created_at.desc()))
     wall_end = job.wall_finished_at or (None if job.finished_at else _utcnow())
     wall = (wall_end - job.wall_started_at).total_seconds() if job.wall_started_at and wall_end else 0.0
     return {
