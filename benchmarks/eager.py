@@ -124,9 +124,10 @@ def measure(engine: Any, ids: list[str]) -> dict[str, Any]:
         if end is None:
             continue
         left = max((end - p.made_at).total_seconds(), 1.0)
-        per_source.setdefault(p.source, {}).setdefault(p.job_id, []).append(
-            abs((p.finish_at - end).total_seconds()) / left)
-    errors = {source: (statistics.median(statistics.median(v) for v in by_job.values()), len(by_job))
+        off = abs((p.finish_at - end).total_seconds())
+        per_source.setdefault(p.source, {}).setdefault(p.job_id, []).append((off / left, off))
+    errors = {source: (statistics.median(statistics.median(f for f, _ in v) for v in by_job.values()),
+                       statistics.median(statistics.median(s for _, s in v) for v in by_job.values()), len(by_job))
               for source, by_job in per_source.items()}
     return {
         "succeeded": sum(j.state == "SUCCEEDED" for j in jobs), "jobs": len(jobs),
@@ -160,9 +161,9 @@ def main() -> None:
     print(f"{args.jobs} jobs (1 and 2 nodes of 4 V100), pool of 16 GPUs, market x{args.speed:g}; "
           "gaps and errors in market seconds")
     print(f"{'eager':6} {'done':>5} {'gaps':>5} {'gap med s':>10} {'gap p95 s':>10} {'drain GPU-h':>12} "
-          f"{'drain %':>8} {'GPU-h':>7} {'cost $':>8} {'wall s':>7}  prediction error (median, jobs)")
+          f"{'drain %':>8} {'GPU-h':>7} {'cost $':>8} {'wall s':>7}  prediction error: median % of time left, s (jobs)")
     for policy, r in results.items():
-        errors = ", ".join(f"{src} {100 * e:.0f}% ({n})" for src, (e, n) in sorted(r["errors"].items()))
+        errors = ", ".join(f"{src} {100 * e:.0f}% {s:.0f} s ({n})" for src, (e, s, n) in sorted(r["errors"].items()))
         print(f"{policy:6} {r['succeeded']:>2}/{r['jobs']:<2} {r['gaps']:>5} {r['gap_median']:>10.1f} "
               f"{r['gap_p95']:>10.1f} {r['drain_gpu_h']:>12.3f} {r['drain_pct']:>8.2f} {r['gpu_h']:>7.2f} "
               f"{r['cost']:>8.3f} {r['wall_s']:>7.0f}  {errors or '-'}")

@@ -11,6 +11,7 @@ PROVISIONING -> UP -> TERMINATING -> TERMINATED, or PROVISIONING -> FAILED (it n
 from __future__ import annotations
 
 import logging
+from collections.abc import Collection
 from datetime import datetime
 
 from sqlalchemy import func, select
@@ -88,17 +89,20 @@ def sync(parts: Parts) -> None:
                     current.up_at = current.terminated_at
 
 
-def fleet_gpus(s: Session, leaving: str | None = None) -> int:
-    """GPUs of every cluster up or coming up (not counting ``leaving``, which a migration releases)."""
+def fleet_gpus(s: Session, leaving: str | Collection[str] | None = None) -> int:
+    """GPUs of every cluster up or coming up (not counting ``leaving``: what a migration, or the jobs
+    an early boot follows, release)."""
     query = select(func.coalesce(func.sum(ClusterRow.num_nodes * ClusterRow.gpus_per_node), 0)).where(
         ClusterRow.state.in_(HOLDING))
-    if leaving is not None:
+    if isinstance(leaving, str):
         query = query.where(ClusterRow.id != leaving)
+    elif leaving:
+        query = query.where(ClusterRow.id.not_in(list(leaving)))
     return int(s.scalar(query) or 0)
 
 
 def launch(parts: Parts, s: Session, job: JobRow, plan: Plan, exclude: set[str], after: AfterCommit,
-           leaving: str | None = None) -> ClusterRow | None:
+           leaving: str | Collection[str] | None = None) -> ClusterRow | None:
     """Write the cluster row for the plan's first usable location; it is launched after commit."""
     for location in plan.locations:
         if location.offer is None or location.kind == IDLE:

@@ -10,10 +10,11 @@ soonest:
   GPUs someone else still holds), so a job that runs longer than predicted keeps its GPUs and the
   next job waits. If the reserving job is cancelled or fails, its claim is gone with it
   (``packing.holdings`` counts active jobs only).
-- **boot**: if it needs a new cluster and only the pool's size (``max_gpus``) holds it back, and the
-  running job is its cluster's only holder, the policy weighs booting now (the cluster up at the
-  predicted finish) against the worst-case overlap, and the cluster is launched counting the running
-  job's cluster as leaving. One early boot per leaving cluster. A cluster booted for a job that is
+- **boot**: if it needs a new cluster and only the pool's size (``max_gpus``) holds it back, the
+  clusters of the jobs finishing soonest (each the only holder of its cluster) are counted as
+  leaving until they make room; the policy weighs booting now (the cluster up at the last of those
+  predicted finishes) against the worst-case overlap, and the cluster is launched counting them as
+  leaving. A cluster is counted as leaving by one early boot only. A cluster booted for a job that is
   then cancelled has no holder and is torn down by ``clusters.reap``.
 
 Each decision to act is a job event (``eager_reserve``, ``eager_boot``) with the policy's reason.
@@ -135,43 +136,50 @@ def _early_boots(s: Session) -> set[str]:
     """Clusters an active job's early boot already counted as leaving."""
     active = select(JobRow.id).where(JobRow.state.in_(ACTIVE_STATES))
     rows = s.scalars(select(JobEventRow).where(JobEventRow.kind == "eager_boot", JobEventRow.job_id.in_(active)))
-    return {str(row.detail.get("leaving")) for row in rows if row.detail.get("leaving")}
+    return {str(c) for row in rows for c in (row.detail.get("leaving") or [])}
 
 
 def _boot(parts: Parts, planner: Planner, s: Session, job: JobRow, finishing: list[Finishing], leaving: set[str],
           now: datetime, after: AfterCommit) -> None:
+    """Boot the job's cluster early if the clusters of the jobs finishing soonest make room for it."""
     max_gpus = parts.options.max_gpus
     if max_gpus is None:
         return  # nothing but the pool's size keeps a queued job from booting its own cluster
+    exclude = planner.avoid(s, job)
+    plan = planner.plan(s, job, Location(IDLE), exclude)
+    offer = next((loc.offer for loc in plan.locations if loc.offer is not None and loc.kind != IDLE), None)
+    if offer is None:
+        return
+    gpus = job.num_nodes * offer.gpus_per_node
+    # Soonest first, the clusters whose only holder is a finishing job, until their GPUs make room.
+    freeing: list[Finishing] = []
     for item in finishing:
         if item.cluster.id in leaving or set(packing.holdings(s, item.cluster.id)) != {item.job.id}:
             continue
-        exclude = planner.avoid(s, job)
-        plan = planner.plan(s, job, Location(IDLE), exclude)
-        offer = next((loc.offer for loc in plan.locations if loc.offer is not None and loc.kind != IDLE), None)
-        if offer is None:
-            return
-        gpus = job.num_nodes * offer.gpus_per_node
-        if clusters.fleet_gpus(s, item.cluster.id) + gpus > max_gpus:
-            continue  # even with this cluster gone the pool has no room
-        remaining, low, high = item.remaining(now)
-        price = (offer.spot_price or offer.on_demand_price) * job.num_nodes
-        decision = parts.eager(EagerRequest("boot", remaining, low, high, parts.options.eager_lead_s,
-                                            boot_seconds(s, parts), price))
-        if not decision.act:
-            continue
-        row = clusters.launch(parts, s, job, plan, exclude, after, leaving=item.cluster.id)
-        if row is None:
-            return
-        leaving.add(item.cluster.id)
-        if job.started_at is None:
-            job.started_at = now
-        machine.provisioning(s, parts.clock, job, cluster=row.id, zone=row.zone,
-                             reason=f"booted early, to be up when {item.job.id} finishes")
-        parts.event(s, job.id, "eager_boot", cluster=row.id, leaving=item.cluster.id, after_job=item.job.id,
-                    predicted_finish=item.prediction.finish_at, early_cost=round(decision.early_cost, 6),
-                    idle_removed_s=round(decision.idle_removed_s, 1), reason=decision.reason)
+        freeing.append(item)
+        if clusters.fleet_gpus(s, [f.cluster.id for f in freeing]) + gpus <= max_gpus:
+            break
+    else:
+        return  # even with all of them gone the pool has no room
+    last = freeing[-1]  # the room is there once the last of them has finished
+    remaining, low, high = last.remaining(now)
+    price = (offer.spot_price or offer.on_demand_price) * job.num_nodes
+    decision = parts.eager(EagerRequest("boot", remaining, low, high, parts.options.eager_lead_s,
+                                        boot_seconds(s, parts), price))
+    if not decision.act:
         return
+    going = [f.cluster.id for f in freeing]
+    row = clusters.launch(parts, s, job, plan, exclude, after, leaving=going)
+    if row is None:
+        return
+    leaving.update(going)
+    if job.started_at is None:
+        job.started_at = now
+    machine.provisioning(s, parts.clock, job, cluster=row.id, zone=row.zone,
+                         reason=f"booted early, to be up when {', '.join(f.job.id for f in freeing)} finish")
+    parts.event(s, job.id, "eager_boot", cluster=row.id, leaving=going, after_jobs=[f.job.id for f in freeing],
+                predicted_finish=last.prediction.finish_at, early_cost=round(decision.early_cost, 6),
+                idle_removed_s=round(decision.idle_removed_s, 1), reason=decision.reason)
 
 
 def boot_seconds(s: Session, parts: Parts) -> float:

@@ -66,6 +66,11 @@ def _run_until(engine: Engine, done: Callable[[], bool], timeout: float = 180) -
     raise AssertionError("timed out")
 
 
+def _cluster_of(engine: Engine, job_id: str) -> str:
+    with engine.store.transaction() as s:
+        return str(s.scalar(select(AllocationRow.cluster_id).where(AllocationRow.job_id == job_id)))
+
+
 def _events(engine: Engine, job_id: str, kind: str) -> list[JobEventRow]:
     with engine.store.transaction() as s:
         rows = list(s.scalars(select(JobEventRow).where(JobEventRow.job_id == job_id, JobEventRow.kind == kind)))
@@ -141,7 +146,8 @@ def test_a_cluster_booted_early_for_a_job_then_cancelled_is_torn_down(tmp_path: 
         b = _submit(engine, tmp_path, "b", TRAIN.format(steps=40), nodes=2)
         _run_until(engine, lambda: bool(_events(engine, b, "eager_boot")))
         boot = _events(engine, b, "eager_boot")[0]
-        assert "boot now" in str(boot.detail["reason"]) and boot.detail["leaving"] != boot.detail["cluster"]
+        assert "boot now" in str(boot.detail["reason"]) and boot.detail["after_jobs"] == [a]
+        assert boot.detail["leaving"] == [_cluster_of(engine, a)]
         early = str(boot.detail["cluster"])
         assert _job(engine, a).state == "RUNNING"
         machine.cancel_job(engine.store, b, engine.clock)
