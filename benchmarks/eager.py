@@ -7,7 +7,9 @@ eager policy ``off`` (the baseline), then ``eager``. Printed per run, in market 
 
 - the gap from a job's end to the next first step: for every job end while jobs were queued, the
   time to the first step (first progress report) of one of the jobs queued then; median and p95;
-- queue drain: ledger GPU-hours booked ``queue_drain``, and their share of all GPU-hours;
+  ``to start``: the median time to the broker starting one of them (the rest is process start-up);
+- queue drain: ledger GPU-hours booked ``queue_drain``, and their share of all GPU-hours; ``exact``:
+  the same from the allocations to the second (the ledger sees who holds GPUs at each minute's start);
 - the ledger's total cost, and the wall time of the run;
 - prediction error: over the finished jobs, the median of each job's median |predicted - actual
   finish| as a share of the time then left, per prediction source (progress, work, history).
@@ -18,6 +20,7 @@ eager policy ``off`` (the baseline), then ``eager``. Printed per run, in market 
 from __future__ import annotations
 
 import argparse
+import itertools
 import logging
 import statistics
 import sys
@@ -102,7 +105,7 @@ def _all_done(engine: Any, ids: list[str]) -> bool:
 def measure(engine: Any, ids: list[str]) -> dict[str, Any]:
     from sqlalchemy import func, select
 
-    from broker.store.tables import JobRow, LedgerRow, PredictionRow, ProgressRow
+    from broker.store.tables import AllocationRow, ClusterRow, JobRow, LedgerRow, PredictionRow, ProgressRow
 
     with engine.store.transaction() as s:
         jobs = list(s.scalars(select(JobRow).where(JobRow.id.in_(ids))))
@@ -110,11 +113,26 @@ def measure(engine: Any, ids: list[str]) -> dict[str, Any]:
             select(ProgressRow.job_id, func.min(ProgressRow.at)).group_by(ProgressRow.job_id))}
         ledger = list(s.execute(select(LedgerRow.usage, LedgerRow.gpus, LedgerRow.seconds, LedgerRow.cost)))
         predictions = list(s.scalars(select(PredictionRow)))
-    gaps = []
+        allocations = list(s.scalars(select(AllocationRow).order_by(AllocationRow.started_at)))
+        cluster_gpus = {c.id: c.num_nodes * c.gpus_per_node for c in s.scalars(select(ClusterRow))}
+    started = {}
+    for alloc in allocations:
+        started.setdefault(alloc.job_id, alloc.started_at)
+    gaps, start_gaps = [], []
     for ended in sorted(j.finished_at for j in jobs if j.finished_at):
         queued = [j for j in jobs if j.created_at <= ended and j.id in first_step and first_step[j.id] > ended]
         if queued:
             gaps.append((min(first_step[j.id] for j in queued) - ended).total_seconds())
+            start_gaps.append(max((min(started[j.id] for j in queued) - ended).total_seconds(), 0.0))
+    # Exactly (not by ledger minute): each cluster's GPUs between one allocation's end and the next one's start.
+    by_cluster: dict[str, list[Any]] = {}
+    for alloc in allocations:
+        by_cluster.setdefault(alloc.cluster_id, []).append(alloc)
+    exact_drain = 0.0
+    for cluster_id, allocs in by_cluster.items():
+        for before, after in itertools.pairwise(allocs):
+            if before.ended_at is not None and after.started_at > before.ended_at:
+                exact_drain += cluster_gpus[cluster_id] * (after.started_at - before.ended_at).total_seconds() / 3600
     gpu_hours = sum(g * sec for _, g, sec, _ in ledger) / 3600
     drain = sum(g * sec for u, g, sec, _ in ledger if u == "queue_drain") / 3600
     finished = {j.id: j.finished_at for j in jobs if j.state == "SUCCEEDED" and j.finished_at}
@@ -133,7 +151,9 @@ def measure(engine: Any, ids: list[str]) -> dict[str, Any]:
         "succeeded": sum(j.state == "SUCCEEDED" for j in jobs), "jobs": len(jobs),
         "gap_median": statistics.median(gaps) if gaps else float("nan"),
         "gap_p95": _quantile(gaps, 0.95) if gaps else float("nan"), "gaps": len(gaps),
+        "start_median": statistics.median(start_gaps) if start_gaps else float("nan"),
         "drain_gpu_h": drain, "drain_pct": 100 * drain / gpu_hours if gpu_hours else 0.0,
+        "exact_drain_pct": 100 * exact_drain / gpu_hours if gpu_hours else 0.0,
         "gpu_h": gpu_hours, "cost": sum(c for *_, c in ledger), "errors": errors,
     }
 
@@ -160,13 +180,14 @@ def main() -> None:
     results = {policy: run(policy, jobs, args.speed, args.timeout) for policy in ("off", "eager")}
     print(f"{args.jobs} jobs (1 and 2 nodes of 4 V100), pool of 16 GPUs, market x{args.speed:g}; "
           "gaps and errors in market seconds")
-    print(f"{'eager':6} {'done':>5} {'gaps':>5} {'gap med s':>10} {'gap p95 s':>10} {'drain GPU-h':>12} "
-          f"{'drain %':>8} {'GPU-h':>7} {'cost $':>8} {'wall s':>7}  prediction error: median % of time left, s (jobs)")
+    print(f"{'eager':6} {'done':>5} {'gaps':>5} {'gap med s':>10} {'gap p95 s':>10} {'to start':>9} "
+          f"{'drain GPU-h':>12} {'drain %':>8} {'exact %':>8} {'GPU-h':>7} {'cost $':>8} {'wall s':>7}  "
+          "prediction error: median % of time left, s (jobs)")
     for policy, r in results.items():
         errors = ", ".join(f"{src} {100 * e:.0f}% {s:.0f} s ({n})" for src, (e, s, n) in sorted(r["errors"].items()))
         print(f"{policy:6} {r['succeeded']:>2}/{r['jobs']:<2} {r['gaps']:>5} {r['gap_median']:>10.1f} "
-              f"{r['gap_p95']:>10.1f} {r['drain_gpu_h']:>12.3f} {r['drain_pct']:>8.2f} {r['gpu_h']:>7.2f} "
-              f"{r['cost']:>8.3f} {r['wall_s']:>7.0f}  {errors or '-'}")
+              f"{r['gap_p95']:>10.1f} {r['start_median']:>9.1f} {r['drain_gpu_h']:>12.3f} {r['drain_pct']:>8.2f} "
+              f"{r['exact_drain_pct']:>8.2f} {r['gpu_h']:>7.2f} {r['cost']:>8.3f} {r['wall_s']:>7.0f}  {errors or '-'}")
     off, on = results["off"], results["eager"]
     print(f"eager vs off: gap median {on['gap_median'] - off['gap_median']:+.1f} s, queue drain "
           f"{on['drain_pct'] - off['drain_pct']:+.2f} points, cost {100 * (on['cost'] / off['cost'] - 1):+.1f}%")

@@ -11,10 +11,12 @@ soonest:
   next job waits. If the reserving job is cancelled or fails, its claim is gone with it
   (``packing.holdings`` counts active jobs only).
 - **boot**: if it needs a new cluster and only the pool's size (``max_gpus``) holds it back, the
-  clusters of the jobs finishing soonest (each the only holder of its cluster) are counted as
+  clusters of the jobs finishing soonest (each the only holder of its cluster, and none that another
+  queued job could run on: that one would take it with no boot at all) are counted as
   leaving until they make room; the policy weighs booting now (the cluster up at the last of those
   predicted finishes) against the worst-case overlap, and the cluster is launched counting them as
-  leaving. A cluster is counted as leaving by one early boot only. A cluster booted for a job that is
+  leaving. A cluster is counted as leaving by one early boot only, and once its job has left it is
+  torn down (``release_leaving``) rather than taken by another queued job. A cluster booted for a job that is
   then cancelled has no holder and is torn down by ``clusters.reap``.
 
 Each decision to act is a job event (``eager_reserve``, ``eager_boot``) with the policy's reason.
@@ -30,12 +32,12 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from broker.engine import clusters, machine, packing
-from broker.engine.checkpoints import current_allocation
+from broker.engine.checkpoints import current_allocation, end_allocation
 from broker.engine.forecast import latest
 from broker.engine.parts import AfterCommit, Parts
 from broker.engine.planning import Planner
-from broker.model import ACTIVE_STATES, ClusterState, JobState
-from broker.store.tables import ClusterRow, JobEventRow, JobRow, PredictionRow
+from broker.model import ACTIVE_STATES, ClusterState, JobState, TeardownReason
+from broker.store.tables import AllocationRow, ClusterRow, JobEventRow, JobRow, PredictionRow
 from policies import registry
 from policies.eager import EagerRequest
 from policies.gang import GangPlacement
@@ -79,7 +81,8 @@ def ready_next(parts: Parts, planner: Planner) -> None:
             if parts.options.admit is not None and not parts.options.admit(s, job):
                 continue
             if not _reserve(parts, s, job, finishing, now):
-                _boot(parts, planner, s, job, finishing, leaving, now, after)
+                others = [q for q in queued if q.id != job.id and q.state == JobState.PENDING.value]
+                _boot(parts, planner, s, job, finishing, leaving, _useful(parts, finishing, others), now, after)
     after.carry_out(parts.provisioner)
 
 
@@ -132,6 +135,13 @@ def _fits_after(parts: Parts, s: Session, item: Finishing, job: JobRow, per_node
     return parts.placement(packing.gang_request(job, parts.spec_of(job), per_node), snap)
 
 
+def _useful(parts: Parts, finishing: list[Finishing], others: list[JobRow]) -> set[str]:
+    """Clusters of finishing jobs another queued job could run on: those are worth more kept than
+    torn down for an early boot (the next job would take them with no boot at all)."""
+    return {item.cluster.id for item in finishing
+            if any(packing.hosts(item.cluster, parts.spec_of(q), q) is not None for q in others)}
+
+
 def _early_boots(s: Session) -> set[str]:
     """Clusters an active job's early boot already counted as leaving."""
     active = select(JobRow.id).where(JobRow.state.in_(ACTIVE_STATES))
@@ -140,7 +150,7 @@ def _early_boots(s: Session) -> set[str]:
 
 
 def _boot(parts: Parts, planner: Planner, s: Session, job: JobRow, finishing: list[Finishing], leaving: set[str],
-          now: datetime, after: AfterCommit) -> None:
+          useful: set[str], now: datetime, after: AfterCommit) -> None:
     """Boot the job's cluster early if the clusters of the jobs finishing soonest make room for it."""
     max_gpus = parts.options.max_gpus
     if max_gpus is None:
@@ -154,7 +164,7 @@ def _boot(parts: Parts, planner: Planner, s: Session, job: JobRow, finishing: li
     # Soonest first, the clusters whose only holder is a finishing job, until their GPUs make room.
     freeing: list[Finishing] = []
     for item in finishing:
-        if item.cluster.id in leaving or set(packing.holdings(s, item.cluster.id)) != {item.job.id}:
+        if item.cluster.id in leaving | useful or set(packing.holdings(s, item.cluster.id)) != {item.job.id}:
             continue
         freeing.append(item)
         if clusters.fleet_gpus(s, [f.cluster.id for f in freeing]) + gpus <= max_gpus:
@@ -180,6 +190,29 @@ def _boot(parts: Parts, planner: Planner, s: Session, job: JobRow, finishing: li
     parts.event(s, job.id, "eager_boot", cluster=row.id, leaving=going, after_jobs=[f.job.id for f in freeing],
                 predicted_finish=last.prediction.finish_at, early_cost=round(decision.early_cost, 6),
                 idle_removed_s=round(decision.idle_removed_s, 1), reason=decision.reason)
+
+
+def release_leaving(parts: Parts) -> None:
+    """Tear down the clusters an early boot counted as leaving once their job has left them.
+
+    Runs before queued jobs are placed: the room an early boot took under ``max_gpus`` was these
+    clusters', and another queued job taking one of them would hold the pool above its size.
+    """
+    if parts.options.max_gpus is None or not enabled(parts):
+        return
+    now = parts.clock.now()
+    with parts.store.transaction() as s:
+        for cluster_id in sorted(_early_boots(s)):
+            row = s.get(ClusterRow, cluster_id, with_for_update=True)
+            if row is None or row.state not in clusters.HOLDING:
+                continue
+            for alloc in s.scalars(select(AllocationRow).where(AllocationRow.cluster_id == row.id,
+                                                               AllocationRow.ended_at.is_(None))):
+                holder = s.get(JobRow, alloc.job_id)
+                if holder is not None and JobState(holder.state).terminal:  # cancelled: its allocation ends now
+                    end_allocation(alloc, holder.state.lower(), now)
+            if not packing.holdings(s, row.id):
+                clusters.release(row, now, TeardownReason.IDLE)
 
 
 def boot_seconds(s: Session, parts: Parts) -> float:

@@ -62,7 +62,8 @@ class Engine:
 
         1. sync every live cluster with the backend (up, failed, gone; relaunch one a crash left unlaunched);
         2. move every active job on by at most one transition, highest priority first;
-        3. let queued jobs take GPUs that step 2 freed, before idle clusters are reaped;
+        3. let queued jobs take GPUs that step 2 freed (not a cluster an early boot took the room of),
+           before idle clusters are reaped;
         4. ready the queued jobs still waiting for a running job's predicted finish (eager allocation);
         5. tear down clusters nobody holds or is heading to, unless the pool keeps them a while;
         6. write the ledger's minutes up to now;
@@ -72,6 +73,7 @@ class Engine:
             clusters.sync(self.parts)
             for job_id in self.active_jobs():
                 self.jobs.advance(job_id)
+            eager.release_leaving(self.parts)
             for job_id in self.active_jobs(JobState.PENDING):
                 self.jobs.advance(job_id)
             eager.ready_next(self.parts, self.planner)
