@@ -116,6 +116,9 @@ def launch(parts: Parts, s: Session, job: JobRow, plan: Plan, exclude: set[str],
         if max_gpus is not None and fleet_gpus(s, leaving) + gpus > max_gpus:
             parts.event(s, job.id, "fleet_full", max_gpus=max_gpus)
             return None
+        if (limit := autoscale.queue_full(parts, s, job, gpus, leaving)) is not None:
+            parts.event(s, job.id, "queue_full", queue_max_gpus=limit)
+            return None
         sequence = int(s.scalar(select(func.count()).select_from(ClusterRow)
                                 .where(ClusterRow.job_id == job.id)) or 0) + 1
         cluster_id = f"{job.id}-c{sequence}"

@@ -50,6 +50,7 @@ class EngineOptions:
     eager_policy: str | None = None  # eager allocation (policies/eager.py); None: the registry's default, off
     eager_lead_s: float = 120.0
     pool_idle_s: float = 0.0  # market seconds an unheld cluster is kept for the queue
+    queue_max_gpus: tuple[tuple[str, int], ...] = ()  # (queue, GPUs its jobs' clusters may hold)
 
 
 def restart_overhead(settings: Settings) -> float:
@@ -66,7 +67,8 @@ def engine_options(settings: Settings, broker_url: str | None, **extra: Any) -> 
         placement_policy=settings.placement_policy, preemption_policy=settings.preemption_policy,
         max_gpus=settings.max_gpus, restart_overhead_s=restart_overhead(settings), broker_url=broker_url,
         eager_policy=settings.eager_policy, eager_lead_s=settings.eager_lead_seconds,
-        pool_idle_s=settings.pool_idle_seconds, **extra,
+        pool_idle_s=settings.pool_idle_seconds, queue_max_gpus=tuple(sorted(settings.queue_max_gpus.items())),
+        **extra,
     )
 
 

@@ -111,3 +111,20 @@ def test_eager_and_pool_settings_refuse_garbage_in_one_line(name: str, value: ob
         load_settings(**{name: value})
     message = str(error.value)
     assert words in message and "\n" not in message and len(message) < 600
+
+
+@pytest.mark.parametrize(("value", "words"), [
+    ({"trainin": 4}, "unknown queue 'trainin'; expected one of inference, training, batch, custom"),
+    ({"training": 0}, "training: GPUs must be at least 1, got 0"),
+    ({"training": "many"}, "queue_max_gpus.training: Input should be a valid integer"),
+    ({"x" * 100_000: 1}, "unknown queue 'xxxxxxxx"),
+    ("training=4", "queue_max_gpus: Input should be a valid dictionary"),
+])
+def test_queue_gpu_limits_refuse_garbage_in_one_line(value: object, words: str) -> None:
+    from broker.config import load_settings
+    from broker.settings_file import ConfigError
+
+    with pytest.raises(ConfigError) as error:
+        load_settings(queue_max_gpus=value)
+    message = str(error.value)
+    assert words in message and "\n" not in message and len(message) < 600

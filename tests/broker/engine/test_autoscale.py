@@ -90,3 +90,35 @@ def test_an_idle_cluster_waits_for_the_next_job_then_goes_and_a_queue_it_cannot_
         assert _clusters(engine)[1][2] == "idle"
     finally:
         broker.close()
+
+
+@pytest.mark.slow
+def test_a_queue_grows_the_pool_only_within_its_own_gpu_limit(tmp_path: Path) -> None:
+    path = tmp_path / "m.csv"
+    start = datetime(2026, 1, 1, tzinfo=UTC)
+    write_trace(path, [SpotQuote("aws", "us-east-1", "us-east-1a", "p3.8xlarge", "V100", 4, 3.67, 12.24,
+                                 start + timedelta(minutes=t), available_nodes=4) for t in range(600)])
+    settings = load_settings(market=path, speed=30.0, local_provision_seconds=60.0, max_gpus=16,
+                             queue_max_gpus={"training": 4})
+    broker = EmbeddedBroker(settings, fresh_market=True)
+    engine = broker.start()
+    text = JOB.replace("run: python train.py --steps 40", "run: python train.py --steps 200")
+
+    def submit(name: str, priority: str | None = None) -> str:
+        body = text.format(name=name, nodes=1, workdir=EXAMPLES) + (f"broker:\n  priority: {priority}\n"
+                                                                    if priority else "")
+        return engine.submit(parse_job_spec(body, source=str(tmp_path / f"{name}.yaml")))
+    try:
+        a, b = submit("a"), submit("b")  # both training: one 4-GPU cluster between them
+        batch = submit("c", priority="inference")  # another queue (one b cannot preempt): the pool has room
+        _run_until(engine, lambda: _state(engine, a) == "RUNNING" and _state(engine, batch) == "RUNNING")
+        assert _state(engine, b) == "PENDING"
+        with engine.store.transaction() as s:
+            from broker.store.tables import JobEventRow
+            assert s.scalar(select(JobEventRow).where(JobEventRow.job_id == b, JobEventRow.kind == "queue_full"))
+        _run_until(engine, lambda: _state(engine, b) == "SUCCEEDED")
+        with engine.store.transaction() as s:
+            allocs = {x.job_id: x for x in s.scalars(select(AllocationRow))}
+        assert allocs[b].started_at >= allocs[a].ended_at  # it waited for a's GPUs, within the queue's 4
+    finally:
+        broker.close()
