@@ -68,9 +68,6 @@ def progress_fields(s: Session, job: JobRow) -> dict[str, Any]:
                       .order_by(AllocationRow.attempt.desc()).limit(1))
     predicted = s.scalar(select(PredictionRow).where(PredictionRow.job_id == job.id)
                          .order_by(PredictionRow.made_at.desc(), PredictionRow.id.desc()).limit(1))
-    earlier = list(s.scalars(select(JobRow).where(JobRow.name == job.name, JobRow.team == job.team,
-                                                  JobRow.id != job.id, JobRow.state == "SUCCEEDED")
-                             .order_by(JobRow.finished_at.desc()).limit(EARLIER_JOBS)))
     own = _errors(s, job) if job.state == "SUCCEEDED" else []
     return {
         "progress": {"step": report.step, "total": report.total} if report else None,
@@ -80,8 +77,27 @@ def progress_fields(s: Session, job: JobRow) -> dict[str, Any]:
         "predicted_finish_high": _iso(predicted.high_at if predicted else None),
         "prediction_source": predicted.source if predicted else None,
         "prediction_error_s": round(_median([abs(e) for e, _ in own]), 1) if own else None,
-        "earlier_prediction_error": prediction_error(s, earlier),
+        "earlier_prediction_error": _earlier_error(s, job),
     }
+
+
+def _earlier_error(s: Session, job: JobRow) -> dict[str, Any] | None:
+    """``prediction_error`` of the latest finished jobs of the job's name and team, the job itself left out.
+
+    Read once per name and team in a session (``status`` of many jobs of one name asks for the same).
+    """
+    cache: dict[tuple[str, str], list[JobRow]] = s.info.setdefault("earlier_jobs", {})
+    key = (job.name, job.team)
+    if key not in cache:
+        cache[key] = list(s.scalars(select(JobRow).where(JobRow.name == job.name, JobRow.team == job.team,
+                                                         JobRow.state == "SUCCEEDED")
+                                    .order_by(JobRow.finished_at.desc()).limit(EARLIER_JOBS + 1)))
+    earlier = [other for other in cache[key] if other.id != job.id][:EARLIER_JOBS]
+    scored: dict[str, list[tuple[float, float]]] = s.info.setdefault("prediction_errors", {})
+    for other in earlier:
+        if other.id not in scored:
+            scored[other.id] = _errors(s, other)
+    return _summarise([scored[other.id] for other in earlier])
 
 
 def _errors(s: Session, job: JobRow) -> list[tuple[float, float]]:
@@ -98,7 +114,11 @@ def _errors(s: Session, job: JobRow) -> list[tuple[float, float]]:
 
 def prediction_error(s: Session, jobs: list[JobRow]) -> dict[str, Any] | None:
     """How far off the predictions of these finished jobs were: medians over jobs of each job's median."""
-    per_job = [errors for job in jobs if (errors := _errors(s, job))]
+    return _summarise([_errors(s, job) for job in jobs])
+
+
+def _summarise(errors_per_job: list[list[tuple[float, float]]]) -> dict[str, Any] | None:
+    per_job = [errors for errors in errors_per_job if errors]
     if not per_job:
         return None
     seconds = _median([_median([abs(e) for e, _ in errors]) for errors in per_job])
