@@ -52,6 +52,13 @@ class Settings(BaseSettings):
     poll_seconds: float = Field(0.2, gt=0, description="engine step interval, wall seconds")
     server: str | None = Field(None, description="URL of a running `broker serve`")
     local_provision_seconds: float = Field(120.0, ge=0, description="local backend: market seconds to boot")
+    eager_policy: str | None = Field(None, description="eager allocation: eager, or off (the default)")
+    eager_lead_seconds: float = Field(120.0, ge=0, le=86400.0, description="market seconds before a running job's "
+                                      "predicted finish from which the next queued job is readied")
+    pool_idle_seconds: float = Field(0.0, ge=0, le=86400.0, description="market seconds a cluster nobody holds is "
+                                     "kept for the queue before it is torn down (0: at once)")
+    queue_max_gpus: dict[str, int] = Field(default_factory=dict, description="queue (inference, training, batch "
+                                           "or custom) -> GPUs the clusters launched for its jobs may hold")
     restart_overhead_s: float | None = Field(
         None, ge=0, description="what a (re)start costs a job, for the selection policy; default 720 s "
                                 "(0.2 h, as in the NSDI'24 paper), on the local backend its boot time plus a minute")
@@ -107,17 +114,30 @@ class Settings(BaseSettings):
     price_retry_attempts: int = Field(6, ge=1, description="tries per API call on throttling and 5xx")
     price_retry_base_seconds: float = Field(0.5, gt=0, description="first backoff step (doubles, jittered)")
 
-    @field_validator("selection_policy", "placement_policy", "preemption_policy")
+    @field_validator("selection_policy", "placement_policy", "preemption_policy", "eager_policy")
     @classmethod
     def _known_policy(cls, value: str | None, info: ValidationInfo) -> str | None:
         from policies import registry
 
         try:
-            kind = {"selection_policy": "selection", "placement_policy": "placement"}.get(info.field_name or "",
-                                                                                      "preemption")
+            kind = {"selection_policy": "selection", "placement_policy": "placement",
+                    "eager_policy": "eager"}.get(info.field_name or "", "preemption")
             return registry.check(kind, value)
         except registry.UnknownPolicy as exc:
             raise ValueError(str(exc)) from None
+
+    @field_validator("queue_max_gpus", mode="after")
+    @classmethod
+    def _queue_limits(cls, value: dict[str, int]) -> dict[str, int]:
+        from broker.specfile.values import PRIORITY_CLASSES
+
+        known = (*PRIORITY_CLASSES, "custom")
+        for queue, gpus in value.items():
+            if queue not in known:
+                raise ValueError(f"unknown queue {queue[:60]!r}; expected one of {', '.join(known)}")
+            if gpus < 1:
+                raise ValueError(f"{queue}: GPUs must be at least 1, got {gpus}")
+        return value
 
     @field_validator("aws_regions", "gcp_regions", "azure_regions", mode="before")
     @classmethod

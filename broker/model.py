@@ -97,3 +97,4 @@ class Usage(enum.StrEnum):
     UNALLOCATED = "unallocated"  # free GPUs no queued gang fits (fragmentation)
     STRANDED = "stranded"  # what fractions leave of the GPUs they share (A100:0.5 alone: half a GPU)
     FINISHED = "finished"  # held by a job that has ended, until teardown
+    QUEUE_DRAIN = "queue_drain"  # between one job's end and the next one's start, with a job waiting

@@ -16,18 +16,20 @@ from typing import TYPE_CHECKING, Literal, Protocol, TypeVar, overload
 if TYPE_CHECKING:
     from policies.admission import AdmissionRequest
     from policies.checkpointing import CheckpointPlan, CheckpointRequest
+    from policies.eager import EagerDecision, EagerRequest
     from policies.gang import GangPlacement
     from policies.placement import ClusterSnapshot, PlacementRequest
     from policies.preemption import PreemptionPlan, PreemptionRequest, RunningGang
     from policies.selection import Plan, SelectionRequest
     from policies.sharing import SharingCluster, SharingPlacement, SharingRequest
 
-Kind = Literal["selection", "placement", "preemption", "admission", "sharing", "checkpointing"]
-KINDS: tuple[Kind, ...] = ("selection", "placement", "preemption", "admission", "sharing", "checkpointing")
+Kind = Literal["selection", "placement", "preemption", "admission", "sharing", "checkpointing", "eager"]
+KINDS: tuple[Kind, ...] = ("selection", "placement", "preemption", "admission", "sharing", "checkpointing",
+                           "eager")
 # The modules whose import registers the built-in policies.
 BUILTIN = ("policies.selection", "policies.baselines", "policies.broker_policy", "policies.optimal",
            "policies.placement", "policies.preemption", "policies.admission", "policies.sharing",
-           "policies.checkpointing")
+           "policies.checkpointing", "policies.eager")
 
 
 class SelectionPolicy(Protocol):
@@ -67,13 +69,21 @@ class CheckpointingPolicy(Protocol):
     def __call__(self, request: CheckpointRequest, /) -> CheckpointPlan: ...
 
 
-Policy = SelectionPolicy | PlacementPolicy | PreemptionPolicy | AdmissionPolicy | SharingPolicy | CheckpointingPolicy
+class EagerPolicy(Protocol):
+    """Whether to ready a queued job now, before a running job's predicted finish."""
+
+    def __call__(self, request: EagerRequest, /) -> EagerDecision: ...
+
+
+Policy = (SelectionPolicy | PlacementPolicy | PreemptionPolicy | AdmissionPolicy | SharingPolicy
+          | CheckpointingPolicy | EagerPolicy)
 S = TypeVar("S", bound=SelectionPolicy)
 P = TypeVar("P", bound=PlacementPolicy)
 X = TypeVar("X", bound=PreemptionPolicy)
 A = TypeVar("A", bound=AdmissionPolicy)
 H = TypeVar("H", bound=SharingPolicy)
 C = TypeVar("C", bound=CheckpointingPolicy)
+E = TypeVar("E", bound=EagerPolicy)
 
 _REGISTRY: dict[str, dict[str, Policy]] = {kind: {} for kind in KINDS}
 _DEFAULTS: dict[str, str] = {}
@@ -103,6 +113,9 @@ def register(kind: Literal["sharing"], name: str, *, default: bool = False,
 @overload
 def register(kind: Literal["checkpointing"], name: str, *, default: bool = False,
              simulator_only: bool = False) -> Callable[[C], C]: ...
+@overload
+def register(kind: Literal["eager"], name: str, *, default: bool = False,
+             simulator_only: bool = False) -> Callable[[E], E]: ...
 def register(kind: Kind, name: str, *, default: bool = False,  # type: ignore[misc]
              simulator_only: bool = False) -> Callable[[Policy], Policy]:
     if kind not in _REGISTRY:
@@ -159,6 +172,8 @@ def get(kind: Literal["admission"], name: str | None = None, *, live: bool = Fal
 def get(kind: Literal["sharing"], name: str | None = None, *, live: bool = False) -> SharingPolicy: ...
 @overload
 def get(kind: Literal["checkpointing"], name: str | None = None, *, live: bool = False) -> CheckpointingPolicy: ...
+@overload
+def get(kind: Literal["eager"], name: str | None = None, *, live: bool = False) -> EagerPolicy: ...
 def get(kind: Kind, name: str | None = None, *, live: bool = False) -> Policy:
     """The policy ``name`` of ``kind`` (None: the kind's default); ``live``: refuse simulator-only ones."""
     return _find(kind, name, live)

@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     from rich.table import Table
 
 SUCCEEDED, PENDING = "SUCCEEDED", "PENDING"  # broker.model.JobState values, without importing the engine's model
+TERMINAL = ("SUCCEEDED", "FAILED", "CANCELLED")
 
 
 def progress_table(summary: dict[str, Any], progress: str) -> Table:
@@ -37,15 +38,47 @@ def status_table(summaries: list[dict[str, Any]]) -> Table:
     from rich.table import Table
 
     table = Table(header_style="bold")
-    for column in ("job", "name", "team", "state", "where", "preemptions", "migrations", "cost", "on-demand"):
-        table.add_column(column, no_wrap=column != "name")
+    for column in ("job", "name", "team", "state", "where", "progress", "finish (market)", "earlier predictions",
+                   "preemptions", "migrations", "cost", "on-demand"):
+        table.add_column(column, no_wrap=column not in ("name", "finish (market)", "earlier predictions"))
     for item in summaries:
         where = f"{item['cloud']}/{item['zone']}" if item["zone"] else "-"
         state = f"{item['state']} ({item['checkpoint_reason']})" if item.get("checkpoint_reason") else item["state"]
         name = f"{item['name']} (stage {item['stage']} of {item['pipeline_id']})" if item.get("stage") else item["name"]
-        table.add_row(item["job_id"], name, item["team"], state, where, str(item["preemptions"]),
+        table.add_row(item["job_id"], name, item["team"], state, where, progress_cell(item),
+                      finish_cell(item), earlier_cell(item), str(item["preemptions"]),
                       str(item["migrations"]), f"${item['cost']:.4f}", f"${item['on_demand_cost']:.4f}")
     return table
+
+
+def progress_cell(item: dict[str, Any]) -> str:
+    progress = item.get("progress")
+    if not progress:
+        return "-"
+    if progress.get("total"):
+        return f"{progress['step']}/{progress['total']} ({100 * progress['step'] / progress['total']:.0f}%)"
+    return f"step {progress['step']}"
+
+
+def _clock(iso: str) -> str:
+    return iso[11:19]  # HH:MM:SS of an ISO timestamp
+
+
+def finish_cell(item: dict[str, Any]) -> str:
+    """The predicted finish and its interval while the job is active; when it ended, the prediction's error."""
+    if item["state"] == SUCCEEDED and item.get("prediction_error_s") is not None:
+        return f"{_clock(item['finished_at'])} (predictions off by {item['prediction_error_s']:.0f} s)"
+    if item.get("predicted_finish") is None or item["state"] in TERMINAL:
+        return "-"
+    return (f"{_clock(item['predicted_finish'])} ({_clock(item['predicted_finish_low'])}-"
+            f"{_clock(item['predicted_finish_high'])}, {item['prediction_source']})")
+
+
+def earlier_cell(item: dict[str, Any]) -> str:
+    earlier = item.get("earlier_prediction_error")
+    if not earlier:
+        return "-"
+    return f"off by {earlier['median_error_s']:.0f} s ({earlier['median_error_pct']:.0f}%), {earlier['jobs']} job(s)"
 
 
 def print_status(summaries: list[dict[str, Any]], job_id: str | None, as_json: bool) -> None:

@@ -11,12 +11,13 @@ PROVISIONING -> UP -> TERMINATING -> TERMINATED, or PROVISIONING -> FAILED (it n
 from __future__ import annotations
 
 import logging
+from collections.abc import Collection
 from datetime import datetime
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from broker.engine import packing
+from broker.engine import autoscale, packing
 from broker.engine.checkpoints import end_allocation
 from broker.engine.notices import record_backend_notice
 from broker.engine.parts import AfterCommit, Parts, cluster_info
@@ -88,17 +89,20 @@ def sync(parts: Parts) -> None:
                     current.up_at = current.terminated_at
 
 
-def fleet_gpus(s: Session, leaving: str | None = None) -> int:
-    """GPUs of every cluster up or coming up (not counting ``leaving``, which a migration releases)."""
+def fleet_gpus(s: Session, leaving: str | Collection[str] | None = None) -> int:
+    """GPUs of every cluster up or coming up (not counting ``leaving``: what a migration, or the jobs
+    an early boot follows, release)."""
     query = select(func.coalesce(func.sum(ClusterRow.num_nodes * ClusterRow.gpus_per_node), 0)).where(
         ClusterRow.state.in_(HOLDING))
-    if leaving is not None:
+    if isinstance(leaving, str):
         query = query.where(ClusterRow.id != leaving)
+    elif leaving:
+        query = query.where(ClusterRow.id.not_in(list(leaving)))
     return int(s.scalar(query) or 0)
 
 
 def launch(parts: Parts, s: Session, job: JobRow, plan: Plan, exclude: set[str], after: AfterCommit,
-           leaving: str | None = None) -> ClusterRow | None:
+           leaving: str | Collection[str] | None = None) -> ClusterRow | None:
     """Write the cluster row for the plan's first usable location; it is launched after commit."""
     for location in plan.locations:
         if location.offer is None or location.kind == IDLE:
@@ -111,6 +115,9 @@ def launch(parts: Parts, s: Session, job: JobRow, plan: Plan, exclude: set[str],
         max_gpus = parts.options.max_gpus
         if max_gpus is not None and fleet_gpus(s, leaving) + gpus > max_gpus:
             parts.event(s, job.id, "fleet_full", max_gpus=max_gpus)
+            return None
+        if (limit := autoscale.queue_full(parts, s, job, gpus, leaving)) is not None:
+            parts.event(s, job.id, "queue_full", queue_max_gpus=limit)
             return None
         sequence = int(s.scalar(select(func.count()).select_from(ClusterRow)
                                 .where(ClusterRow.job_id == job.id)) or 0) + 1
@@ -153,7 +160,7 @@ def release(row: ClusterRow, now: datetime, why: TeardownReason) -> None:
 
 
 def reap(parts: Parts) -> None:
-    """Tear down every live cluster that no active job holds or is heading to."""
+    """Tear down every live cluster that no active job holds or is heading to (unless the pool keeps it)."""
     after = AfterCommit()
     now = parts.clock.now()
     with parts.store.transaction() as s:
@@ -162,7 +169,7 @@ def reap(parts: Parts) -> None:
                 holder = s.get(JobRow, alloc.job_id)
                 if holder is None or JobState(holder.state).terminal:
                     end_allocation(alloc, holder.state.lower() if holder else "orphaned", now)
-            if not packing.holdings(s, row.id):
+            if not packing.holdings(s, row.id) and not autoscale.keep(parts, s, row, now):
                 release(row, now, TeardownReason.IDLE)
         for row in s.scalars(select(ClusterRow).where(ClusterRow.state == ClusterState.TERMINATING.value)):
             after.terminations.append(cluster_info(row))

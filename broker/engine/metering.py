@@ -4,7 +4,8 @@ A cluster is metered from its launch to its end in clock minutes (a partial firs
 minute are prorated). Each minute's cost splits by GPUs: a row per job holding GPUs, with what the
 job was doing (provisioning, running, checkpointing and restarting), and a row for the GPUs nobody
 held, with why (waiting for work, stranded by fragmentation, held by a finished job until
-teardown). The unique (cluster, minute, holder) key makes metering a minute twice impossible.
+teardown, or queue drain: the whole cluster between one job's end and the next one's start while a
+job waits or is heading to it). The unique (cluster, minute, holder) key makes metering a minute twice impossible.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ class ClusterHistory:
     launched_for: JobRow | None
     migrated_in: bool
     queue_waiting: bool
+    heading: bool  # a job is on its way to this cluster (placed or reserved, not started yet)
 
     @classmethod
     def read(cls, s: Session, row: ClusterRow) -> ClusterHistory:
@@ -53,7 +55,10 @@ class ClusterHistory:
             select(AllocationRow.id).where(AllocationRow.job_id == launched_for.id,
                                            AllocationRow.started_at < row.created_at)) is not None
         queue_waiting = s.scalar(select(JobRow.id).where(JobRow.state == JobState.PENDING.value)) is not None
-        return cls(row, allocations, jobs, launched_for, migrated_in, queue_waiting)
+        heading = s.scalar(select(JobRow.id).where(
+            JobRow.target_cluster_id == row.id,
+            JobRow.state.in_([JobState.PROVISIONING.value, JobState.MIGRATING.value])).limit(1)) is not None
+        return cls(row, allocations, jobs, launched_for, migrated_in, queue_waiting, heading)
 
     def shares(self, minute: datetime) -> list[Share]:
         row = self.row
@@ -89,6 +94,8 @@ class ClusterHistory:
             job = self.jobs.get(last.job_id)
             if last.outcome == "preempted" or (job is not None and not JobState(job.state).terminal):
                 return [Share(f"job:{last.job_id}", Usage.RESTARTING, free, job)]
+            if self.queue_waiting or self.heading:
+                return [Share(f"idle:{Usage.QUEUE_DRAIN.value}", Usage.QUEUE_DRAIN, free)]
             return [Share(f"idle:{Usage.FINISHED.value}", Usage.FINISHED, free)]
         cause = Usage.UNALLOCATED if self.queue_waiting else Usage.WAITING
         # What fractions leave of the GPUs they share is idle too, and stranded (fragmentation).

@@ -47,6 +47,10 @@ class EngineOptions:
     max_gpus: int | None = None  # GPUs the broker may hold across all its clusters
     # A gate a PENDING job must pass before it is planned (the service's capacity shares); None: all pass.
     admit: Callable[[Session, JobRow], bool] | None = None
+    eager_policy: str | None = None  # eager allocation (policies/eager.py); None: the registry's default, off
+    eager_lead_s: float = 120.0
+    pool_idle_s: float = 0.0  # market seconds an unheld cluster is kept for the queue
+    queue_max_gpus: tuple[tuple[str, int], ...] = ()  # (queue, GPUs its jobs' clusters may hold)
 
 
 def restart_overhead(settings: Settings) -> float:
@@ -61,7 +65,10 @@ def engine_options(settings: Settings, broker_url: str | None, **extra: Any) -> 
     return EngineOptions(
         home=settings.home, selection_policy=settings.selection_policy,
         placement_policy=settings.placement_policy, preemption_policy=settings.preemption_policy,
-        max_gpus=settings.max_gpus, restart_overhead_s=restart_overhead(settings), broker_url=broker_url, **extra,
+        max_gpus=settings.max_gpus, restart_overhead_s=restart_overhead(settings), broker_url=broker_url,
+        eager_policy=settings.eager_policy, eager_lead_s=settings.eager_lead_seconds,
+        pool_idle_s=settings.pool_idle_seconds, queue_max_gpus=tuple(sorted(settings.queue_max_gpus.items())),
+        **extra,
     )
 
 
@@ -106,6 +113,7 @@ class Parts:
         self.selection = registry.get("selection", options.selection_policy, live=True)
         self.placement = registry.get("placement", options.placement_policy)
         self.preemption = registry.get("preemption", options.preemption_policy)
+        self.eager = registry.get("eager", options.eager_policy, live=True)
         # cluster id -> the token its agents authenticate with; the store keeps only hashes.
         self.tokens = tokens
         self._specs: dict[str, JobSpec] = {}

@@ -16,6 +16,7 @@ IDLE_CAUSES: tuple[str, ...] = (
     Usage.UNALLOCATED.value,
     Usage.STRANDED.value,
     Usage.FINISHED.value,
+    Usage.QUEUE_DRAIN.value,
 )
 CAUSE_LABELS: dict[str, str] = {
     "provisioning": "provisioning",
@@ -24,6 +25,7 @@ CAUSE_LABELS: dict[str, str] = {
     "unallocated": "unallocated (fragmentation)",
     "stranded": "stranded GPU fractions",
     "finished": "held by finished jobs",
+    "queue_drain": "queue drain (between jobs)",
 }
 DIMENSIONS: tuple[str, ...] = ("job", "team", "cloud", "region", "gpu")
 

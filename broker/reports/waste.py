@@ -156,6 +156,9 @@ class _Describer:
             advice = f"finished jobs held its GPUs for {total.minutes} min: release GPUs as a job ends"
         elif usage == Usage.RESTARTING.value:
             advice = f"{total.minutes} min of checkpoint and restart: check restore speed on {name}"
+        elif usage == Usage.QUEUE_DRAIN.value:
+            advice = (f"its GPUs sat {total.minutes} min between one job's end and the next one's start: "
+                      f"turn on eager allocation (BROKER_EAGER_POLICY=eager)")
         else:
             advice = f"{total.minutes} min marked {usage!r}"
         label = CAUSE_LABELS.get(usage, usage)

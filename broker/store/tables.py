@@ -209,6 +209,23 @@ class ProgressRow(Base):
     __table_args__ = (Index("ix_progress_reports_job_at", "job_id", "at"),)
 
 
+class PredictionRow(Base):
+    """A finish time the engine predicted for a running job, kept to tell later how far off it was."""
+
+    __tablename__ = "predictions"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id"))
+    attempt: Mapped[int] = mapped_column(Integer)
+    made_at: Mapped[datetime] = mapped_column(UtcDateTime)  # market clock
+    finish_at: Mapped[datetime] = mapped_column(UtcDateTime)
+    low_at: Mapped[datetime] = mapped_column(UtcDateTime)
+    high_at: Mapped[datetime] = mapped_column(UtcDateTime)
+    source: Mapped[str] = mapped_column(String(20))  # progress | work | history
+
+    __table_args__ = (Index("ix_predictions_job_made", "job_id", "made_at"),)
+
+
 class LedgerRow(Base):
     """One minute of one cluster's GPUs held by one job or idle for one cause.
 

@@ -92,3 +92,39 @@ def test_a_binary_or_fake_gzip_market_file(tmp_path: Path, capsys: pytest.Captur
     job.write_text(JOB)
     line = _fails(["launch", str(job), "--market", str(market)], capsys)
     assert name in line and words in line
+
+
+@pytest.mark.parametrize(("name", "value", "words"), [
+    ("eager_policy", "eagre", "eager_policy: Value error, unknown eager policy 'eagre'; registered: eager, off"),
+    ("eager_policy", "x\x00" * 5000, "unknown eager policy"),
+    ("eager_lead_seconds", -1, "eager_lead_seconds: Input should be greater than or equal to 0"),
+    ("eager_lead_seconds", float("nan"), "eager_lead_seconds"),
+    ("eager_lead_seconds", 10**12, "eager_lead_seconds: Input should be less than or equal to 86400"),
+    ("pool_idle_seconds", "soon", "pool_idle_seconds: Input should be a valid number"),
+    ("pool_idle_seconds", -5, "pool_idle_seconds"),
+])
+def test_eager_and_pool_settings_refuse_garbage_in_one_line(name: str, value: object, words: str) -> None:
+    from broker.config import load_settings
+    from broker.settings_file import ConfigError
+
+    with pytest.raises(ConfigError) as error:
+        load_settings(**{name: value})
+    message = str(error.value)
+    assert words in message and "\n" not in message and len(message) < 600
+
+
+@pytest.mark.parametrize(("value", "words"), [
+    ({"trainin": 4}, "unknown queue 'trainin'; expected one of inference, training, batch, custom"),
+    ({"training": 0}, "training: GPUs must be at least 1, got 0"),
+    ({"training": "many"}, "queue_max_gpus.training: Input should be a valid integer"),
+    ({"x" * 100_000: 1}, "unknown queue 'xxxxxxxx"),
+    ("training=4", "queue_max_gpus: Input should be a valid dictionary"),
+])
+def test_queue_gpu_limits_refuse_garbage_in_one_line(value: object, words: str) -> None:
+    from broker.config import load_settings
+    from broker.settings_file import ConfigError
+
+    with pytest.raises(ConfigError) as error:
+        load_settings(queue_max_gpus=value)
+    message = str(error.value)
+    assert words in message and "\n" not in message and len(message) < 600

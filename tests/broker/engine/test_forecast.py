@@ -1,0 +1,115 @@
+"""Predicted finish times: what the engine keeps for a running job, and what `status` shows of them."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+from sqlalchemy import select
+
+from broker.cli.job_output import status_table
+from broker.engine import forecast
+from broker.store import Store, open_store
+from broker.store.tables import AllocationRow, ClusterRow, JobRow, PredictionRow, ProgressRow
+from broker.summary import job_summary
+
+T0 = datetime(2026, 1, 1, 12, tzinfo=UTC)
+
+
+def _setup(store: Store, job_id: str, started: datetime) -> None:
+    with store.transaction() as s:
+        if s.get(ClusterRow, "c1") is None:
+            s.add(ClusterRow(id="c1", launch_key="k1", backend="local", cloud="aws", region="us-east-1",
+                             zone="us-east-1a", instance_type="p3.8xlarge", accelerator="V100", gpus_per_node=4,
+                             num_nodes=1, spot=True, price_per_node_hour=3.67, on_demand_price_per_node_hour=12.24,
+                             state="UP", created_at=T0, up_at=T0, handle={}))
+        s.add(JobRow(id=job_id, name="train", team="ml", state="RUNNING", spec={}, checkpoint_dir="/tmp/x",
+                     num_nodes=1, gpus_per_node=4, zones=[], attempt=1, created_at=started, updated_at=started,
+                     started_at=started))
+        s.flush()
+        s.add(AllocationRow(job_id=job_id, cluster_id="c1", attempt=1, gpus={"0": [0, 1, 2, 3]},
+                            started_at=started, running_at=started + timedelta(seconds=5)))
+
+
+def _report(store: Store, job_id: str, at: datetime, step: int, total: int = 400) -> None:
+    with store.transaction() as s:
+        s.add(ProgressRow(job_id=job_id, attempt=1, step=step, total=total, at=at))
+
+
+def _summary(store: Store, job_id: str) -> dict[str, object]:
+    with store.transaction() as s:
+        job = s.get(JobRow, job_id)
+        assert job is not None
+        return job_summary(s, job)
+
+
+def test_status_shows_progress_the_predicted_finish_and_how_far_off_earlier_predictions_were(
+        tmp_path: Path) -> None:
+    store = open_store(f"sqlite:///{tmp_path / 'store.db'}")
+    try:
+        _setup(store, "a", T0)
+        # A slow first report (start-up), then 10 steps every 20 s: 2 s a step.
+        _report(store, "a", T0 + timedelta(seconds=60), 10)
+        for i in range(1, 8):
+            _report(store, "a", T0 + timedelta(seconds=60 + 20 * i), 10 + 10 * i)
+        now = T0 + timedelta(seconds=200)  # last report (step 80) at 200 s: 320 steps left
+        forecast.record(store, now)
+        forecast.record(store, now + timedelta(seconds=5))  # too soon: not kept twice
+        with store.transaction() as s:
+            rows = list(s.scalars(select(PredictionRow)))
+        assert len(rows) == 1 and rows[0].source == "progress"
+        assert rows[0].finish_at == now + timedelta(seconds=640)
+        summary = _summary(store, "a")
+        assert summary["progress"] == {"step": 80, "total": 400}
+        assert summary["started_at"] == (T0 + timedelta(seconds=5)).isoformat()
+        assert summary["predicted_finish"] == (now + timedelta(seconds=640)).isoformat()
+        assert summary["predicted_finish_low"] == summary["predicted_finish_high"] == summary["predicted_finish"]
+        assert summary["earlier_prediction_error"] is None
+
+        # a finishes 40 s later than predicted; b, of the same name and team, is told so.
+        finished = now + timedelta(seconds=680)
+        with store.transaction() as s:
+            job = s.get(JobRow, "a")
+            assert job is not None
+            job.state, job.finished_at = "SUCCEEDED", finished
+        assert _summary(store, "a")["prediction_error_s"] == 40.0
+        _setup(store, "b", finished)
+        earlier = _summary(store, "b")["earlier_prediction_error"]
+        assert earlier == {"jobs": 1, "median_error_s": 40.0, "median_error_pct": pytest.approx(5.9, abs=0.05)}
+
+        console = Console(width=250, record=True)
+        console.print(status_table([_summary(store, "a"), _summary(store, "b")]))
+        text = console.export_text()
+        assert "80/400 (20%)" in text and "predictions off by 40 s" in text
+        assert "off by 40 s (6%), 1 job(s)" in text
+    finally:
+        store.dispose()
+
+
+def test_no_progress_and_no_history_means_no_prediction(tmp_path: Path) -> None:
+    store = open_store(f"sqlite:///{tmp_path / 'store.db'}")
+    try:
+        _setup(store, "a", T0)
+        forecast.record(store, T0 + timedelta(minutes=5))
+        summary = _summary(store, "a")
+        assert summary["progress"] is None and summary["predicted_finish"] is None
+    finally:
+        store.dispose()
+
+
+def test_a_stated_work_estimate_predicts_before_any_progress(tmp_path: Path) -> None:
+    store = open_store(f"sqlite:///{tmp_path / 'store.db'}")
+    try:
+        _setup(store, "a", T0)
+        with store.transaction() as s:
+            s.get(JobRow, "a").work_s = 600.0  # type: ignore[union-attr]
+        now = T0 + timedelta(seconds=105)  # ran 100 s since its run began at 5 s
+        forecast.record(store, now)
+        summary = _summary(store, "a")
+        assert summary["prediction_source"] == "work"
+        assert summary["predicted_finish"] == (now + timedelta(seconds=500)).isoformat()
+        assert summary["predicted_finish_low"] == (now + timedelta(seconds=400)).isoformat()
+    finally:
+        store.dispose()
