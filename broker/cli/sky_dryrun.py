@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
+import math
 import threading
 from typing import Any
 
@@ -23,13 +24,13 @@ from broker.cli.sky_output import captured, clean_output, ranked_offers, zone_hi
 from broker.clock import WallClock
 from broker.config import Settings
 from broker.engine.parts import CLOUD_RESTART_OVERHEAD_S, restart_overhead
-from broker.engine.planning import preview_request
+from broker.engine.planning import fitting, offer_of, preview_request
 from broker.provision.base import ClusterInfo
 from broker.provision.sky_market import SkyCatalogMarket
 from broker.runtime_skypilot import dryrun_task
 from broker.spec import JobSpec
 from policies import registry
-from policies.selection import IDLE, ON_DEMAND, Plan, ZoneRecord
+from policies.selection import IDLE, ON_DEMAND, Location, Plan, ZoneRecord
 from providers.base import SpotQuote
 
 DRYRUN_TIMEOUT_SECONDS = 600.0
@@ -155,7 +156,11 @@ def dryrun(settings: Settings, spec: JobSpec, catalog: Any = None, as_json: bool
     finally:
         store.dispose()
     notes = [p.line for p in polls or []]  # what the cloud SDKs printed meanwhile (polled, read) is dropped
-    cluster = first_cluster(spec, plan)
+    fit, _ = fitting(spec, [o.quote for o in offers])
+    every = Plan(tuple(Location("spot", offer_of(q)) for q in sorted(fit, key=lambda q: q.spot_price or math.inf)),
+                 reason="every offer the job fits, cheapest spot first")
+    # A plan to wait still shows the task its first offer would get once the policy goes.
+    cluster = first_cluster(spec, plan) or first_cluster(spec, every)
     if cluster is None:
         wanted = ", ".join(f"{a.name}:{a.count}" for a in spec.accelerators) or "any"
         raise UsageError(f"resources.accelerators: no offer in the price book or SkyPilot's catalog for {wanted} "
@@ -171,11 +176,14 @@ def dryrun(settings: Settings, spec: JobSpec, catalog: Any = None, as_json: bool
     ranked = ranked_offers(plan, spec.num_nodes, offers, records, now)
     if as_json:
         print(json.dumps({"job": spec.name, "nodes": spec.num_nodes, "plan": plan.reason, "offers": ranked,
+                          "market": ranked_offers(every, spec.num_nodes, offers, records, now),
                           "refreshed": notes, "skypilot_dry_run": outcome}, indent=2))
         return not refused
     for line in notes:
         err_console.print(line, highlight=False, markup=False)
     console.print(_plan_table(ranked, plan.reason))
+    if not plan.locations:
+        console.print(_plan_table(ranked_offers(every, spec.num_nodes, offers, records, now)[:10], every.reason))
     console.print(f"\n[bold]SkyPilot task for {name}[/bold] (offer 1; the job's run starts later with sky exec)")
     print(task_yaml(config))
     console.print("\n[bold]SkyPilot dry run[/bold]")
