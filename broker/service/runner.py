@@ -277,6 +277,8 @@ def build_scheduler(store: Store, settings: Settings) -> Any:
     for cloud, seconds in sorted(settings.price_poll_seconds.items()):
         wanted[f"prices-{cloud}"] = {"func": "broker.service.tasks:poll_prices", "trigger": "interval",
                                      "seconds": seconds, "args": [cloud]}
+        if settings.backend == "skypilot":  # the engine decides on these quotes: a new leader polls at once
+            wanted[f"prices-{cloud}"]["next_run_time"] = datetime.now(UTC)
     for schedule in settings.policy_schedules:
         wanted[f"policy-{schedule.name}"] = {"func": "broker.service.tasks:apply_policies",
                                              "trigger": policy_cron_trigger(schedule.cron, schedule.timezone)}
