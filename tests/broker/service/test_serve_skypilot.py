@@ -54,7 +54,7 @@ def test_the_leader_launches_in_the_zone_the_price_book_made_cheapest(broker_hom
     # cheapest_spot: the plain rule, so the zone follows from prices and capacity alone (the default
     # policy may choose to wait for the cheaper zone's capacity to come back).
     settings = load_settings(backend="skypilot", serve_port=0, leader_check_seconds=1.0, poll_seconds=0.2,
-                             db_url=db_url, selection_policy="cheapest_spot")
+                             db_url=db_url, selection_policy="cheapest_spot", price_poll_seconds={})
     sky = FakeSky(launch_seconds=0.1)
     service = Service(settings, store, sdk=sky)
     try:
@@ -80,6 +80,44 @@ def test_the_leader_launches_in_the_zone_the_price_book_made_cheapest(broker_hom
              what=lambda: f"job {state(store, job_id)}, leading {service.leading}")
     finally:
         service.shutdown()
+
+
+def test_a_replica_takes_over_a_dead_leader_and_adopts_its_cluster(broker_home: Path, db_url: str) -> None:
+    """The leader stops dead (no renewal, no release: a SIGKILL or a frozen host); the other replica
+    takes the lease when it runs out, finds the gang in SkyPilot's status and finishes the job."""
+    store = open_store(db_url)
+    now = datetime.now(UTC)
+    PriceBook(store).record("aws", [
+        SpotQuote("aws", "us-west-2", "us-west-2b", "p3.2xlarge", "V100", 1, 0.85, 3.06, now, capacity_score=9.0),
+    ], at=now)
+    settings = load_settings(backend="skypilot", serve_port=0, leader_check_seconds=1.0, poll_seconds=0.2,
+                             db_url=db_url, selection_policy="cheapest_spot", price_poll_seconds={})
+    sky = FakeSky(launch_seconds=0.1)  # one SkyPilot API server, as both replicas would share
+    first, second = Service(settings, store, sdk=sky), Service(settings, open_store(db_url), sdk=sky)
+    try:
+        threading.Thread(target=first._renew, daemon=True).start()
+        first._campaign()
+        assert first.leading
+        job_id = submit_job(store, first.clock, parse_job_spec(JOB, offline=True), broker_home, "skypilot")
+        wait(lambda: (state(store, job_id) or "").startswith("RUNNING"), what=lambda: f"job {state(store, job_id)}")
+        first._stop.set()  # no more renewals
+        first._stop_scheduler()  # and no more steps: dead, holding the lease until it runs out
+        if first.lock.gate is not None:  # SQLite: the file lock goes with the process (same process here)
+            first.lock.gate.release()
+        threading.Thread(target=second._renew, daemon=True).start()
+
+        def took_over() -> bool:
+            second._campaign()
+            return second.leading
+
+        wait(took_over, timeout=60)
+        sky.finish_jobs()
+        wait(lambda: (state(store, job_id) or "").startswith("SUCCEEDED"),
+             what=lambda: f"job {state(store, job_id)}, leading {second.leading}")
+        assert sky.count("launch") == 1  # adopted, not launched again
+    finally:
+        second.shutdown()
+        first.shutdown()
 
 
 def test_an_unknown_backend_is_refused_naming_the_setting(broker_home: Path) -> None:
