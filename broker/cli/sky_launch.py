@@ -29,7 +29,9 @@ def read_job(job_file: Path, book: PriceBook) -> JobSpec:
 def refresh_prices(store: Store, settings: Settings, spec: JobSpec) -> list[str]:
     """Poll the clouds when the newest quote for the job's accelerators is older than
     ``price_max_age_seconds``; one line per cloud polled (none when the book was fresh)."""
+    from broker.cli.sky_output import captured
     from broker.pricing import refresh_if_old
 
-    polls = refresh_if_old(PriceBook(store), settings, [a.name for a in spec.accelerators])
+    with captured():  # the cloud SDKs' own chatter (credential probes) stays off the terminal
+        polls = refresh_if_old(PriceBook(store), settings, [a.name for a in spec.accelerators])
     return [p.line for p in polls or []]
