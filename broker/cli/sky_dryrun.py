@@ -34,6 +34,7 @@ from policies.selection import IDLE, ON_DEMAND, Location, Plan, ZoneRecord
 from providers.base import SpotQuote
 
 DRYRUN_TIMEOUT_SECONDS = 600.0
+MAX_HISTORIES = 200  # offers whose last day of quotes the plan shows
 
 
 def preview_plan(spec: JobSpec, quotes: list[SpotQuote], policy: str | None,
@@ -153,10 +154,11 @@ def dryrun(settings: Settings, spec: JobSpec, catalog: Any = None, as_json: bool
         records = zone_history(store)
         plan = preview_plan(spec, [o.quote for o in offers], settings.selection_policy, restart_overhead(settings),
                             records)
+        fit, _ = fitting(spec, [o.quote for o in offers])
+        history = {q.key: market.history(q.key, now) for q in fit[:MAX_HISTORIES]}
     finally:
         store.dispose()
     notes = [p.line for p in polls or []]  # what the cloud SDKs printed meanwhile (polled, read) is dropped
-    fit, _ = fitting(spec, [o.quote for o in offers])
     every = Plan(tuple(Location("spot", offer_of(q)) for q in sorted(fit, key=lambda q: q.spot_price or math.inf)),
                  reason="every offer the job fits, cheapest spot first")
     # A plan to wait still shows the task its first offer would get once the policy goes.
@@ -173,17 +175,18 @@ def dryrun(settings: Settings, spec: JobSpec, catalog: Any = None, as_json: bool
         except Exception as exc:
             offline = _offline(exc, sky_said.text)
             outcome, refused = ("offline: " if offline else "refused: ") + _one_line(exc), not offline
-    ranked = ranked_offers(plan, spec.num_nodes, offers, records, now)
+    ranked = ranked_offers(plan, spec.num_nodes, offers, records, now, history)
+    market_rows = ranked_offers(every, spec.num_nodes, offers, records, now, history)
     if as_json:
         print(json.dumps({"job": spec.name, "nodes": spec.num_nodes, "plan": plan.reason, "offers": ranked,
-                          "market": ranked_offers(every, spec.num_nodes, offers, records, now),
+                          "market": market_rows,
                           "refreshed": notes, "skypilot_dry_run": outcome}, indent=2))
         return not refused
     for line in notes:
         err_console.print(line, highlight=False, markup=False)
     console.print(_plan_table(ranked, plan.reason))
     if not plan.locations:
-        console.print(_plan_table(ranked_offers(every, spec.num_nodes, offers, records, now)[:10], every.reason))
+        console.print(_plan_table(market_rows[:10], every.reason))
     console.print(f"\n[bold]SkyPilot task for {name}[/bold] (offer 1; the job's run starts later with sky exec)")
     print(task_yaml(config))
     console.print("\n[bold]SkyPilot dry run[/bold]")

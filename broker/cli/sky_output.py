@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+from providers.base import OfferKey, SpotQuote
+
 if TYPE_CHECKING:
     from broker.price_market import SourcedQuote
     from broker.store import Store
@@ -96,9 +98,17 @@ def zone_history(store: Store) -> dict[str, ZoneRecord]:
         return zone_records(s)
 
 
+def _history(quotes: list[SpotQuote] | None) -> dict[str, Any] | None:
+    spots = [q.spot_price for q in quotes or [] if q.spot_price is not None]
+    if not spots:
+        return None
+    return {"spot_min": min(spots), "spot_max": max(spots), "changes": len(spots) - 1}
+
+
 def ranked_offers(plan: Plan, nodes: int, offers: list[SourcedQuote], records: dict[str, ZoneRecord],
-                  now: datetime) -> list[dict[str, Any]]:
-    """The plan's places in order, each with its price for the gang, its quote's age and source."""
+                  now: datetime, history: dict[OfferKey, list[SpotQuote]] | None = None) -> list[dict[str, Any]]:
+    """The plan's places in order, each with its price for the gang, its quote's age and source, and
+    its spot price over the last day (``history``: the price book's changes per offer)."""
     from policies.selection import ON_DEMAND
 
     by_key = {(o.quote.cloud, o.quote.zone, o.quote.instance_type): o for o in offers}
@@ -124,5 +134,7 @@ def ranked_offers(plan: Plan, nodes: int, offers: list[SourcedQuote], records: d
             "capacity_score": offer.capacity_score, "available_nodes": offer.available_nodes,
             "preemptions": len(record.preemptions) if record else 0,
             "failed_launches": len(record.failed_launches) if record else 0,
+            "spot_last_24h": _history((history or {}).get(
+                OfferKey(offer.cloud, offer.region, offer.zone, offer.instance_type))),
         })
     return ranked

@@ -10,7 +10,7 @@ import json
 import os
 import subprocess
 import sys
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -30,6 +30,8 @@ def seed(home: Path) -> None:
     now = datetime.now(UTC)
     try:
         book = PriceBook(store)
+        book.record("gcp", [SpotQuote("gcp", "us-east4", "us-east4-b", "a3-highgpu-1g", "H100", 1, 1.95, 11.06,
+                                      now - timedelta(hours=3))], at=now - timedelta(hours=3))
         book.record("gcp", [
             SpotQuote("gcp", "us-central1", "us-central1-a", "a3-highgpu-1g", "H100", 1, 2.25, 11.06, now),
             SpotQuote("gcp", "us-east4", "us-east4-b", "a3-highgpu-1g", "H100", 1, 2.10, 11.06, now),
@@ -75,6 +77,7 @@ def test_json_is_one_object_of_ranked_offers_from_the_price_book(seeded: Path) -
     assert all(o["zone"] != "us-east-1a" for o in plan["offers"] if o["spot"])  # placement score 1: unlikely
     assert [o["zone"] for o in plan["market"]] == ["us-east-1a", "us-east4-b", "us-central1-a"]
     assert plan["market"][0]["capacity_score"] == 1.0 and plan["market"][0]["available_nodes"] == 0
+    assert first["spot_last_24h"] == {"spot_min": 1.95, "spot_max": 2.10, "changes": 1}
     assert plan["skypilot_dry_run"].startswith("offline: ApiServerConnectionError")
     for said in (done.stdout, done.stderr):
         assert "<sky-payload>" not in said and "Traceback" not in said
