@@ -68,6 +68,9 @@ class Settings(BaseSettings):
     skypilot_launch_timeout: float = Field(1800.0, gt=0, description="seconds a SkyPilot launch may take")
     skypilot_refresh_seconds: float = Field(10.0, gt=0, description="how often sky status / queue are re-read")
     skypilot_autostop_minutes: int | None = Field(60, ge=0, description="idle minutes before SkyPilot downs a cluster")
+    skypilot_sdk: str | None = Field(None, max_length=200, pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$",
+                                     description="skypilot backend: module:attribute of the SkyPilot SDK to call "
+                                                 "(default: SkyPilot's own `sky`; a stand-in for tests)")
     api_host: str = Field("127.0.0.1", description="skypilot backend: where the notice API listens")
     api_port: int = Field(0, ge=0, le=65535, description="skypilot backend: notice API port (0: any free one)")
     sqs_queue_url: str | None = Field(None, description="SQS queue receiving EventBridge EC2 spot events")
@@ -113,6 +116,12 @@ class Settings(BaseSettings):
     azure_regions: Annotated[list[str] | None, NoDecode] = Field(None, description="default: ten GPU regions")
     price_retry_attempts: int = Field(6, ge=1, description="tries per API call on throttling and 5xx")
     price_retry_base_seconds: float = Field(0.5, gt=0, description="first backoff step (doubles, jittered)")
+    price_max_age_seconds: float = Field(600.0, gt=0, le=30 * 86400,
+                                         description="skypilot: an embedded launch polls the clouds first when the "
+                                                     "newest quote for its accelerators is older than this")
+    price_stale_seconds: float = Field(3600.0, gt=0, le=30 * 86400,
+                                       description="skypilot: a quote not confirmed for this long counts as stale "
+                                                   "(its spot capacity as none)")
 
     @field_validator("selection_policy", "placement_policy", "preemption_policy", "eager_policy")
     @classmethod

@@ -5,7 +5,7 @@ the same prices moves the row's ``confirmed_at`` forward, a change starts a new 
 the latest quote per offer, the quote in force at a time, the series of changes in a window, and
 a window exported as a market trace (evenly spaced ticks, forward-filled) for ``broker simulate``.
 
-``Market`` is what the engine asks of any market (a replayed trace, SkyPilot's catalog): quotes
+``Market`` is what the engine asks of any market (a replayed trace, the price book): quotes
 now, one offer's quote at a time, and, where the market moves in ticks, its ticks and its past.
 """
 
@@ -214,6 +214,22 @@ class PriceBook:
         with self.store.transaction() as s:
             return [_quote(row, observed_at=min(row.confirmed_at, when), stale=row.stale and when > row.confirmed_at)
                     for row in self._latest_rows(s, where, until=when).values()]
+
+    def quote_at(self, key: OfferKey, when: datetime) -> SpotQuote | None:
+        """One offer's quote in force at ``when`` (None when the book had not quoted it by then)."""
+        with self.store.transaction() as s:
+            row = s.scalars(select(PriceQuoteRow).where(
+                PriceQuoteRow.cloud == key.cloud, PriceQuoteRow.zone == key.zone,
+                PriceQuoteRow.instance_type == key.instance_type, PriceQuoteRow.observed_at <= when,
+            ).order_by(PriceQuoteRow.observed_at.desc(), PriceQuoteRow.id.desc()).limit(1)).first()
+            return None if row is None else _quote(row, observed_at=min(row.confirmed_at, when),
+                                                   stale=row.stale and when > row.confirmed_at)
+
+    def newest(self, where: QuoteFilter = ANY) -> datetime | None:
+        """When the book last heard from a cloud about offers matching ``where`` (None: never)."""
+        with self.store.transaction() as s:
+            found = s.scalar(where.apply(select(func.max(PriceQuoteRow.confirmed_at))))
+        return None if found is None else (found if found.tzinfo else found.replace(tzinfo=UTC))
 
     def series(self, key: OfferKey, since: datetime, until: datetime | None = None) -> list[SpotQuote]:
         """Every change of one offer's quote in ``[since, until]``, led by the one in force at ``since``;

@@ -106,15 +106,24 @@ def assemble(settings: Settings, store: Store | None = None,
     """The one way to put a broker together for ``settings.backend``.
 
     On the local backend, ``world`` picks the market replay (default: ``embedded_world``, kept
-    unless fresh); on SkyPilot, ``sdk`` and ``catalog`` stand in for SkyPilot's own in tests.
+    unless fresh): the local clusters and their market are one stand-in cloud. On SkyPilot the
+    market is the price book, with SkyPilot's catalog only for offers it never quoted; ``sdk`` and
+    ``catalog`` stand in for SkyPilot's own in tests.
     """
     store = store or open_store(settings.database_url)
     tokens = SharedAgentTokens(store, settings.home)
     if settings.backend == "skypilot":
+        from broker.market import PriceBook
+        from broker.price_market import PriceBookMarket
         from broker.provision.sky_market import SkyCatalogMarket
         from broker.provision.skypilot import SkyPilotProvisioner
 
-        market = SkyCatalogMarket(lambda: active_accelerators(store), catalog=catalog)
+        if sdk is None and settings.skypilot_sdk is not None:
+            from broker.service.hooks import find
+
+            sdk = find(settings.skypilot_sdk, "skypilot_sdk")
+        market = PriceBookMarket(PriceBook(store), SkyCatalogMarket(lambda: (), catalog=catalog),
+                                 settings.price_stale_seconds, wanted=lambda: active_accelerators(store))
         provisioner = SkyPilotProvisioner(settings.home, store_specs(store), skypilot_options(settings), sdk=sdk)
         return Runtime(settings, store, WallClock(), market, provisioner, tokens)
     local = world(store) if world is not None else embedded_world(settings, store, fresh=False)

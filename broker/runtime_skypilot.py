@@ -1,4 +1,4 @@
-"""The broker on the SkyPilot backend: real clusters, the wall clock, SkyPilot's catalog as the market.
+"""The broker on the SkyPilot backend: real clusters, the wall clock, the price book as the market.
 
 Same shape as ``EmbeddedBroker`` (store, clock, market, provisioner, ``start``/``close``), so the
 job commands drive either. The notice API listens on ``api_host:api_port``; node agents report to
@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import select
@@ -24,6 +25,7 @@ from broker.provision.base import ClusterInfo
 from broker.provision.sky_task import AgentPackage, cluster_task, sky_cluster_name
 from broker.provision.skypilot import SkyPilotProvisioner
 from broker.spec import JobSpec
+from broker.store import Store
 from broker.store.tables import ClusterRow
 
 if TYPE_CHECKING:
@@ -63,15 +65,7 @@ class SkyPilotBroker:
         return self.engine
 
     def _reconcile(self) -> None:
-        with self.store.transaction() as s:
-            known = set(s.scalars(select(ClusterRow.id).where(ClusterRow.state.in_(LIVE_CLUSTER_STATES))))
-        try:
-            strays = self.provisioner.reconcile(known)
-        except Exception as exc:  # the engine works without it; the next start tries again
-            log.warning("could not reconcile with sky status: %s", exc)
-            return
-        if strays:
-            log.warning("tearing down %d stray cluster(s): %s", len(strays), ", ".join(strays))
+        reconcile_sky(self.store, self.provisioner)
 
     def close(self) -> None:
         if self.listener is not None:
@@ -80,6 +74,23 @@ class SkyPilotBroker:
             with contextlib.suppress(Exception):
                 self.server.stop()
         self.store.dispose()
+
+
+def reconcile_sky(store: Store, provisioner: SkyPilotProvisioner, check: Callable[[], None] | None = None) -> list[str]:
+    """Tear down SkyPilot clusters of this broker that the store does not hold live; returns their ids.
+    ``check`` runs before any teardown (a leader's fence)."""
+    with store.transaction() as s:
+        known = set(s.scalars(select(ClusterRow.id).where(ClusterRow.state.in_(LIVE_CLUSTER_STATES))))
+    if check is not None:
+        check()
+    try:
+        strays = provisioner.reconcile(known)
+    except Exception as exc:  # the engine works without it; the next pass tries again
+        log.warning("could not reconcile with sky status: %s", exc)
+        return []
+    if strays:
+        log.warning("tearing down %d stray cluster(s): %s", len(strays), ", ".join(strays))
+    return strays
 
 
 def dryrun_task(spec: JobSpec, cluster: ClusterInfo, settings: Settings) -> tuple[str, dict[str, Any]]:

@@ -40,6 +40,28 @@ def _check_market_fits(broker: Any, spec: JobSpec) -> None:
                          f"(the market has {have})")
 
 
+def _read_sky_job(job_file: Path, settings: Settings) -> JobSpec | Pipeline:
+    """The job file judged by the price book's offers first (any instance type a cloud quotes)."""
+    from broker.cli.sky_launch import read_job
+    from broker.market import PriceBook
+    from broker.store import open_store
+
+    store = open_store(settings.database_url)
+    try:
+        return read_job(job_file, PriceBook(store))
+    finally:
+        store.dispose()
+
+
+def _refresh_sky_prices(store: Store, settings: Settings, spec: JobSpec, quiet: bool) -> None:
+    from broker.cli.app import err_console
+    from broker.cli.sky_launch import refresh_prices
+
+    for line in refresh_prices(store, settings, spec):
+        if not quiet:
+            err_console.print(f"prices: {line}", highlight=False, markup=False)
+
+
 def _summary(store: Store, job_id: str) -> dict[str, Any]:
     from broker.store.tables import JobRow
     from broker.summary import job_summary
@@ -128,7 +150,8 @@ def launch(
         raise UsageError(f"--backend {settings.backend}: expected local or skypilot")
     if dryrun and settings.backend != "skypilot":
         raise UsageError("--dryrun: only with --backend skypilot (the local backend has nothing to dry-run)")
-    loaded = load_job_file(job_file)
+    # On SkyPilot the job is judged by what the clouds quote first (any instance type they sell).
+    loaded = _read_sky_job(job_file, settings) if settings.backend == "skypilot" else load_job_file(job_file)
     if isinstance(loaded, Pipeline):
         if dryrun:
             raise UsageError(f"--dryrun: {job_file} is a {len(loaded.stages)}-stage {loaded.kind}; dry-run "
@@ -138,7 +161,7 @@ def launch(
     if dryrun:
         from broker.cli.sky_dryrun import dryrun as sky_dryrun
 
-        if not sky_dryrun(settings, spec):
+        if not sky_dryrun(settings, spec, as_json=as_json):
             raise typer.Exit(1)
         return
     from broker.engine.machine import submit_job
@@ -147,6 +170,8 @@ def launch(
     broker = open_broker(settings, fresh_market=market_clock == "own")
     try:
         _check_market_fits(broker, spec)
+        if settings.backend == "skypilot":
+            _refresh_sky_prices(broker.store, settings, spec, as_json)
         job_id = submit_job(broker.store, broker.clock, spec, settings.home, broker.provisioner.name)
         if detach:
             _spawn_engine(config)  # exits at once if an engine already drives this home

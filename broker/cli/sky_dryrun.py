@@ -1,41 +1,49 @@
-"""``broker launch JOB --backend skypilot --dryrun``: the plan, the SkyPilot task, and SkyPilot's dry run.
+"""``broker launch JOB --backend skypilot --dryrun [--json]``: the plan, the SkyPilot task, SkyPilot's dry run.
 
-Nothing is written to the store and nothing is launched: the plan comes from the selection
-policy over SkyPilot's catalog, the task is the one the first launchable offer would get, and
-SkyPilot's own dry run (``sky.launch(..., dryrun=True)`` through its API server) shows what it
-would provision.
+Nothing is launched and no job is written (only a price refresh, into the price book): the plan
+comes from the selection policy over the engine's own market (``broker.price_market``), the task
+is the one the first launchable offer would get, and SkyPilot's own dry run
+(``sky.launch(..., dryrun=True)`` through its API server) shows what it would provision. Offline,
+SkyPilot's dry run cannot fetch its catalog: one line says so and the plan still stands.
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
+import json
+import math
 import threading
 from typing import Any
 
 import yaml
 from rich.table import Table
 
-from broker.cli.app import UsageError, console
+from broker.cli.app import UsageError, console, err_console
+from broker.cli.sky_output import captured, clean_output, ranked_offers, zone_history
 from broker.clock import WallClock
 from broker.config import Settings
 from broker.engine.parts import CLOUD_RESTART_OVERHEAD_S, restart_overhead
-from broker.engine.planning import preview_request
+from broker.engine.planning import fitting, offer_of, preview_request
 from broker.provision.base import ClusterInfo
 from broker.provision.sky_market import SkyCatalogMarket
 from broker.runtime_skypilot import dryrun_task
 from broker.spec import JobSpec
 from policies import registry
-from policies.selection import IDLE, ON_DEMAND, Plan
+from policies.selection import IDLE, ON_DEMAND, Location, Plan, ZoneRecord
 from providers.base import SpotQuote
 
 DRYRUN_TIMEOUT_SECONDS = 600.0
+MAX_HISTORIES = 200  # offers whose last day of quotes the plan shows
 
 
 def preview_plan(spec: JobSpec, quotes: list[SpotQuote], policy: str | None,
-                 restart_overhead_s: float = CLOUD_RESTART_OVERHEAD_S) -> Plan:
-    """The plan the engine would make for ``spec`` if it were submitted now (the engine's own request builder)."""
+                 restart_overhead_s: float = CLOUD_RESTART_OVERHEAD_S,
+                 record: dict[str, ZoneRecord] | None = None) -> Plan:
+    """The plan the engine would make for ``spec`` if it were submitted now (the engine's own request
+    builder), with the broker's record of preemptions and failed launches per zone."""
     request = preview_request(spec, quotes, WallClock().now(), restart_overhead_s)
-    return registry.get("selection", policy, live=True)(request)
+    return registry.get("selection", policy, live=True)(dataclasses.replace(request, record=record or {}))
 
 
 class _TaskDumper(yaml.SafeDumper):
@@ -54,18 +62,18 @@ def task_yaml(config: dict[str, Any]) -> str:
     return yaml.dump(config, Dumper=_TaskDumper, sort_keys=False, width=1000).rstrip()
 
 
-def _plan_table(plan: Plan, nodes: int) -> Table:
-    table = Table(title=f"plan: {plan.reason}", header_style="bold", title_justify="left")
-    for column in ("#", "kind", "where", "instance", "$/node-h", "$/h gang"):
+def _plan_table(ranked: list[dict[str, Any]], reason: str) -> Table:
+    table = Table(title=f"plan: {reason}", header_style="bold", title_justify="left")
+    for column in ("#", "kind", "where", "instance", "$/node-h", "$/h gang", "quote age", "source"):
         table.add_column(column)
-    for index, location in enumerate(plan.locations, 1):
-        offer = location.offer
-        if offer is None:
-            table.add_row(str(index), location.kind, "-", "-", "-", "-")
+    for row in ranked:
+        if row["cloud"] is None:
+            table.add_row(str(row["rank"]), row["kind"], *["-"] * 6)
             continue
-        price = offer.on_demand_price if location.kind == ON_DEMAND else offer.spot_price
-        table.add_row(str(index), location.kind, f"{offer.cloud}/{offer.zone}", offer.instance_type,
-                      f"{price:.4f}", f"{price * nodes:.2f}")
+        age = "-" if row["quote_age_s"] is None else f"{row['quote_age_s'] / 60:.0f} min"
+        table.add_row(str(row["rank"]), row["kind"], f"{row['cloud']}/{row['zone']}", row["instance_type"],
+                      f"{row['price_per_node_hour']:.4f}", f"{row['price_per_hour']:.2f}",
+                      age + (" (stale)" if row["stale"] else ""), row["source"])
     return table
 
 
@@ -101,25 +109,93 @@ def sky_dryrun(name: str, config: dict[str, Any], timeout: float = DRYRUN_TIMEOU
         raise outcome["error"]
 
 
-def dryrun(settings: Settings, spec: JobSpec, catalog: Any = None) -> bool:
-    """Print the plan and the task, run SkyPilot's dry run; False when SkyPilot refused it."""
+def _offline(exc: BaseException, said: str) -> bool:
+    """SkyPilot could not reach its catalog or its API server (no network), rather than refusing the task."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        name = type(seen).__name__
+        if isinstance(seen, OSError | TimeoutError) or "Connection" in name or "Timeout" in name:
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return "Failed to fetch" in said or "internet connection" in said
+
+
+def _one_line(exc: BaseException) -> str:
+    first = clean_output(str(exc)).strip().splitlines()
+    text = f"{type(exc).__name__}: {first[0]}" if first else type(exc).__name__
+    return text if len(text) <= 200 else text[:197] + "..."
+
+
+def dryrun(settings: Settings, spec: JobSpec, catalog: Any = None, as_json: bool = False,
+           sdk_dryrun: Any = None) -> bool:
+    """Print the plan (and the task, and SkyPilot's own dry run); False only when SkyPilot refused it.
+
+    The plan is the engine's over the same market: the price book (refreshed first when its newest
+    quote for the job's accelerators is older than ``price_max_age_seconds``), with SkyPilot's
+    catalog for offers it never quoted. Whatever SkyPilot prints goes through ``captured``, so its
+    payload markup and tracebacks never reach the terminal; with ``as_json`` stdout holds one object.
+    """
+    from broker.market import PriceBook
+    from broker.price_market import PriceBookMarket
+    from broker.pricing import refresh_if_old
+    from broker.store import open_store
+
     names = [a.name for a in spec.accelerators]
-    market = SkyCatalogMarket(lambda: names, catalog=catalog)
-    plan = preview_plan(spec, market.quotes(WallClock().now()), settings.selection_policy,
-                        restart_overhead(settings))
-    cluster = first_cluster(spec, plan)
+    store = open_store(settings.database_url)
+    try:
+        book = PriceBook(store)
+        with captured():
+            polls = refresh_if_old(book, settings, names)
+        market = PriceBookMarket(book, SkyCatalogMarket(lambda: names, catalog=catalog), settings.price_stale_seconds,
+                                 wanted=lambda: names)
+        now = WallClock().now()
+        with captured():
+            offers = market.offers(now)
+        records = zone_history(store)
+        plan = preview_plan(spec, [o.quote for o in offers], settings.selection_policy, restart_overhead(settings),
+                            records)
+        fit, _ = fitting(spec, [o.quote for o in offers])
+        history = {q.key: market.history(q.key, now) for q in fit[:MAX_HISTORIES]}
+    finally:
+        store.dispose()
+    notes = [p.line for p in polls or []]  # what the cloud SDKs printed meanwhile (polled, read) is dropped
+    every = Plan(tuple(Location("spot", offer_of(q)) for q in sorted(fit, key=lambda q: q.spot_price or math.inf)),
+                 reason="every offer the job fits, cheapest spot first")
+    # A plan to wait still shows the task its first offer would get once the policy goes.
+    cluster = first_cluster(spec, plan) or first_cluster(spec, every)
     if cluster is None:
         wanted = ", ".join(f"{a.name}:{a.count}" for a in spec.accelerators) or "any"
-        raise UsageError(f"resources.accelerators: no offer in SkyPilot's catalog for {wanted} per node "
-                         f"on {', '.join(c.cloud for c in spec.broker.clouds) or 'aws, gcp, azure'}")
-    console.print(_plan_table(plan, spec.num_nodes))
+        raise UsageError(f"resources.accelerators: no offer in the price book or SkyPilot's catalog for {wanted} "
+                         f"per node on {', '.join(c.cloud for c in spec.broker.clouds) or 'aws, gcp, azure'}")
     name, config = dryrun_task(spec, cluster, settings)
+    with captured() as sky_said:
+        try:
+            (sdk_dryrun or sky_dryrun)(name, config)
+            outcome, refused = "ok", False
+        except Exception as exc:
+            offline = _offline(exc, sky_said.text)
+            outcome, refused = ("offline: " if offline else "refused: ") + _one_line(exc), not offline
+    ranked = ranked_offers(plan, spec.num_nodes, offers, records, now, history)
+    market_rows = ranked_offers(every, spec.num_nodes, offers, records, now, history)
+    if as_json:
+        print(json.dumps({"job": spec.name, "nodes": spec.num_nodes, "plan": plan.reason, "offers": ranked,
+                          "market": market_rows,
+                          "refreshed": notes, "skypilot_dry_run": outcome}, indent=2))
+        return not refused
+    for line in notes:
+        err_console.print(line, highlight=False, markup=False)
+    console.print(_plan_table(ranked, plan.reason))
+    if not plan.locations:
+        console.print(_plan_table(market_rows[:10], every.reason))
     console.print(f"\n[bold]SkyPilot task for {name}[/bold] (offer 1; the job's run starts later with sky exec)")
     print(task_yaml(config))
     console.print("\n[bold]SkyPilot dry run[/bold]")
-    try:
-        sky_dryrun(name, config)
-    except Exception as exc:
-        console.print(f"[red]SkyPilot refused the dry run:[/red] {type(exc).__name__}: {exc}", highlight=False)
-        return False
-    return True
+    if outcome == "ok":
+        print("\n".join(sky_said.lines()))
+    elif refused:
+        console.print(f"[red]SkyPilot refused the dry run:[/red] {outcome.removeprefix('refused: ')}",
+                      highlight=False)
+    else:
+        console.print("SkyPilot's dry run could not fetch its catalog or reach its API server "
+                      f"({outcome.removeprefix('offline: ')}); the plan above is the broker's own", highlight=False)
+    return not refused

@@ -1,4 +1,4 @@
-"""A market view over SkyPilot's own catalog, until the live price book serves the SkyPilot backend.
+"""A market view over SkyPilot's own catalog: the price book's fallback for offers it never quoted.
 
 Prices are the catalog's (list on-demand, and spot as of its last refresh, per zone where the
 cloud prices zones apart); capacity is unknown (``available_nodes`` None), so plans rank zones by
@@ -47,12 +47,20 @@ class SkyCatalogMarket(LiveQuotes):
             self._catalog = catalog
         return self._catalog
 
-    def _load(self) -> dict[OfferKey, SpotQuote]:
+    def _load(self, names: Iterable[str] | None = None) -> dict[OfferKey, SpotQuote]:
         with self._lock:
-            for name in sorted({a.lower() for a in self.accelerators()} - self._read_names):
+            wanted = self.accelerators() if names is None else names
+            for name in sorted({a.lower() for a in wanted} - self._read_names):
                 self._quotes.update({q.key: q for q in self._read(name)})
                 self._read_names.add(name)
             return self._quotes
+
+    def quotes_for(self, names: Iterable[str], when: datetime) -> list[SpotQuote]:
+        """The catalog's offers of just these accelerators (read once each, then kept)."""
+        wanted = {n.lower() for n in names}
+        if not wanted:
+            return []
+        return [replace(q, observed_at=when) for q in self._load(wanted).values() if q.accelerator.lower() in wanted]
 
     def _read(self, name: str) -> list[SpotQuote]:
         epoch = datetime.fromtimestamp(0).astimezone()

@@ -30,15 +30,20 @@ def run_due_reports(store: Store, settings: Settings, now: datetime) -> None:
     check_budgets(store, settings, now)
 
 
-def resolve(name: str, setting: str) -> Callable[..., Any]:
-    """``module:function`` to the function; a ConfigError naming the setting otherwise."""
+def find(name: str, setting: str) -> Any:
+    """``module:attribute`` to the object; a ConfigError naming the setting otherwise."""
     module_name, _, attribute = name.partition(":")
     if not module_name or not attribute:
-        raise ConfigError(f"{setting}: expected module:function, got {name!r}")
+        raise ConfigError(f"{setting}: expected module:attribute, got {name[:200]!r}")
     try:
-        found = getattr(importlib.import_module(module_name), attribute)
-    except (ImportError, AttributeError) as exc:
-        raise ConfigError(f"{setting}: cannot find {name!r}: {exc}") from None
+        return getattr(importlib.import_module(module_name), attribute)
+    except (ImportError, AttributeError, ValueError) as exc:
+        raise ConfigError(f"{setting}: cannot find {name[:200]!r}: {str(exc)[:200]}") from None
+
+
+def resolve(name: str, setting: str) -> Callable[..., Any]:
+    """``module:function`` to the function; a ConfigError naming the setting otherwise."""
+    found = find(name, setting)
     if not callable(found):
         raise ConfigError(f"{setting}: {name!r} is not a function")
     return found  # type: ignore[no-any-return]

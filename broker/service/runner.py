@@ -4,6 +4,8 @@ Every replica serves the whole API (a submission writes a PENDING job, a notice 
 whichever replica gets it). One replica at a time holds the leader lease (``leader.py``); it
 starts an APScheduler ``BackgroundScheduler`` whose jobs live in the store (``apscheduler_jobs``)
 and run the engine's step, reconcile, price polls, report schedules and time-based policy changes.
+On the ``local`` backend the replicas share one market replay; on ``skypilot`` the engine launches
+real clusters through SkyPilot and decides on the price book the leader's polls keep current.
 The engine it builds writes through a store fenced by the lease's epoch and calls the cloud
 through a fenced provisioner, so it can do nothing once the lease is gone. A replica that loses
 the lease stops its scheduler at once and goes back to trying for it.
@@ -66,19 +68,24 @@ def shared_world(home: Path, trace: str, speed: float, store: Store) -> LocalWor
 
 
 class Service:
-    def __init__(self, settings: Settings, store: Store | None = None) -> None:
-        if settings.backend != "local":
-            raise ConfigError(f"backend: this build serves the local backend; expected local, got {settings.backend!r}")
+    def __init__(self, settings: Settings, store: Store | None = None, sdk: Any = None, catalog: Any = None) -> None:
+        """``sdk`` and ``catalog`` stand in for SkyPilot's own in tests (or the ``skypilot_sdk`` setting)."""
+        if settings.backend not in ("local", "skypilot"):
+            raise ConfigError(f"backend: expected local or skypilot, got {settings.backend!r}")
         self.settings = settings
         self.home = settings.home
         self.price_poller = resolve(settings.price_poller, "price_poller")
         self.report_runner = resolve(settings.report_runner, "report_runner")
-        trace = str(settings.market or BUNDLED_MARKET)
-        self.runtime = assemble(settings, store,
-                                world=lambda store: shared_world(self.home, trace, settings.speed, store))
+        offered: frozenset[tuple[str, int]] | None = None
+        if settings.backend == "skypilot":
+            self.runtime = assemble(settings, store, sdk=sdk, catalog=catalog)
+        else:
+            trace = str(settings.market or BUNDLED_MARKET)
+            self.runtime = assemble(settings, store,
+                                    world=lambda store: shared_world(self.home, trace, settings.speed, store))
+            assert isinstance(self.runtime.market, LocalMarket)
+            offered = frozenset((z.accelerator, z.gpus_per_node) for z in self.runtime.market.trace.zones)
         self.store = self.runtime.store
-        assert isinstance(self.runtime.market, LocalMarket) and isinstance(self.runtime.provisioner, LocalProvisioner)
-        assert self.runtime.world is not None
         self.world = self.runtime.world
         self.market = self.runtime.market
         self.clock = self.runtime.clock
@@ -88,13 +95,13 @@ class Service:
         self.engine: Engine | None = None
         self.work_store: Store = self.store  # fenced by the lease's epoch while leading
         self.scheduler: Any = None
+        self.listener: Any = None  # EventBridge spot warnings through SQS, on the SkyPilot backend's leader
         self._stop = threading.Event()
         self._leadership = threading.Lock()
         self.socket = self._bind(settings.serve_host, settings.serve_port)
         host, port = self.socket.getsockname()[:2]
         self.url = f"http://{host}:{port}"
         self.public_url = settings.public_url or f"http://{'127.0.0.1' if host == '0.0.0.0' else host}:{port}"
-        offered = frozenset((z.accelerator, z.gpus_per_node) for z in self.market.trace.zones)
         self.app = create_app(self.store, self.clock, JobIntake(self.home, self.provisioner.name, offered,
                                                                  offline=settings.offline_catalog),
                               is_leader=lambda: self.leading)
@@ -154,6 +161,11 @@ class Service:
         tasks.bind(self)
         self.scheduler = build_scheduler(self.store, self.settings)
         start_scheduler(self.scheduler)
+        if self.settings.backend == "skypilot" and self.settings.sqs_queue_url:
+            from broker.notices_sqs import SqsNoticeListener
+
+            self.listener = SqsNoticeListener.from_settings(self.work_store, self.clock, self.settings)
+            self.listener.start()
 
     def _demote(self, reason: str) -> None:
         self.leading = False
@@ -164,7 +176,16 @@ class Service:
         self.engine = None
         self.work_store = self.store
 
+    def _stop_listener(self) -> None:
+        if self.listener is not None:
+            try:
+                self.listener.stop()
+            except Exception as exc:
+                log.debug("SQS listener stop: %s", exc)
+            self.listener = None
+
     def _stop_scheduler(self) -> None:
+        self._stop_listener()
         if self.scheduler is not None:
             try:
                 self.scheduler.shutdown(wait=False)
@@ -174,7 +195,14 @@ class Service:
 
     def reconcile(self) -> None:
         check = self.work_store.fence.ensure if isinstance(self.work_store, FencedStore) else None
-        reconcile_local(self.work_store, self.provisioner.root, check)
+        if isinstance(self.provisioner, LocalProvisioner):
+            reconcile_local(self.work_store, self.provisioner.root, check)
+        else:
+            from broker.provision.skypilot import SkyPilotProvisioner
+            from broker.runtime_skypilot import reconcile_sky
+
+            assert isinstance(self.provisioner, SkyPilotProvisioner)
+            reconcile_sky(self.work_store, self.provisioner, check)
 
     # ----------------------------------------------------------------- running
 
@@ -249,6 +277,8 @@ def build_scheduler(store: Store, settings: Settings) -> Any:
     for cloud, seconds in sorted(settings.price_poll_seconds.items()):
         wanted[f"prices-{cloud}"] = {"func": "broker.service.tasks:poll_prices", "trigger": "interval",
                                      "seconds": seconds, "args": [cloud]}
+        if settings.backend == "skypilot":  # the engine decides on these quotes: a new leader polls at once
+            wanted[f"prices-{cloud}"]["next_run_time"] = datetime.now(UTC)
     for schedule in settings.policy_schedules:
         wanted[f"policy-{schedule.name}"] = {"func": "broker.service.tasks:apply_policies",
                                              "trigger": policy_cron_trigger(schedule.cron, schedule.timezone)}

@@ -1,0 +1,125 @@
+"""`broker serve` on the SkyPilot backend: the leader's engine launches through SkyPilot on the price book.
+
+In process, with SkyPilot's SDK played by the fake at its API server boundary, on SQLite and on
+PostgreSQL; the processes, failover and real agents are the end-to-end test's.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+from sqlalchemy import select
+
+from broker.config import ConfigError, load_settings
+from broker.engine.machine import submit_job
+from broker.market import PriceBook
+from broker.service.runner import Service
+from broker.spec import parse_job_spec
+from broker.store import Store, open_store
+from broker.store.tables import ClusterRow, JobRow
+from providers.base import SpotQuote
+from tests.broker.provision.fake_sky import FakeSky
+
+JOB = "name: train\nnum_nodes: 2\nresources:\n  accelerators: V100:1\nrun: python train.py\n"
+
+
+def wait(done: Callable[[], bool], timeout: float = 90.0, what: Callable[[], str] = lambda: "") -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if done():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"condition not reached: {what()}")
+
+
+def state(store: Store, job_id: str) -> str | None:
+    with store.transaction() as s:
+        job = s.get(JobRow, job_id)
+        return None if job is None else f"{job.state} ({job.reason})"
+
+
+def test_the_leader_launches_in_the_zone_the_price_book_made_cheapest(broker_home: Path, db_url: str) -> None:
+    store = open_store(db_url)
+    now = datetime.now(UTC)
+    PriceBook(store).record("aws", [
+        SpotQuote("aws", "us-east-1", "us-east-1a", "p3.2xlarge", "V100", 1, 1.10, 3.06, now),
+        SpotQuote("aws", "us-west-2", "us-west-2b", "p3.2xlarge", "V100", 1, 0.85, 3.06, now, capacity_score=9.0),
+        SpotQuote("aws", "us-east-2", "us-east-2a", "p3.2xlarge", "V100", 1, 0.40, 3.06, now, capacity_score=1.0),
+    ], at=now)
+    # cheapest_spot: the plain rule, so the zone follows from prices and capacity alone (the default
+    # policy may choose to wait for the cheaper zone's capacity to come back).
+    settings = load_settings(backend="skypilot", serve_port=0, leader_check_seconds=1.0, poll_seconds=0.2,
+                             db_url=db_url, selection_policy="cheapest_spot", price_poll_seconds={})
+    sky = FakeSky(launch_seconds=0.1)
+    service = Service(settings, store, sdk=sky)
+    try:
+        threading.Thread(target=service._renew, daemon=True).start()  # as run() does, without its signals
+        service._campaign()
+        assert service.leading and service.engine is not None
+        job_id = submit_job(store, service.clock, parse_job_spec(JOB, offline=True), broker_home, "skypilot")
+
+        def running() -> bool:
+            with store.transaction() as s:
+                job = s.get(JobRow, job_id)
+                return job is not None and job.state == "RUNNING"
+
+        wait(running, what=lambda: f"job {state(store, job_id)}, SkyPilot calls {sky.calls[-4:]}")
+        with store.transaction() as s:
+            (cluster,) = s.scalars(select(ClusterRow))
+            # us-east-2a is cheaper still, but its placement score says a launch is unlikely there.
+            assert (cluster.zone, cluster.price_per_node_hour, cluster.spot) == ("us-west-2b", 0.85, True)
+        (launched,) = sky.clusters.values()
+        assert launched.task["resources"]["infra"] == "aws/us-west-2/us-west-2b"
+        sky.finish_jobs()
+        wait(lambda: (state(store, job_id) or "").startswith("SUCCEEDED"),
+             what=lambda: f"job {state(store, job_id)}, leading {service.leading}")
+    finally:
+        service.shutdown()
+
+
+def test_a_replica_takes_over_a_dead_leader_and_adopts_its_cluster(broker_home: Path, db_url: str) -> None:
+    """The leader stops dead (no renewal, no release: a SIGKILL or a frozen host); the other replica
+    takes the lease when it runs out, finds the gang in SkyPilot's status and finishes the job."""
+    store = open_store(db_url)
+    now = datetime.now(UTC)
+    PriceBook(store).record("aws", [
+        SpotQuote("aws", "us-west-2", "us-west-2b", "p3.2xlarge", "V100", 1, 0.85, 3.06, now, capacity_score=9.0),
+    ], at=now)
+    settings = load_settings(backend="skypilot", serve_port=0, leader_check_seconds=1.0, poll_seconds=0.2,
+                             db_url=db_url, selection_policy="cheapest_spot", price_poll_seconds={})
+    sky = FakeSky(launch_seconds=0.1)  # one SkyPilot API server, as both replicas would share
+    first, second = Service(settings, store, sdk=sky), Service(settings, open_store(db_url), sdk=sky)
+    try:
+        threading.Thread(target=first._renew, daemon=True).start()
+        first._campaign()
+        assert first.leading
+        job_id = submit_job(store, first.clock, parse_job_spec(JOB, offline=True), broker_home, "skypilot")
+        wait(lambda: (state(store, job_id) or "").startswith("RUNNING"), what=lambda: f"job {state(store, job_id)}")
+        first._stop.set()  # no more renewals
+        first._stop_scheduler()  # and no more steps: dead, holding the lease until it runs out
+        if first.lock.gate is not None:  # SQLite: the file lock goes with the process (same process here)
+            first.lock.gate.release()
+        threading.Thread(target=second._renew, daemon=True).start()
+
+        def took_over() -> bool:
+            second._campaign()
+            return second.leading
+
+        wait(took_over, timeout=60)
+        sky.finish_jobs()
+        wait(lambda: (state(store, job_id) or "").startswith("SUCCEEDED"),
+             what=lambda: f"job {state(store, job_id)}, leading {second.leading}")
+        assert sky.count("launch") == 1  # adopted, not launched again
+    finally:
+        second.shutdown()
+        first.shutdown()
+
+
+def test_an_unknown_backend_is_refused_naming_the_setting(broker_home: Path) -> None:
+    with pytest.raises(ConfigError, match="backend: expected local or skypilot, got 'nimbus'"):
+        Service(load_settings(backend="nimbus", serve_port=0))

@@ -1,0 +1,98 @@
+"""The price book as the engine's market: what a decision sees per zone, the catalog only as fallback."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from broker.market import PriceBook
+from broker.price_market import CATALOG, PRICE_BOOK, PriceBookMarket, quote_age_s
+from broker.store import Store, open_store
+from providers.base import OfferKey, SpotQuote
+
+T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
+EAST = OfferKey("aws", "us-east-1", "us-east-1a", "p3.2xlarge")
+WEST = OfferKey("aws", "us-west-2", "us-west-2b", "p3.2xlarge")
+
+
+def aws(key: OfferKey, spot: float, score: float | None = None) -> SpotQuote:
+    return SpotQuote(key.cloud, key.region, key.zone, key.instance_type, "V100", 1, spot, 3.06, T0,
+                     capacity_score=score)
+
+
+class Catalog:
+    """SkyPilot's catalog as the market reads it: an H100 offer nobody polled, and a cheap V100 one."""
+
+    def __init__(self, fail: bool = False) -> None:
+        self.fail = fail
+        self.asked: list[set[str]] = []
+
+    def quotes_for(self, names: Iterable[str], when: datetime) -> list[SpotQuote]:
+        wanted = {n.lower() for n in names}
+        self.asked.append(wanted)
+        if self.fail:
+            raise ConnectionError("Failed to fetch AWS catalog aws/vms.csv")
+        offers = [SpotQuote("gcp", "us-central1", "us-central1-a", "a3-highgpu-1g", "H100", 1, 3.1, 11.0, when),
+                  SpotQuote("aws", "us-east-2", "us-east-2a", "p3.2xlarge", "V100", 1, 0.10, 3.06, when)]
+        return [q for q in offers if q.accelerator.lower() in wanted]
+
+    def quote(self, key: OfferKey, when: datetime) -> SpotQuote:
+        return SpotQuote(key.cloud, key.region, key.zone, key.instance_type, "H100", 1, 3.1, 11.0, when)
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Store:
+    return open_store(f"sqlite:///{tmp_path / 'broker.db'}")
+
+
+def test_every_zone_carries_its_price_capacity_and_staleness(store: Store) -> None:
+    book = PriceBook(store)
+    book.record("aws", [aws(EAST, 0.92, score=9.0), aws(WEST, 1.01, score=2.0)], at=T0)
+    market = PriceBookMarket(book, stale_after_s=600)
+    seen = {o.quote.zone: o for o in market.offers(T0 + timedelta(minutes=4))}
+    assert seen["us-east-1a"].quote.spot_price == 0.92 and seen["us-east-1a"].quote.available_nodes is None
+    assert seen["us-west-2b"].quote.available_nodes == 0  # a placement score of 2: a launch is unlikely
+    assert seen["us-east-1a"].source == PRICE_BOOK and seen["us-east-1a"].age_s == pytest.approx(240)
+    later = {o.quote.zone: o.quote for o in market.offers(T0 + timedelta(minutes=11))}
+    assert later["us-east-1a"].stale and later["us-east-1a"].available_nodes == 0  # unconfirmed past 10 min
+    book.record("aws", [aws(WEST, 1.01, score=9.0)], at=T0 + timedelta(minutes=12), regions=["us-east-1"])
+    now = {o.quote.zone: o.quote for o in market.offers(T0 + timedelta(minutes=12))}
+    assert now["us-east-1a"].stale  # the cloud stopped listing it
+    assert not now["us-west-2b"].stale and now["us-west-2b"].available_nodes is None
+
+
+def test_a_quote_is_the_one_in_force_at_the_minute_asked(store: Store) -> None:
+    book = PriceBook(store)
+    book.record("aws", [aws(EAST, 0.92)], at=T0)
+    book.record("aws", [aws(EAST, 1.40)], at=T0 + timedelta(minutes=30))
+    market = PriceBookMarket(book)
+    assert market.quote(EAST, T0 + timedelta(minutes=29)).spot_price == 0.92
+    assert market.quote(EAST, T0 + timedelta(minutes=30)).spot_price == 1.40
+    assert market.quote(EAST, T0 - timedelta(minutes=1)).spot_price is None  # before the book heard of it
+    assert quote_age_s(book, ["v100"], T0 + timedelta(minutes=35)) == pytest.approx(300)
+    assert quote_age_s(book, ["H100"], T0) is None
+
+
+def test_the_catalog_fills_in_only_accelerators_the_book_never_quoted(store: Store) -> None:
+    book = PriceBook(store)
+    book.record("aws", [aws(EAST, 0.92)], at=T0)
+    catalog = Catalog()
+    market = PriceBookMarket(book, catalog, wanted=lambda: ["V100", "H100"])
+    offers = market.offers(T0)
+    assert {(o.quote.instance_type, o.source) for o in offers} == {("p3.2xlarge", PRICE_BOOK),
+                                                                  ("a3-highgpu-1g", CATALOG)}
+    assert all(o.quote.zone != "us-east-2a" for o in offers)  # the catalog's V100 price never competes
+    assert catalog.asked == [{"h100"}]
+
+
+def test_an_unreadable_catalog_leaves_the_book_and_is_not_asked_again_at_once(store: Store) -> None:
+    book = PriceBook(store)
+    book.record("aws", [aws(EAST, 0.92)], at=T0)
+    catalog = Catalog(fail=True)
+    market = PriceBookMarket(book, catalog, wanted=lambda: ["H100"], retry_s=600)
+    assert [o.quote.zone for o in market.offers(T0)] == ["us-east-1a"]
+    assert [o.quote.zone for o in market.offers(T0)] == ["us-east-1a"]
+    assert len(catalog.asked) == 1
