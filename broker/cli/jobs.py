@@ -23,20 +23,17 @@ if TYPE_CHECKING:
 # imported inside the command that needs it, so `broker --help` and `broker status --server` stay fast.
 
 
-def _check_market_fits(broker: Any, spec: JobSpec) -> None:
+def _check_market_fits(broker: Any, spec: JobSpec, max_gpus: int | None) -> None:
+    """Refuse, before anything is stored, a job no offer of the market can ever hold."""
+    from broker.engine.feasibility import never_held
     from broker.runtime import EmbeddedBroker
 
-    if not isinstance(broker, EmbeddedBroker):
-        return  # SkyPilot's catalog: an unknown accelerator was refused when the job file was read
-    zones = broker.market.trace.zones
-    if spec.accelerators and not any(
-        a.name.lower() == z.accelerator.lower() and a.count == z.gpus_per_node
-        for a in spec.accelerators for z in zones
-    ):
-        wanted = ", ".join(f"{a.name}:{a.count}" for a in spec.accelerators)
-        have = ", ".join(sorted({f"{z.accelerator}:{z.gpus_per_node}" for z in zones}))
-        raise UsageError(f"resources.accelerators: no zone of the market offers {wanted} per node "
-                         f"(the market has {have})")
+    # SkyPilot's catalog: an accelerator no cloud offers was refused when the job file was read.
+    offered = {(z.accelerator, z.gpus_per_node) for z in broker.market.trace.zones} \
+        if isinstance(broker, EmbeddedBroker) else None
+    problem = never_held(spec, offered, max_gpus)
+    if problem is not None:
+        raise problem
 
 
 def _summary(store: Store, job_id: str) -> dict[str, Any]:
@@ -134,7 +131,7 @@ def launch(
 
     broker = open_broker(settings, fresh_market=market_clock == "own")
     try:
-        _check_market_fits(broker, spec)
+        _check_market_fits(broker, spec, settings.max_gpus)
         job_id = submit_job(broker.store, broker.clock, spec, settings.home, broker.provisioner.name)
         if detach:
             _spawn_engine(config)  # exits at once if an engine already drives this home
