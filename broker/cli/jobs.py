@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -12,6 +10,7 @@ import typer
 
 from broker.cli import remote
 from broker.cli.app import ConfigOption, JsonOption, UsageError, app
+from broker.cli.engine import revive, spawn_engine
 from broker.cli.job_output import announce, finish, print_status, progress_table
 
 if TYPE_CHECKING:
@@ -134,7 +133,7 @@ def launch(
         _check_market_fits(broker, spec, settings.max_gpus)
         job_id = submit_job(broker.store, broker.clock, spec, settings.home, broker.provisioner.name)
         if detach:
-            _spawn_engine(config)  # exits at once if an engine already drives this home
+            spawn_engine(config)  # exits at once if an engine already drives this home
         announce(job_id, spec.name, spec.num_nodes, detach, as_json)
         if detach:
             return
@@ -143,14 +142,6 @@ def launch(
     finally:
         broker.close()
     finish(summary, as_json)
-
-
-def _spawn_engine(config: Path | None) -> None:
-    command = [sys.executable, "-m", "broker", "run-engine"]
-    if config is not None:
-        command += ["--config", str(config)]
-    subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                     start_new_session=True)
 
 
 @app.command("run-engine", hidden=True)
@@ -210,9 +201,12 @@ def _local_summaries(config: Path | None, job_id: str | None) -> list[dict[str, 
     store = open_store(store_url(config))
     try:
         if job_id is not None:
-            return [_summary(store, job_id)]
-        with store.transaction() as s:
-            return [job_summary(s, j) for j in s.scalars(select(JobRow).order_by(JobRow.created_at))]
+            found = [_summary(store, job_id)]
+        else:
+            with store.transaction() as s:
+                found = [job_summary(s, j) for j in s.scalars(select(JobRow).order_by(JobRow.created_at))]
+        revive(config, store)
+        return found
     finally:
         store.dispose()
 
@@ -247,6 +241,7 @@ def cancel(job_id: Annotated[str, typer.Argument(help="the job's id")], config: 
     settings, store = _open(config)
     try:
         state = cancel_job(store, job_id, broker_clock(settings))
+        revive(config, store)  # an engine tears its clusters down
     finally:
         store.dispose()
     console.print(f"{job_id}: {state}")
@@ -268,6 +263,7 @@ def logs(
     settings, store = _open(config)
     try:
         _summary(store, job_id)
+        revive(config, store)
         offsets: dict[str, int] = {}
         while True:
             chunks = read_new(settings.home, job_id, offsets)
