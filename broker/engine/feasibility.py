@@ -19,7 +19,7 @@ NodeKind = tuple[str, int]  # (accelerator, GPUs per node) a market offers
 def never_held(spec: JobSpec, offered: Collection[NodeKind] | None, max_gpus: int | None) -> SpecError | None:
     """Why no market offering ``offered`` (None: whatever the job file names) can hold ``spec``; None if one may."""
     smallest = spec.gpus_per_node
-    if offered is not None:
+    if offered is not None and spec.accelerators:  # a CPU-only task: its node shape is judged when it is read
         sizes = [gpus for accelerator, gpus in offered if fits(spec, accelerator, gpus)]
         if not sizes:
             wanted = ", ".join(f"{a.name}:{a.count}" for a in spec.accelerators) or "a node"
