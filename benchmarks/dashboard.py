@@ -5,6 +5,10 @@
 Fills a fresh database with SQL (generate_series: a few seconds), then times each page over HTTP
 in-process (the FastAPI app, signed in as the admin, who sees every team), best of ``--repeat``,
 next to the same page on an empty database measured in the same run. The target is under 1 s.
+
+Then, on the full database in the same run, the sums the two slow pages used to read from the
+ledger's minutes (the report's grouped query; the cost of every job) against the same sums read
+now (the report builder over the hourly roll-up; the roll-up's cost per job).
 """
 
 from __future__ import annotations
@@ -114,6 +118,53 @@ def time_pages(db_url: str, home: Path, repeat: int) -> dict[str, float]:
         store.dispose()
 
 
+def time_reads(db_url: str, repeat: int) -> list[tuple[str, float, float]]:
+    """(what, seconds reading the ledger's minutes as before, seconds as the pages read now), best of ``repeat``."""
+    from sqlalchemy import func, select
+
+    from broker.reports.build import _day, build_report
+    from broker.reports.window import Window
+    from broker.store.rollup import LedgerRollupRow
+    from broker.store.tables import LedgerRow
+
+    store = open_store(db_url)
+
+    def best(run: object) -> float:
+        assert callable(run)
+        times = []
+        for _ in range(repeat):
+            began = time.perf_counter()
+            run()
+            times.append(time.perf_counter() - began)
+        return min(times)
+
+    def minutes_query(window: Window) -> None:
+        L = LedgerRow
+        keys = (L.cluster_id, L.holder, L.job_id, L.team, L.usage, L.cloud, L.region, L.zone, L.accelerator,
+                L.instance_type, L.spot, _day(store.dialect, L.minute))
+        with store.transaction() as s:
+            s.execute(select(*keys, func.sum(L.gpus * L.seconds / 60.0), func.sum(L.cost), func.sum(L.on_demand_cost),
+                             func.count()).where(L.minute >= window.start, L.minute < window.end)
+                      .group_by(*keys)).all()
+
+    def cost_by_job(table: type[LedgerRow] | type[LedgerRollupRow]) -> None:
+        with store.transaction() as s:
+            s.execute(select(table.job_id, func.sum(table.cost)).group_by(table.job_id)).all()
+
+    try:
+        now = datetime.now(UTC)
+        rows = []
+        for days in (7, 30):
+            window = Window(now - timedelta(days=days), now)
+            rows.append((f"report, {days} days: its sums", best(lambda w=window: minutes_query(w)),
+                         best(lambda w=window: build_report(store, w))))
+        rows.append(("cost of every job", best(lambda: cost_by_job(LedgerRow)),
+                     best(lambda: cost_by_job(LedgerRollupRow))))
+        return rows
+    finally:
+        store.dispose()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--postgres", default=os.environ.get("BROKER_TEST_POSTGRES",
@@ -143,6 +194,10 @@ def main() -> None:
         print(f"{'page':<18} {'empty store s':>13} {'full store s':>12}  under 1 s")
         for name in full:
             print(f"{name:<18} {empty[name]:>13.3f} {full[name]:>12.3f}  {'yes' if full[name] < 1.0 else 'NO'}")
+        print(f"\n{'full store, same run':<32} {'minutes s':>9} {'now s':>7}  (before: the ledger's minutes; "
+              "now: the hourly roll-up)")
+        for what, before, after in time_reads(full_url, args.repeat):
+            print(f"{what:<32} {before:>9.3f} {after:>7.3f}")
     finally:
         with psycopg.connect(args.postgres, autocommit=True) as conn:
             for name in names:

@@ -95,6 +95,10 @@ def main() -> None:
         env = {**os.environ, "BROKER_HOME": str(home), "NO_COLOR": "1"}
         env.pop("BROKER_SERVER", None)
         rows.append(("python -c pass (baseline)", timed([sys.executable, "-c", "pass"], env, args.runs), ""))
+        # The floor of any command that opens a store: importing SQLAlchemy's ORM and its SQLite dialect.
+        rows.append(("python -c 'import sqlalchemy.orm' (store floor)",
+                     timed([sys.executable, "-c", "import sqlalchemy.orm, sqlalchemy.dialects.sqlite"], env,
+                           args.runs), ""))
         rows.append(("broker --help", timed(broker_command("--help"), env, args.runs), "help"))
         for command in ("launch", "status", "prices", "report"):
             rows.append((f"broker {command} --help", timed(broker_command(command, "--help"), env, args.runs), "help"))
@@ -136,12 +140,13 @@ def main() -> None:
     baseline = statistics.median(rows[0][1])
     base_cpu = statistics.median(CPU[id(rows[0][1])])
     print(f"{'command':<52} {'runs':>4} {'median s':>9} {'min s':>7} {'x baseline':>10} {'CPU s':>7} "
-          f"{'CPU x base':>10}  target (median wall)")
+          f"{'CPU x base':>10}  target (median wall; median CPU)")
     for name, times, target in rows:
         median = statistics.median(times)
         cpu = statistics.median(CPU[id(times)])
         goal = TARGETS.get(target)
-        verdict = "" if goal is None else f"< {goal} s: {'met' if median < goal else 'MISSED'}"
+        verdict = "" if goal is None else (f"< {goal} s: wall {'met' if median < goal else 'MISSED'}, "
+                                           f"CPU {'met' if cpu < goal else 'MISSED'}")
         print(f"{name:<52} {len(times):>4} {median:>9.3f} {min(times):>7.3f} {median / baseline:>10.1f} "
               f"{cpu:>7.3f} {cpu / base_cpu:>10.1f}  {verdict}")
     print(f"python {sys.version.split()[0]}, {os.cpu_count()} CPU(s), load average "

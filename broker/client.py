@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import http.client
+import json
 from typing import Any
+from urllib.parse import urlencode, urlsplit
 
-import httpx
+MAX_ANSWER_BYTES = 64 * 2**20  # a page of jobs or logs; more is not an answer from the broker
 
 
 class ClientError(Exception):
@@ -12,13 +15,26 @@ class ClientError(Exception):
 
 
 class BrokerClient:
+    """Plain ``http.client`` (not httpx, whose import pulls in its own command line: Rich, Pygments),
+    so that `broker status --server` starts in a fraction of a second."""
+
     def __init__(self, url: str, token: str, timeout: float = 30.0) -> None:
         self.url = url.rstrip("/")
-        self._http = httpx.Client(base_url=self.url, timeout=timeout,
-                                  headers={"Authorization": f"Bearer {token}"})
+        try:
+            parts = urlsplit(self.url)
+            parts.port  # noqa: B018  (raises ValueError for a port out of range)
+        except ValueError:
+            parts = urlsplit("")
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ClientError(f"--server: expected a URL like http://127.0.0.1:8470, got {url[:200]!r}")
+        self._parts, self._timeout = parts, timeout
+        self._headers = {"Authorization": f"Bearer {token}", "Accept": "application/json"}
+        self._conn: http.client.HTTPConnection | None = None
 
     def close(self) -> None:
-        self._http.close()
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
 
     def __enter__(self) -> BrokerClient:
         return self
@@ -26,17 +42,41 @@ class BrokerClient:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _call(self, method: str, path: str, **kwargs: Any) -> Any:
-        try:
-            response = self._http.request(method, path, **kwargs)
-        except httpx.HTTPError as exc:
-            raise ClientError(f"cannot reach the broker at {self.url}: {exc}") from None
-        if response.status_code < 400:
-            return response.json()
-        raise ClientError(_reason(response))
+    def _connection(self) -> http.client.HTTPConnection:
+        if self._conn is None:
+            kind = http.client.HTTPSConnection if self._parts.scheme == "https" else http.client.HTTPConnection
+            self._conn = kind(self._parts.hostname or "", self._parts.port, timeout=self._timeout)
+        return self._conn
+
+    def _call(self, method: str, path: str, json_body: Any = None,
+              params: dict[str, list[str]] | None = None) -> Any:
+        target = self._parts.path.rstrip("/") + path + (f"?{urlencode(params, doseq=True)}" if params else "")
+        body = json.dumps(json_body).encode() if json_body is not None else None
+        headers = {**self._headers, **({"Content-Type": "application/json"} if body is not None else {})}
+        for attempt in (1, 2):  # a kept-alive connection the server closed meanwhile is opened once more
+            reused = self._conn is not None
+            try:
+                conn = self._connection()
+                conn.request(method, target, body=body, headers=headers)
+                response = conn.getresponse()
+                status, text = response.status, response.read(MAX_ANSWER_BYTES + 1)
+                break
+            except (OSError, http.client.HTTPException) as exc:
+                self.close()
+                if not (reused and attempt == 1 and isinstance(exc, (ConnectionError, http.client.RemoteDisconnected))):
+                    raise ClientError(f"cannot reach the broker at {self.url}: {exc}") from None
+        if len(text) > MAX_ANSWER_BYTES:
+            raise ClientError(f"the broker at {self.url} answered more than {MAX_ANSWER_BYTES // 2**20} MB")
+        if status < 400:
+            try:
+                return json.loads(text)
+            except ValueError:
+                raise ClientError(f"the broker at {self.url} answered {status} with no JSON: "
+                                  f"{text[:200].decode(errors='replace')}") from None
+        raise ClientError(_reason(status, text))
 
     def submit(self, text: str, source: str | None = None) -> dict[str, Any]:
-        return self._call("POST", "/v1/jobs", json={"spec": text, "source": source})  # type: ignore[no-any-return]
+        return self._call("POST", "/v1/jobs", json_body={"spec": text, "source": source})  # type: ignore[no-any-return]
 
     def jobs(self) -> list[dict[str, Any]]:
         return self._call("GET", "/v1/jobs")  # type: ignore[no-any-return]
@@ -52,16 +92,16 @@ class BrokerClient:
         return self._call("GET", f"/v1/jobs/{job_id}/logs", params=params)  # type: ignore[no-any-return]
 
 
-def _reason(response: httpx.Response) -> str:
+def _reason(status: int, text: bytes) -> str:
     try:
-        body = response.json()
+        body = json.loads(text)
     except ValueError:
-        return f"the broker answered {response.status_code}: {response.text[:200]}"
+        return f"the broker answered {status}: {text[:200].decode(errors='replace')}"
     if isinstance(body, dict) and isinstance(body.get("message"), str):
         return body["message"]  # an invalid job file: the same line the embedded broker prints
     detail = body.get("detail") if isinstance(body, dict) else body
     if isinstance(detail, list):
         detail = "; ".join(f"{'.'.join(str(p) for p in d.get('loc', [])[1:])}: {d.get('msg')}" for d in detail)
-    if response.status_code == 401:
+    if status == 401:
         return f"the broker refused the token ({detail}); create one with `broker token create --team TEAM`"
     return str(detail)

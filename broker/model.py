@@ -96,4 +96,5 @@ class Usage(enum.StrEnum):
     RESTARTING = "restarting"  # checkpointing, restarting, and restoring from a checkpoint
     WAITING = "waiting"  # cluster up, nothing placed on these GPUs yet (queue empty)
     UNALLOCATED = "unallocated"  # free GPUs no queued gang fits (fragmentation)
+    STRANDED = "stranded"  # what fractions leave of the GPUs they share (A100:0.5 alone: half a GPU)
     FINISHED = "finished"  # held by a job that has ended, until teardown

@@ -113,15 +113,15 @@ def parse_job_spec(text: str, source: str = "job file", *, now: datetime | None 
     ``now`` (default: the current time) is what a deadline must come after. Instance types and
     accelerators are looked up in SkyPilot's catalog, or in the built-in one when SkyPilot's
     cannot be fetched within ``catalog_timeout`` seconds, or always when ``offline``.
-    A multi-document file (a pipeline) is validated stage by stage, then refused: the broker does
-    not run pipeline stages yet.
+    A multi-document file (a pipeline) is validated stage by stage, then refused: only ``broker
+    launch`` runs pipelines (``parse_job_file``).
     """
     loaded = parse_job_file(text, source, now=now, offline=offline, catalog_timeout=catalog_timeout, market=market)
     if isinstance(loaded, Pipeline):
         what = "job group" if loaded.kind == "group" else "pipeline"
         names = ", ".join(stage.name for stage in loaded.stages)
-        raise SpecError(f"a {what} of {len(loaded.stages)} stages ({names}): its stages are valid, but the broker "
-                        "does not run pipelines yet; launch each stage as its own job file", source=source)
+        raise SpecError(f"a {what} of {len(loaded.stages)} stages ({names}): its stages are valid, but this takes "
+                        f"one task; `broker launch` without --server runs a {what}", source=source)
     return loaded
 
 

@@ -25,6 +25,8 @@ def job_summary(s: Session, job: JobRow) -> dict[str, Any]:
     return {
         "job_id": job.id,
         "name": job.name,
+        "pipeline_id": job.pipeline_id,  # a stage of a multi-document job file, else None
+        "stage": job.stage,
         "team": job.team,
         "state": job.state,
         "cost": round(float(cost), 6),

@@ -1,6 +1,13 @@
 """``broker``: the default selection policy: the cheapest progress that still meets the deadline.
 
-Each step it prices every zone that can take the gang as *expected dollars per step of progress*:
+(``broker_lean``, registered beside it, is ``broker`` with a check on itself: every step it replays
+the job's own market since the job started under ``broker``, ``up_multi`` and ``skypilot_eager``
+(``policies.broker_policy_replay``) and, once a simpler rule's replayed job is clearly worth less,
+follows that rule, under the same deadline floor; on on-demand, ``broker`` decides when to leave
+(the simpler rules never leave on-demand). Measured on the job-shape grid it is no better than
+``broker`` (benchmarks/README.md), so it is not the default.)
+
+Each step ``broker`` prices every zone that can take the gang as *expected dollars per step of progress*:
 the zone's spot price projected along its recent trend, times the restart overhead amortised over
 the run the zone is expected to give, plus checkpoint egress when the zone is in another region
 than the checkpoint. The expected run comes from the lengths of the zone's past availability runs
@@ -40,12 +47,21 @@ deadline unreachable. The policy reads nothing but its request and is determinis
 from __future__ import annotations
 
 import math
-from bisect import bisect_left, bisect_right
 from dataclasses import dataclass, replace
 
 import numpy as np
 
-from policies.history import MarketHistory
+from policies.baselines import skypilot_eager, up_multi
+from policies.broker_policy_replay import Rule, leading_rule
+from policies.broker_policy_runs import (
+    RUN_WINDOW_S,
+    RunLengths,
+    capacity_wait,
+    finished_runs,
+    fresh_ratio,
+    recent_preemptions,
+    spot_only_need,
+)
 from policies.registry import register
 from policies.selection import (
     ON_DEMAND,
@@ -61,8 +77,6 @@ from policies.selection import (
 )
 from policies.speed import rank_accelerators
 
-RUN_WINDOW_S = 4 * 86400.0  # availability runs and outages that ended this recently describe a zone
-MIN_RUNS = 20  # fewer runs of its own (too few for a survival curve): judged on every zone's runs
 NO_HISTORY_RUN_S = 4 * 3600.0  # without history, a zone's capacity is expected to last this long
 TREND_WINDOW_S = 6 * 3600.0  # the spot price's trend is its change over this window
 RELAXED = 1.5  # slack at this multiple of the reserve or more: slack is worth nothing
@@ -70,7 +84,6 @@ PRESSED = 0.5  # at this multiple or less: a step of slack is worth a step of on
 PICKINESS = 0.15  # with slack to spare, enter spot costing at most this much over the best possible
 SWITCH_GAIN = 0.08  # move between zones only for this much cheaper progress
 WAITS = (1, 2, 3, 4, 6)  # steps young capacity may be given to prove itself before entering
-SPOT_MARGIN = 0.5  # slack at this multiple of what spot alone is expected to spend is not short
 WAIT_FLOOR = 0.8  # under pressure, waiting never takes the slack below this fraction of the reserve
 
 @dataclass(frozen=True, slots=True)
@@ -79,23 +92,53 @@ class _Option:
     cost: float  # expected USD per node-step of progress, restarts and egress included
     progress: float = math.inf  # expected steps of progress before capacity goes
     price: float = 0.0  # the spot price expected over that run
-    runs: _RunLengths | None = None  # the runs it was judged on, and how long its current one has lasted
+    runs: RunLengths | None = None  # the runs it was judged on, and how long its current one has lasted
     age: int = 0
     egress: float = 0.0  # checkpoint egress to enter, in price x node-steps
+
+
+@register("selection", "broker_lean")
+def broker_lean(request: SelectionRequest) -> Plan:
+    """``broker``, or the simpler rule that the job's own market shows is winning on it
+    (``policies.broker_policy_replay``), under the same deadline floor."""
+    request = _one_gpu_type(request)
+    floor = _deadline_floor(request)
+    if floor is not None:
+        return floor
+    found = leading_rule(request, RULES)
+    if found is None or found.leader == 0 or request.current.kind == ON_DEMAND:
+        # The simpler rules treat on-demand as the end (their safety net): when broker's reasoning
+        # took the job there, broker's reasoning decides when it leaves.
+        return broker(request)
+    plan = RULES[found.leader](request)
+    return replace(plan, reason=f"{RULE_NAMES[found.leader]} is winning on this market: {plan.reason}")
+
+
+def _deadline_floor(request: SelectionRequest) -> Plan | None:
+    """On-demand when only on-demand still meets the deadline: off spot, with less slack than a
+    restart plus a preemption need; on spot, less than a preemption and a restart need."""
+    budget = Budget.of(request)
+    k = budget.overhead
+    here = current_offer(request)
+    on_spot = here is not None and spot_ok(here, request.job.num_nodes)
+    floor = (k + 1 + (budget.overhead_left > 0)) if on_spot else 2 * k + 1
+    if budget.slack < floor:
+        return on_demand_plan(request, "deadline floor: only on-demand still meets the deadline")
+    return None
 
 
 @register("selection", "broker", default=True)
 def broker(request: SelectionRequest) -> Plan:
     """Cheapest expected progress among spot zones, waiting or on-demand as the slack allows."""
     request = _one_gpu_type(request)
+    floor = _deadline_floor(request)
+    if floor is not None:
+        return floor
     budget = Budget.of(request)
     k, slack = budget.overhead, budget.slack
     n = request.job.num_nodes
     here = current_offer(request)
     on_spot = here is not None and spot_ok(here, n)
-    floor = (k + 1 + (budget.overhead_left > 0)) if on_spot else 2 * k + 1
-    if slack < floor:
-        return on_demand_plan(request, "deadline floor: only on-demand still meets the deadline")
 
     offers = eligible_offers(request)
     od_price = min((o.on_demand_price for o in offers), default=math.inf)
@@ -105,7 +148,7 @@ def broker(request: SelectionRequest) -> Plan:
     # How likely the slack is to run out: a step of slack is then worth a step of on-demand
     # instead of spot later; with plenty to spare it is worth nothing.
     pressure = 0.0 if need <= 0 else min(1.0, max(0.0, (RELAXED - have / need) / (RELAXED - PRESSED)))
-    if pressure > 0 and have >= _spot_only_need(request, budget):
+    if pressure > 0 and have >= spot_only_need(request, budget):
         pressure = 0.0  # behind the even pace, but spot alone is expected to finish in time
     worth = pressure * max(od_price - cheapest, 0.0)
     options = sorted((_price(request, budget, o, worth) for o in offers if spot_ok(o, n) and o is not here),
@@ -130,7 +173,7 @@ def broker(request: SelectionRequest) -> Plan:
         # the best any spot could do: the cheapest price with one restart for all the work left
         # (or, where runs are short in every zone, as good as a fresh run in the best zone gives:
         # waiting for a run no zone gives would spend the slack for nothing)
-        if best is not None and best.cost <= cheapest * _fresh_ratio(request, budget, offers) * (1 + PICKINESS):
+        if best is not None and best.cost <= cheapest * fresh_ratio(request, budget, offers) * (1 + PICKINESS):
             if _entry_wait(best, budget, od_price, worth, idle=True) > 0:
                 return Plan((), reason="this capacity often vanishes this young: see if it lasts")
             return _go(best, options, "good spot: expected progress near the cheapest price")
@@ -143,7 +186,7 @@ def broker(request: SelectionRequest) -> Plan:
         return Plan((), reason="ahead of the slack reserve: wait for spot")
     # Waiting out the outage costs its expected length in slack; on-demand costs two restarts.
     horizon = 4 * k + 2
-    expected = _capacity_wait(request, budget, horizon)
+    expected = capacity_wait(request, budget, horizon)
     if expected * worth < k * (od_price + worth) and have - expected >= need * WAIT_FLOOR:
         return Plan((), reason="capacity is likely back before on-demand would pay off")
     return on_demand_plan(request, "slack is short and the outage looks long: on-demand")
@@ -236,61 +279,6 @@ def _paced(request: SelectionRequest, budget: Budget) -> float:
     return budget.left * max(span - total, 0.0) / max(span, 1e-9)
 
 
-def _fresh_ratio(request: SelectionRequest, budget: Budget, offers: list[ZoneOffer]) -> float:
-    """Steps paid per step of progress when entering a fresh run of the zone whose runs amortise a
-    restart best (up or not now); at best one restart for all the work left."""
-    k, work = budget.overhead, max(budget.work, 1)
-    ratio = (k + work) / work
-    history = request.history
-    if history is None:
-        return ratio
-    window = round(RUN_WINDOW_S / budget.step_s)
-    found = math.inf
-    for offer in offers:
-        column = history.column(offer.location)
-        if column is None:
-            continue
-        runs = _runs(history, request.job.num_nodes, column, window)
-        if runs.x:
-            paid, progress = runs.expected(1, k, work)
-            found = min(found, paid / max(progress, 1e-9))
-    return max(ratio, found) if math.isfinite(found) else ratio
-
-
-def _spot_only_need(request: SelectionRequest, budget: Budget) -> float:
-    """Slack that running the rest of the work on spot alone is expected to spend, with a margin.
-
-    From the recent market: while no zone can take the gang the job waits, and each preemption
-    costs a restart and the step it happens in. When the slack covers that (times SPOT_MARGIN),
-    it is not short, however it compares with Uniform Progress's even pace: on an easy market a
-    job on pace with days of slack must not go to on-demand for an outage of an hour."""
-    history = request.history
-    if history is None or request.job.remaining_work_s is None:
-        return math.inf
-    n = request.job.num_nodes
-    key = ("broker.spot_only", n)
-    table = history.series.memo.get(key)
-    if table is None:
-        gang = history.series.gang(n)
-        ends = np.zeros(gang.up.shape[0], dtype=np.int64)
-        for zone_ends in gang.run_end:
-            np.add.at(ends, zone_ends, 1)
-        table = history.series.memo[key] = (
-            np.concatenate([[0], np.cumsum(gang.up.any(axis=1))]).tolist(),
-            np.concatenate([[0], np.cumsum(ends)]).tolist(),
-            gang.cum_up.sum(axis=1).tolist(),
-        )
-    assert isinstance(table, tuple)
-    cum_any, cum_ends, cum_up = table
-    now = history.now
-    lo = max(0, now + 1 - round(RUN_WINDOW_S / budget.step_s))
-    up = (cum_any[now + 1] - cum_any[lo]) / max(now + 1 - lo, 1)
-    if up <= 0:
-        return math.inf
-    hazard = (cum_ends[now + 1] - cum_ends[lo]) / max(cum_up[now + 1] - cum_up[lo], 1)
-    return SPOT_MARGIN * budget.work * ((1 - up) / up + hazard * (budget.overhead + 1))
-
-
 def _go(first: _Option, options: list[_Option], reason: str) -> Plan:
     """``first``, then the other zones best first, for when a launch fails on a capacity error."""
     rest = tuple(Location("spot", o.offer) for o in options if o.offer is not first.offer)
@@ -308,15 +296,15 @@ def _price(request: SelectionRequest, budget: Budget, offer: ZoneOffer, worth: f
     work = max(budget.work, 1)
     history = request.history
     column = history.column(offer.location) if history is not None else None
-    runs: _RunLengths | None = None
+    runs: RunLengths | None = None
     age = 0
     if history is not None and column is not None:
         age = int(history.age(request.job.num_nodes)[column])
-        runs = _runs(history, request.job.num_nodes, column, round(RUN_WINDOW_S / budget.step_s))
+        runs = finished_runs(history, request.job.num_nodes, column, round(RUN_WINDOW_S / budget.step_s))
         if not runs.x:
             runs = None  # no run has ended anywhere yet: the history says nothing about run lengths
     if runs is None:
-        mean = max(NO_HISTORY_RUN_S / budget.step_s / (1 + _recent_preemptions(request, offer)), age)
+        mean = max(NO_HISTORY_RUN_S / budget.step_s / (1 + recent_preemptions(request, offer)), age)
         paid = min(mean, k + work)
         progress = max(paid - k, 1e-9)
     else:
@@ -351,101 +339,5 @@ def _projected(request: SelectionRequest, offer: ZoneOffer, budget: Budget, hori
     return max(offer.spot_price + slope * ahead, 0.0)
 
 
-def _capacity_wait(request: SelectionRequest, budget: Budget, horizon: int) -> float:
-    """Expected steps until some eligible zone can take the gang again, capped at ``horizon``,
-    from how long the zones' past outages lasted given how long the current ones have."""
-    history = request.history
-    if history is None:
-        return float(horizon)
-    n = request.job.num_nodes
-    window = round(RUN_WINDOW_S / budget.step_s)
-    ages = history.age(n)
-    still_down = np.ones(horizon)
-    for offer in eligible_offers(request):
-        column = history.column(offer.location)
-        if column is None:
-            continue
-        outages = _runs(history, n, column, window, down=True)
-        still_down *= outages.survival(int(ages[column]), horizon)
-    return float(still_down.sum())
-
-
-def _recent_preemptions(request: SelectionRequest, offer: ZoneOffer) -> int:
-    record = request.record.get(offer.location)
-    if record is None:
-        return 0
-    return sum(1 for t in record.preemptions if (request.now - t).total_seconds() < 86400)
-
-
-class _RunLengths:
-    """Finished availability-run lengths, sorted, with prefix sums for O(log n) expectations."""
-
-    def __init__(self, lengths: np.ndarray) -> None:
-        ordered = np.sort(lengths)
-        self.x = ordered.tolist()
-        self.prefix = np.concatenate([[0], np.cumsum(ordered)]).tolist()
-
-    def _sum_min(self, age: int, cap: float, first: int) -> float:
-        """Sum over runs at least ``age`` long of min(steps left in the run from now, cap)."""
-        count = len(self.x) - first
-        top = cap + age - 1
-        last = bisect_right(self.x, top)
-        return (self.prefix[last] - self.prefix[first]) + (len(self.x) - last) * top - (age - 1) * count
-
-    def expected(self, age: int, restart: int, work: int) -> tuple[float, float]:
-        """(steps paid, steps of progress) per entry now, for a run that has lasted ``age`` steps."""
-        first = bisect_left(self.x, age)
-        count = len(self.x) - first
-        if count == 0:  # longer than any run seen: expect it to last about as long again
-            paid = float(min(age, restart + work))
-            return paid, max(paid - min(age, restart), 1e-9)
-        paid = self._sum_min(age, restart + work, first)
-        lost = self._sum_min(age, restart, first) if restart > 0 else 0.0
-        return paid / count, max(paid - lost, 1e-9) / count
-
-    def ends_before(self, age: int, steps: int) -> float:
-        """P(the run that has lasted ``age`` steps ends within ``steps`` more steps)."""
-        first = bisect_left(self.x, age)
-        count = len(self.x) - first
-        if count == 0:
-            return float(age < steps)  # expected to last about as long again
-        return (bisect_left(self.x, age + steps) - first) / count
-
-    def survival(self, age: int, horizon: int) -> np.ndarray:
-        """P(the run that has lasted ``age`` steps still goes on after j more steps), j < horizon."""
-        first = bisect_left(self.x, age)
-        count = len(self.x) - first
-        if count == 0:
-            return np.ones(horizon)
-        return np.array([(len(self.x) - bisect_left(self.x, age + j)) / count for j in range(horizon)])
-
-
-def _runs(history: MarketHistory, n: int, zone: int, window: int, down: bool = False) -> _RunLengths:
-    """The zone's finished up-runs (or outages) of the last ``window`` steps; every zone's when it
-    has too few of its own."""
-    gang = history.series.gang(n)
-    all_ends = gang.down_end if down else gang.run_end
-    all_lengths = gang.down_length if down else gang.run_length
-    memo = history.series.memo
-    table_key = ("broker.run-bounds", n, down, window)
-    table = memo.get(table_key)
-    if table is None:  # for every tick at once: which finished runs fall in its window
-        now = np.arange(history.series.num_ticks)
-        table = memo[table_key] = [
-            tuple(zip(*(np.searchsorted(ends, edge, side="right").tolist() for ends in all_ends), strict=True))
-            for edge in (now - window, now)
-        ]
-    assert isinstance(table, list)
-    bounds = tuple(zip(table[0][history.now], table[1][history.now], strict=True))
-    lo, hi = bounds[zone]
-    pooled = hi - lo < MIN_RUNS
-    key = ("broker.runs", n, down, bounds) if pooled else ("broker.runs", n, down, zone, lo, hi)
-    found = memo.get(key)
-    if found is None:
-        if pooled:
-            lengths = np.concatenate([all_lengths[z][a:b] for z, (a, b) in enumerate(bounds)])
-        else:
-            lengths = all_lengths[zone][lo:hi]
-        found = memo[key] = _RunLengths(lengths)
-    assert isinstance(found, _RunLengths)
-    return found
+RULES: tuple[Rule, ...] = (broker, up_multi, skypilot_eager)
+RULE_NAMES = ("broker", "up_multi", "skypilot_eager")

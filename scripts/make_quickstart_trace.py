@@ -1,4 +1,4 @@
-"""Generate the bundled market: every GPU instance type of the built-in catalog, six hours, one-minute ticks.
+"""Generate the bundled market: every GPU and CPU-only type of the built-in catalog, six hours, one-minute ticks.
 
 The quickstart's story is three V100 x1 zones on two clouds: the cheapest (AWS us-east-1a) loses
 its spot capacity twenty minutes in (so the quickstart meets a preemption in its first half) and
@@ -28,7 +28,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from providers.catalog import GPU_INSTANCE_TYPES, InstanceType
+from providers.catalog import CPU_INSTANCE_TYPES, GPU_INSTANCE_TYPES, InstanceType
 
 START = datetime(2026, 1, 5, 9, 0, tzinfo=UTC)
 TICKS = 360
@@ -44,6 +44,11 @@ REGION = {"aws": ("us-east-1", "us-east-1b"), "gcp": ("us-central1", "us-central
 PER_GPU = {
     "V100": 2.75, "V100-32GB": 3.65, "A100": 3.70, "A100-80GB": 4.60, "H100": 11.10,
     "A10G": 0.75, "L4": 0.62, "T4": 0.35, "A10": 0.85,
+    # Added with the full catalog: scaled to H100 by the ratio of the instances' on-demand prices in
+    # SkyPilot's catalog (AWS us-east-1: p5.48xlarge 55.04, p5en 63.30, p6-b200 113.93, p6-b300 142.42
+    # USD/h), or the instance price less its vCPUs where one GPU type has no H100 counterpart.
+    "H200": 12.76, "B200": 22.98, "B300": 28.72, "H100-MEGA": 11.10, "L40S": 2.05, "T4g": 0.23,
+    "RTX PRO Server 6000": 2.98, "K80": 0.60, "M60": 0.84, "Radeon MI25": 0.26,
 }
 UNKNOWN_GPU = 2.0  # an accelerator added to the catalog before it is added here
 PER_VCPU = {"aws": 0.048, "gcp": 0.047, "azure": 0.050}
@@ -67,7 +72,7 @@ def catalog_offers() -> list[tuple[str, str, str, str, str, int, float, float]]:
     """(cloud, region, zone, instance type, accelerator, GPUs, spot list price, on-demand) for each catalog type."""
     story = {(cloud, itype) for cloud, _, _, itype, _, _ in ZONES}
     offers, seen = [], set()
-    for t in GPU_INSTANCE_TYPES:
+    for t in (*GPU_INSTANCE_TYPES, *CPU_INSTANCE_TYPES):  # CPU-only types too: CPU tasks are jobs like any other
         if (t.cloud, t.name) in story or (t.cloud, t.name) in seen:
             continue  # GCP n1 types appear once per attachable GPU: the first one is the offer
         seen.add((t.cloud, t.name))

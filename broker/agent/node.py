@@ -28,6 +28,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from broker.agent import mps
 from broker.agent.checkpoint import CheckpointMark, latest_checkpoint
 from broker.agent.progress import ProgressReporter, pass_through, read_progress_file
 from broker.agent.reporting import LatestOnly, post_with_retry
@@ -179,6 +180,7 @@ class Agent:
         if self.checkpoint_dir:
             env["BROKER_CHECKPOINT_DIR"] = self.checkpoint_dir
         env["BROKER_PROGRESS_FILE"] = self.progress_file
+        env.update(self._mps(env))
         self.child = subprocess.Popen(self.options.command, start_new_session=True, env=env,
                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         assert self.child.stdout is not None
@@ -213,6 +215,17 @@ class Agent:
             tmp.write_text(json.dumps({"exit_code": exit_code, "finished_wall": time.time()}))
             os.replace(tmp, self.options.status_file)
         return exit_code
+
+    def _mps(self, env: dict[str, str]) -> dict[str, str]:
+        """NVIDIA MPS for a job sharing its GPU, where the node has it; without it the job still runs."""
+        try:
+            found = mps.share_env(env)
+        except (mps.MpsError, OSError, subprocess.SubprocessError) as exc:
+            self.events.write("mps_unavailable", reason=str(exc)[:300])
+            return {}
+        if found:
+            self.events.write("mps", **found)
+        return found
 
     def _watch(self) -> None:
         self.checkpoints.watch()

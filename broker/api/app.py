@@ -44,6 +44,9 @@ def create_app(store: Store, clock: Clock, intake: JobIntake | None = None,
         from broker.web.app import mount_dashboard
 
         mount_dashboard(app, store, clock, intake.home)
+    from broker.web.apidocs import mount_api_docs
+
+    mount_api_docs(app)  # /docs: the reference, drawn on the server from /openapi.json
     # Added last, so it is outermost: nothing inside sees a request over a limit.
     app.add_middleware(RequestLimits, limits=limits or Limits())
     return app

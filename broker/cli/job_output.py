@@ -42,7 +42,8 @@ def status_table(summaries: list[dict[str, Any]]) -> Table:
     for item in summaries:
         where = f"{item['cloud']}/{item['zone']}" if item["zone"] else "-"
         state = f"{item['state']} ({item['checkpoint_reason']})" if item.get("checkpoint_reason") else item["state"]
-        table.add_row(item["job_id"], item["name"], item["team"], state, where, str(item["preemptions"]),
+        name = f"{item['name']} (stage {item['stage']} of {item['pipeline_id']})" if item.get("stage") else item["name"]
+        table.add_row(item["job_id"], name, item["team"], state, where, str(item["preemptions"]),
                       str(item["migrations"]), f"${item['cost']:.4f}", f"${item['on_demand_cost']:.4f}")
     return table
 
@@ -69,6 +70,32 @@ def announce(job_id: str, name: str, num_nodes: int, detach: bool, as_json: bool
         console.print(f"submitted [bold]{job_id}[/bold]; follow it with `broker logs {job_id} --follow`")
     elif not as_json:
         console.print(f"submitted [bold]{job_id}[/bold] ({name}, {num_nodes} node(s))")
+
+
+def announce_pipeline(pipeline: Any, job_ids: list[str], detach: bool, as_json: bool) -> None:
+    """What a launch of a pipeline prints once its stages are recorded."""
+    from broker.cli.app import console
+
+    if detach and as_json:
+        print(json.dumps({"pipeline": pipeline.name, "kind": pipeline.kind, "job_ids": job_ids, "state": PENDING}))
+        return
+    if as_json:
+        return
+    order = "one after another" if pipeline.kind == "chain" else "together"
+    console.print(f"submitted {pipeline.kind} [bold]{pipeline.name}[/bold]: {len(job_ids)} stages, run {order}")
+    for number, (job_id, stage) in enumerate(zip(job_ids, pipeline.stages, strict=True), start=1):
+        console.print(f"  stage {number}  [bold]{job_id}[/bold] ({stage.name}, {stage.num_nodes} node(s))")
+
+
+def finish_pipeline(name: str, summaries: list[dict[str, Any]], as_json: bool) -> None:
+    """How an attached launch of a pipeline ends: each stage's summary; exit 1 unless all succeeded."""
+    if as_json:
+        print(json.dumps({"pipeline": name, "stages": summaries}))
+    else:
+        for summary in summaries:
+            print_summary(summary)
+    if any(summary["state"] != SUCCEEDED for summary in summaries):
+        raise typer.Exit(1)
 
 
 def finish(summary: dict[str, Any], as_json: bool) -> None:

@@ -11,11 +11,11 @@ import typer
 from broker.cli import remote
 from broker.cli.app import ConfigOption, JsonOption, UsageError, app
 from broker.cli.engine import revive, spawn_engine
-from broker.cli.job_output import announce, finish, print_status, progress_table
+from broker.cli.job_output import announce, announce_pipeline, finish, print_status, progress_table
 
 if TYPE_CHECKING:
     from broker.config import Settings
-    from broker.spec import JobSpec
+    from broker.spec import JobSpec, Pipeline
     from broker.store import Store
 
 # Everything heavy (the engine, SQLAlchemy, the store, SkyPilot through the job file reader) is
@@ -46,8 +46,9 @@ def _summary(store: Store, job_id: str) -> dict[str, Any]:
         return job_summary(s, job)
 
 
-def drive(broker: Any, settings: Settings, job_id: str | None, show: bool) -> None:
-    """Run the engine (or, if another process holds the engine lock, watch) until the job ends."""
+def drive(broker: Any, settings: Settings, job_id: str | list[str] | None, show: bool) -> None:
+    """Run the engine (or, if another process holds the engine lock, watch) until the job ends
+    (every one of them, for the stages of a pipeline; the progress shown is the first still going)."""
     from rich.live import Live
 
     from broker.cli.app import console
@@ -55,20 +56,24 @@ def drive(broker: Any, settings: Settings, job_id: str | None, show: bool) -> No
     from broker.runtime import EngineLock
     from broker.summary import last_log_line
 
+    watched = [job_id] if isinstance(job_id, str) else list(job_id or [])
     lock = EngineLock(settings.home)
     engine = broker.start() if lock.acquire() else None
-    if engine is None and job_id is None:
+    if engine is None and not watched:
         return
     try:
         with Live(console=console, refresh_per_second=4, transient=False, auto_refresh=False) as live:
             while True:
                 if engine is not None:
                     engine.step()
-                if job_id is not None:
-                    summary = _summary(broker.store, job_id)
+                if watched:
+                    summaries = [_summary(broker.store, one) for one in watched]
+                    going = [x for x in summaries if not JobState(x["state"]).terminal]
                     if show:
-                        live.update(progress_table(summary, last_log_line(settings.home, job_id)), refresh=True)
-                    if JobState(summary["state"]).terminal:
+                        shown = (going or summaries)[0]
+                        live.update(progress_table(shown, last_log_line(settings.home, shown["job_id"])),
+                                    refresh=True)
+                    if not going:
                         break
                 elif engine is not None and not engine.active_jobs():
                     break
@@ -111,14 +116,20 @@ def launch(
     if (served := remote.server_settings(config, server)) is not None:
         return remote.launch(remote.full_settings(config, served), job_file, detach, as_json)
     from broker.config import load_settings
-    from broker.spec import load_job_spec
+    from broker.spec import Pipeline, load_job_file
 
     settings = load_settings(config, backend=backend, market=market, speed=speed)
     if settings.backend not in ("local", "skypilot"):
         raise UsageError(f"--backend {settings.backend}: expected local or skypilot")
     if dryrun and settings.backend != "skypilot":
         raise UsageError("--dryrun: only with --backend skypilot (the local backend has nothing to dry-run)")
-    spec = load_job_spec(job_file)
+    loaded = load_job_file(job_file)
+    if isinstance(loaded, Pipeline):
+        if dryrun:
+            raise UsageError(f"--dryrun: {job_file} is a {len(loaded.stages)}-stage {loaded.kind}; dry-run "
+                             "one task file at a time")
+        return _launch_pipeline(settings, loaded, market_clock == "own", detach, as_json, config)
+    spec = loaded
     if dryrun:
         from broker.cli.sky_dryrun import dryrun as sky_dryrun
 
@@ -142,6 +153,29 @@ def launch(
     finally:
         broker.close()
     finish(summary, as_json)
+
+
+def _launch_pipeline(settings: Settings, pipeline: Pipeline, fresh_market: bool, detach: bool, as_json: bool,
+                     config: Path | None) -> None:
+    """Submit every stage (a chain's stages wait for the one before them) and follow them to the end."""
+    from broker.cli.job_output import finish_pipeline
+    from broker.engine.machine import submit_pipeline
+    from broker.runtime import open_broker
+
+    broker = open_broker(settings, fresh_market=fresh_market)
+    try:
+        for stage in pipeline.stages:
+            _check_market_fits(broker, stage, settings.max_gpus)
+        job_ids = submit_pipeline(broker.store, broker.clock, pipeline, settings.home, broker.provisioner.name)
+        announce_pipeline(pipeline, job_ids, detach, as_json)
+        if detach:
+            spawn_engine(config)
+            return
+        drive(broker, settings, job_ids, show=not as_json)
+        summaries = [_summary(broker.store, job_id) for job_id in job_ids]
+    finally:
+        broker.close()
+    finish_pipeline(pipeline.name, summaries, as_json)
 
 
 @app.command("run-engine", hidden=True)

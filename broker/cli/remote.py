@@ -92,7 +92,10 @@ def connect(settings: Served) -> Iterator[BrokerClient]:
 
     if settings.token is None:
         raise UsageError("--server needs an API token: set BROKER_TOKEN (`broker token create --team TEAM` makes one)")
-    client = BrokerClient(settings.url, settings.token)
+    try:
+        client = BrokerClient(settings.url, settings.token)
+    except ClientError as exc:
+        raise UsageError(str(exc)) from None
     try:
         yield client
     except ClientError as exc:

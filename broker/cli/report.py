@@ -3,15 +3,11 @@
 from __future__ import annotations
 
 import sys
-from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Annotated
+from typing import Annotated
 
 import typer
 
 from broker.cli.app import ConfigOption, UsageError, app
-
-if TYPE_CHECKING:
-    from broker.store import Store
 
 
 @app.command()
@@ -30,8 +26,9 @@ def report(
     """Spend, on-demand equivalent, savings, preemptions and idle GPU-hours by job, team, cloud, region, GPU."""
     from broker.config import load_settings
     from broker.reports import deliver, render
-    from broker.reports.build import ReportError, build_report, parse_window
+    from broker.reports.build import build_report
     from broker.reports.settings import check_emails
+    from broker.reports.window import ReportError, report_window
     from broker.store import open_store
 
     if as_json:
@@ -53,7 +50,7 @@ def report(
     settings = load_settings(config)
     store = open_store(settings.database_url)
     try:
-        window = parse_window(since, start, end, _ledger_now(store)) if resend is None else None
+        window = report_window(store, since, start, end) if resend is None else None
     except ReportError as exc:
         store.dispose()
         raise UsageError(str(exc)) from None
@@ -101,18 +98,3 @@ def _print(built: object, output: str) -> None:
         return
     text = {"json": render.render_json, "csv": render.render_csv, "html": render.render_html}[output](built)
     sys.stdout.write(text if text.endswith("\n") else text + "\n")
-
-
-def _ledger_now(store: Store) -> datetime:
-    """Now, or later if the ledger already holds later minutes (a local replay runs its clock ahead)."""
-    from sqlalchemy import func, select
-
-    from broker.store.tables import LedgerRow
-
-    with store.transaction() as s:
-        newest = s.scalar(select(func.max(LedgerRow.minute)))
-    now = datetime.now(UTC)
-    if newest is None:
-        return now
-    newest = newest if newest.tzinfo else newest.replace(tzinfo=UTC)
-    return max(now, newest + timedelta(minutes=1))

@@ -10,6 +10,7 @@
 - ``checkpoints``: checkpoints, attempts and the work lost between them;
 - ``notices``: termination notices, recorded once;
 - ``metering``: the cost ledger;
+- ``stages``: pipelines, a chained stage held back until the one before it succeeded;
 - ``parts``: the options and collaborators every part is given.
 """
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from broker.engine import clusters, machine, packing
+from broker.engine import clusters, machine, packing, shares, stages
 from broker.engine.cadence import Cadence
 from broker.engine.checkpoints import (
     close_attempt,
@@ -66,6 +66,8 @@ class JobStepper:
 
     def _from_pending(self, s: Session, job: JobRow, after: AfterCommit) -> None:
         parts = self.parts
+        if stages.held_back(parts, s, job):
+            return
         if packing.place_on_existing(parts, s, job):
             return
         exclude = self.planner.avoid(s, job)
@@ -231,8 +233,7 @@ class JobStepper:
             if target is None or target.state != ClusterState.UP.value or job.target_gpus is None:
                 return
             claim = GangPlacement.from_json(target.id, job.target_gpus)
-            held = packing.holdings(s, target.id)
-            if any(other != job.id and packing.overlaps(claim, placement) for other, placement in held.items()):
+            if packing.blocked(s, job, target.id, claim):
                 return  # the gangs it preempted have not left yet
             previous = current_allocation(s, job)
             if previous is not None and previous.ended_at is None:
@@ -256,7 +257,7 @@ class JobStepper:
         job.attempt += 1
         now = self.parts.clock.now()
         s.add(AllocationRow(job_id=job.id, cluster_id=target.id, attempt=job.attempt, gpus=placement.to_json(),
-                            started_at=now, running_at=now))
+                            gpu_share=job.gpu_share, started_at=now, running_at=now))
         job.target_cluster_id = job.target_gpus = job.checkpoint_requested_at = None
         job.zones = [*job.zones, target.zone]
         machine.running(s, self.parts.clock, job, cluster=target.id, zone=target.zone,
@@ -269,4 +270,5 @@ class JobStepper:
             job_id=job.id, attempt=job.attempt, spec=parts.spec_of(job), placement=placement,
             checkpoint_dir=job.checkpoint_dir, resume_from=job.checkpoint,
             broker_url=parts.options.broker_url, log_dir=str(parts.options.home / "logs" / job.id),
+            gpu_share=job.gpu_share, gpu_memory_mb=shares.memory_mb(target, parts.spec_of(job), job.gpu_share),
         )

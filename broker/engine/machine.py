@@ -19,7 +19,7 @@ from sqlalchemy.orm import Session
 from broker.clock import Clock
 from broker.engine.parts import jsonable
 from broker.model import CheckpointReason, JobState, check_transition
-from broker.spec import JobSpec
+from broker.spec import JobSpec, Pipeline
 from broker.store import Store
 from broker.store.tables import JobEventRow, JobRow
 
@@ -50,23 +50,44 @@ def _move(s: Session, clock: Clock, job: JobRow, target: JobState, **detail: obj
 
 def submit_job(store: Store, clock: Clock, spec: JobSpec, home: Path, backend: str) -> str:
     """Record a validated job as PENDING, in one transaction; the engine takes it from there."""
+    with store.transaction() as s:
+        return _add_job(s, clock, spec, home, backend)
+
+
+def submit_pipeline(store: Store, clock: Clock, pipeline: Pipeline, home: Path, backend: str) -> list[str]:
+    """Record every stage of a pipeline as a PENDING job, in one transaction. In a chain each stage
+    waits for the one before it to succeed (``broker.engine.stages``); a group's stages run together."""
+    pipeline_id = f"p-{secrets.token_hex(4)}"
+    job_ids: list[str] = []
+    with store.transaction() as s:
+        for number, spec in enumerate(pipeline.stages, start=1):
+            after = job_ids[-1] if pipeline.kind == "chain" and job_ids else None
+            job_ids.append(_add_job(s, clock, spec, home, backend, pipeline_id=pipeline_id, stage=number,
+                                    after_job_id=after))
+    return job_ids
+
+
+def _add_job(s: Session, clock: Clock, spec: JobSpec, home: Path, backend: str, pipeline_id: str | None = None,
+             stage: int | None = None, after_job_id: str | None = None) -> str:
     now = clock.now()
     job_id = f"j-{secrets.token_hex(4)}"
     checkpoint_dir = spec.broker.checkpoint.dir or str(home / "checkpoints" / job_id)
-    with store.transaction() as s:
-        s.add(JobRow(
-            id=job_id, name=spec.name, team=spec.broker.team, state=JobState.PENDING.value,
-            priority=spec.broker.priority, spec=spec.to_data(),
-            spec_path=str(Path(spec.source).resolve()) if spec.source else None,
-            backend=backend, num_nodes=spec.num_nodes, gpus_per_node=spec.gpus_per_node,
-            accelerator=spec.accelerator, deadline=spec.broker.deadline_at(now),
-            work_s=spec.broker.work.total_seconds() if spec.broker.work else None,
-            checkpoint_dir=checkpoint_dir, attempt=0, preemptions=0, migrations=0, work_lost_s=0.0,
-            zones=[], created_at=now, updated_at=now, wall_started_at=datetime.now(UTC),
-        ))
-        s.flush()
-        s.add(JobEventRow(job_id=job_id, at=now, kind="submitted", to_state=JobState.PENDING.value,
-                          detail={"name": spec.name}))
+    s.add(JobRow(
+        id=job_id, name=spec.name, team=spec.broker.team, state=JobState.PENDING.value,
+        priority=spec.broker.priority, spec=spec.to_data(),
+        spec_path=str(Path(spec.source).resolve()) if spec.source else None,
+        backend=backend, num_nodes=spec.num_nodes, gpus_per_node=spec.gpus_per_node,
+        accelerator=spec.accelerator, deadline=spec.broker.deadline_at(now),
+        work_s=spec.broker.work.total_seconds() if spec.broker.work else None,
+        checkpoint_dir=checkpoint_dir, attempt=0, preemptions=0, migrations=0, work_lost_s=0.0,
+        zones=[], created_at=now, updated_at=now, wall_started_at=datetime.now(UTC),
+        pipeline_id=pipeline_id, stage=stage, after_job_id=after_job_id,
+    ))
+    s.flush()
+    detail: dict[str, object] = {"name": spec.name}
+    if pipeline_id is not None:
+        detail.update(pipeline=pipeline_id, stage=stage, after=after_job_id)
+    s.add(JobEventRow(job_id=job_id, at=now, kind="submitted", to_state=JobState.PENDING.value, detail=detail))
     return job_id
 
 
@@ -82,8 +103,8 @@ def cancel_job(store: Store, job_id: str, clock: Clock) -> str:
         return JobState.CANCELLED.value
 
 
-def cancelled(s: Session, clock: Clock, job: JobRow) -> None:
-    _move(s, clock, job, JobState.CANCELLED, reason="cancelled by user")
+def cancelled(s: Session, clock: Clock, job: JobRow, reason: str = "cancelled by user") -> None:
+    _move(s, clock, job, JobState.CANCELLED, reason=reason)
 
 
 def provisioning(s: Session, clock: Clock, job: JobRow, **detail: object) -> None:

@@ -65,14 +65,18 @@ class ClusterHistory:
             return [Share("idle:provisioning", Usage.PROVISIONING, total)]
         shares: list[Share] = []
         held = 0.0
+        shared: dict[tuple[str, int], float] = {}  # (node rank, GPU) -> the share of it fractions hold
         for alloc in self.allocations:
             if alloc.started_at <= minute and (alloc.ended_at is None or minute < alloc.ended_at):
-                gpus = float(sum(len(v) for v in alloc.gpus.values())) or total
+                gpus = (float(sum(len(v) for v in alloc.gpus.values())) or total) * (alloc.gpu_share or 1.0)
                 job = self.jobs.get(alloc.job_id)
                 checkpointing = alloc.stopping_at is not None and minute >= alloc.stopping_at
                 usage = Usage.RESTARTING if checkpointing else Usage.RUNNING
                 shares.append(Share(f"job:{alloc.job_id}", usage, gpus, job))
                 held += gpus
+                for rank, on in (alloc.gpus.items() if alloc.gpu_share is not None else ()):
+                    for gpu in on:
+                        shared[(rank, gpu)] = shared.get((rank, gpu), 0.0) + (alloc.gpu_share or 0.0)
         free = total - held
         if free <= 0:
             return shares
@@ -87,7 +91,12 @@ class ClusterHistory:
                 return [Share(f"job:{last.job_id}", Usage.RESTARTING, free, job)]
             return [Share(f"idle:{Usage.FINISHED.value}", Usage.FINISHED, free)]
         cause = Usage.UNALLOCATED if self.queue_waiting else Usage.WAITING
-        return [*shares, Share(f"idle:{cause.value}", cause, free)]
+        # What fractions leave of the GPUs they share is idle too, and stranded (fragmentation).
+        stranded = min(sum(max(1.0 - used, 0.0) for used in shared.values()), free)
+        idle = [Share(f"idle:{Usage.STRANDED.value}", Usage.STRANDED, stranded)] if stranded > 1e-9 else []
+        if free - stranded > 1e-9:
+            idle.append(Share(f"idle:{cause.value}", cause, free - stranded))
+        return [*shares, *idle]
 
 
 def meter_cluster(s: Session, row: ClusterRow, now: datetime, market: Market) -> int:

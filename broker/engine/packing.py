@@ -12,9 +12,9 @@ import math
 from datetime import datetime
 
 from sqlalchemy import select
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, object_session
 
-from broker.engine import machine
+from broker.engine import machine, shares
 from broker.engine.checkpoints import current_allocation, progress_s
 from broker.engine.notices import open_notice
 from broker.engine.parts import AfterCommit, Parts, cluster_info
@@ -105,13 +105,22 @@ def running_gangs(s: Session, cluster_id: str, now: datetime, restart_overhead_s
     return tuple(gangs)
 
 
-def overlaps(a: GangPlacement, b: GangPlacement) -> bool:
-    mine = {(rank, gpu) for rank, gpus in a.gpus for gpu in gpus}
-    return any((rank, gpu) in mine for rank, gpus in b.gpus for gpu in gpus)
+def blocked(s: Session, job: JobRow, cluster_id: str, claim: GangPlacement) -> bool:
+    """The claim's GPUs are still held by others beyond what they leave free (the gangs a
+    preemptor takes them from have not left yet; shared GPUs have less than the job's share left)."""
+    return not shares.fits(shares.holdings(s, cluster_id), job.id, claim, job.gpu_share)
 
 
 def first_claim(parts: Parts, row: ClusterRow, job: JobRow) -> GangPlacement:
-    """The launching job's GPUs on its new cluster: all of them, or the best-connected subset."""
+    """The launching job's GPUs on its new cluster: all of them, the best-connected subset, or the
+    share of one GPU a fraction asks for (then the job's ``gpu_share`` says how much)."""
+    job.gpu_share = shares.share_on(row, parts.spec_of(job))
+    if job.gpu_share is not None:
+        s = object_session(row)
+        assert s is not None, "the cluster row is added before its first claim"
+        claim = shares.place_fraction(parts, s, row, job, job.gpu_share)
+        assert claim is not None, "a fraction always fits an empty cluster launched for it"
+        return claim
     per_node = job.gpus_per_node or row.gpus_per_node
     if per_node >= row.gpus_per_node:
         return GangPlacement.whole_nodes(row.id, row.num_nodes, row.gpus_per_node)
@@ -129,10 +138,16 @@ def place_on_existing(parts: Parts, s: Session, job: JobRow) -> bool:
         per_node = hosts(row, spec, job)
         if per_node is None or open_notice(s, row.id, any_state=True) is not None:
             continue
-        placement = parts.placement(gang_request(job, spec, per_node), snapshot(s, row))
+        share = shares.share_on(row, spec)
+        if share is not None:
+            placement = shares.place_fraction(parts, s, row, job, share)
+        else:
+            placement = parts.placement(gang_request(job, spec, per_node), snapshot(s, row))
+            if placement is not None and not shares.has_room(parts, s, row, job, placement):
+                placement = None  # its GPUs are free, not the CPU or memory beside them
         if placement is None:
             continue
-        job.target_cluster_id, job.target_gpus = row.id, placement.to_json()
+        job.target_cluster_id, job.target_gpus, job.gpu_share = row.id, placement.to_json(), share
         if job.started_at is None:
             job.started_at = parts.clock.now()
         machine.provisioning(s, parts.clock, job, cluster=row.id, zone=row.zone,
@@ -166,7 +181,8 @@ def preempt_for(parts: Parts, s: Session, job: JobRow, after: AfterCommit) -> No
                                   reason=f"preempted by {job.id}", cluster=row.id)
             signal = parts.spec_of(victim).broker.checkpoint.signal
             after.signals.append((cluster_info(row), victim.id, victim.attempt, signal))
-        job.target_cluster_id, job.target_gpus = row.id, plan.placement.to_json()
+        # What it takes from lower-priority gangs it takes whole, a fraction's job included.
+        job.target_cluster_id, job.target_gpus, job.gpu_share = row.id, plan.placement.to_json(), None
         machine.provisioning(s, parts.clock, job, cluster=row.id, preempting=list(plan.victims),
                              work_lost_gpu_s=plan.work_lost_gpu_s, gain_gpu_s=plan.gain_gpu_s)
         return

@@ -38,23 +38,41 @@ def offer_of(quote: SpotQuote) -> ZoneOffer:
                      float(quote.on_demand_price or math.inf), quote.available_nodes, quote.capacity_score)
 
 
-def fits(spec: JobSpec, accelerator: str, gpus_per_node: int, exact: bool = False) -> bool:
-    """The job's nodes fit one of ``gpus_per_node`` ``accelerator`` GPUs (``exact``: of just that size)."""
+def fits(spec: JobSpec, accelerator: str, gpus_per_node: int, exact: bool = False,
+         instance_type: str | None = None, cloud: str | None = None) -> bool:
+    """The job's nodes fit one of ``gpus_per_node`` ``accelerator`` GPUs (``exact``: of just that size).
+
+    A task without accelerators fits only a node without GPUs (a GPU node would idle its GPUs) whose
+    shape in the built-in catalog has the task's ``cpus`` and ``memory``, of the type it names if any."""
     if not spec.accelerators:
-        return True
+        return gpus_per_node == 0 and _cpu_node_fits(spec, instance_type, cloud)
     return any(a.name.lower() == accelerator.lower()
                and (a.count == gpus_per_node if exact else a.count <= gpus_per_node)
                for a in spec.accelerators)
+
+
+def _cpu_node_fits(spec: JobSpec, instance_type: str | None, cloud: str | None) -> bool:
+    if spec.instance_types and instance_type not in spec.instance_types:
+        return False
+    if spec.min_cpus is None and spec.min_memory_gb is None:
+        return True
+    from providers.catalog import find_any
+
+    shape = find_any(instance_type, cloud) if instance_type else None
+    if shape is None:
+        return False  # a shape the catalog does not know cannot be promised to hold the task
+    return (spec.min_cpus is None or shape.vcpus >= spec.min_cpus) and \
+        (spec.min_memory_gb is None or shape.memory_gb >= spec.min_memory_gb)
 
 
 def fitting(spec: JobSpec, quotes: list[SpotQuote]) -> tuple[list[SpotQuote], bool]:
     """Priced quotes of nodes of exactly the asked size when the market has them (True), else of
     bigger ones, whose other GPUs can host other gangs (False)."""
     priced = [q for q in quotes if q.spot_price is not None and q.on_demand_price is not None]
-    exact = [q for q in priced if fits(spec, q.accelerator, q.gpus_per_node, exact=True)]
+    exact = [q for q in priced if fits(spec, q.accelerator, q.gpus_per_node, True, q.instance_type, q.cloud)]
     if exact:
         return exact, True
-    return [q for q in priced if fits(spec, q.accelerator, q.gpus_per_node)], False
+    return [q for q in priced if fits(spec, q.accelerator, q.gpus_per_node, False, q.instance_type, q.cloud)], False
 
 
 @dataclass(frozen=True, slots=True)

@@ -67,6 +67,9 @@ class RunStatus:
     reason: str | None = None  # why a start failed, in a line
 
 
+MPS_OFF = ("off", "0", "false", "no")  # a job's ``envs: BROKER_MPS`` that keeps it off NVIDIA MPS
+
+
 @dataclass(frozen=True, slots=True)
 class JobLaunch:
     """One start of a job on a cluster: the gang's GPUs and the checkpoint contract's variables."""
@@ -79,6 +82,8 @@ class JobLaunch:
     resume_from: str | None
     broker_url: str | None
     log_dir: str
+    gpu_share: float | None = None  # the share of its GPU a fraction holds (A100:0.5 -> 0.5); None: whole GPUs
+    gpu_memory_mb: int | None = None  # the GPU memory that share may pin, when known
 
     def env(self, node_rank: int, node_ips: list[str]) -> dict[str, str]:
         """The variables node ``node_rank`` of the gang sees (its rank in the gang, not the cluster).
@@ -98,7 +103,16 @@ class JobLaunch:
             "SKYPILOT_NUM_NODES": str(len(node_ips)),
             "SKYPILOT_NUM_GPUS_PER_NODE": str(len(gpus.split(",")) if gpus else 0),
             "SKYPILOT_TASK_ID": f"{self.job_id}-{self.attempt}",
+            **self.share_env(),
         }
+
+    def share_env(self) -> dict[str, str]:
+        """What tells the node agent the job shares its GPU: the share, and the memory it may pin."""
+        if self.gpu_share is None:
+            return {}
+        share = {"BROKER_GPU_SHARE": f"{self.gpu_share:g}",
+                 "BROKER_GPU_MPS": "off" if self.spec.envs.get("BROKER_MPS", "").lower() in MPS_OFF else "auto"}
+        return {**share, "BROKER_GPU_MEMORY_MB": str(self.gpu_memory_mb)} if self.gpu_memory_mb else share
 
 
 class Provisioner(Protocol):

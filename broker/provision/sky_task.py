@@ -245,6 +245,7 @@ def job_task(cluster: ClusterInfo, launch: JobLaunch) -> dict[str, Any]:
         "BROKER_JOB_ID": launch.job_id,
         "BROKER_RESUME_FROM": node_resume_path(launch.checkpoint_dir, launch.resume_from),
         "BROKER_ATTEMPT": str(launch.attempt),
+        **launch.share_env(),
     }
     run = "\n".join([_visible_devices(launch), f"export BROKER_CHECKPOINT_DIR={node_dir}",
                      'mkdir -p "$BROKER_CHECKPOINT_DIR"', f"mkdir -p {AGENT_VENV}/runs",
@@ -254,6 +255,10 @@ def job_task(cluster: ClusterInfo, launch: JobLaunch) -> dict[str, Any]:
     accelerators = _accelerators(spec, cluster)
     if accelerators:
         resources["accelerators"] = accelerators
+    shared = next((c for c in spec.accelerators if launch.gpu_share is not None and c.fraction == launch.gpu_share),
+                  None)
+    if shared is not None:  # SkyPilot's own job queue then runs the jobs sharing a GPU side by side
+        resources["accelerators"] = {shared.name: shared.fraction}
     task: dict[str, Any] = {"name": job_name(launch.job_id, launch.attempt), "num_nodes": cluster.num_nodes,
                             "resources": resources, "envs": envs, "run": run}
     if cluster.agent_token:

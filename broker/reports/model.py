@@ -14,6 +14,7 @@ IDLE_CAUSES: tuple[str, ...] = (
     Usage.RESTARTING.value,
     Usage.WAITING.value,
     Usage.UNALLOCATED.value,
+    Usage.STRANDED.value,
     Usage.FINISHED.value,
 )
 CAUSE_LABELS: dict[str, str] = {
@@ -21,6 +22,7 @@ CAUSE_LABELS: dict[str, str] = {
     "restarting": "checkpoint & restart",
     "waiting": "waiting for a job",
     "unallocated": "unallocated (fragmentation)",
+    "stranded": "stranded GPU fractions",
     "finished": "held by finished jobs",
 }
 DIMENSIONS: tuple[str, ...] = ("job", "team", "cloud", "region", "gpu")
@@ -41,6 +43,7 @@ class Figures:
     migrations: int = 0
     work_lost_s: float = 0.0
     jobs: int = 0
+    shared_gpu_hours: float = 0.0  # held by jobs holding a fraction of a GPU (A100:0.5)
 
     @property
     def saving(self) -> float:
@@ -59,6 +62,11 @@ class Figures:
         return sum(self.idle_gpu_hours.values())
 
     @property
+    def stranded_gpu_hours(self) -> float:
+        """What fractions left unused of the GPUs they shared: idle, stranded by fragmentation."""
+        return self.idle_gpu_hours.get(Usage.STRANDED.value, 0.0)
+
+    @property
     def restart_gpu_hours(self) -> float:
         return self.idle_gpu_hours.get(Usage.RESTARTING.value, 0.0)
 
@@ -70,7 +78,8 @@ class Figures:
         data = asdict(self)
         data.update(saving=self.saving, saving_pct=self.saving_pct, spot_share=self.spot_share,
                     idle_total_gpu_hours=self.idle_total_gpu_hours, restart_gpu_hours=self.restart_gpu_hours,
-                    restart_cost=self.restart_cost, work_lost_hours=self.work_lost_s / 3600)
+                    restart_cost=self.restart_cost, work_lost_hours=self.work_lost_s / 3600,
+                    stranded_gpu_hours=self.stranded_gpu_hours)
         return data
 
     @classmethod

@@ -29,6 +29,19 @@ def _causes(figures: Figures) -> list[str]:
 
 def summary_lines(report: Report) -> list[str]:
     t = report.totals
+    return [*_main_lines(t), *_sharing_lines(t)]
+
+
+def _sharing_lines(t: Figures) -> list[str]:
+    """Fragmentation of shared GPUs: the fractions held, and what they left stranded beside them."""
+    if not t.shared_gpu_hours and not t.stranded_gpu_hours:
+        return []
+    shared = t.shared_gpu_hours + t.stranded_gpu_hours
+    return [f"GPU sharing: {t.shared_gpu_hours:,.1f} GPU-h held as fractions of GPUs, {t.stranded_gpu_hours:,.1f} "
+            f"GPU-h stranded beside them ({100 * t.stranded_gpu_hours / shared:.0f}% of the shared GPUs' time)"]
+
+
+def _main_lines(t: Figures) -> list[str]:
     return [
         f"Spend {money(t.spend)} vs {money(t.on_demand)} on-demand: saved {money(t.saving)} ({t.saving_pct:.1f}%)",
         f"{t.gpu_hours:,.1f} GPU-hours ({t.useful_gpu_hours:,.1f} useful, {t.idle_total_gpu_hours:,.1f} idle), "

@@ -31,6 +31,7 @@ class JobFacts:
     migrations: int
     work_lost_s: float
     zones: tuple[str, ...]
+    gpu_share: float | None = None  # the share of one GPU the job holds (A100:0.5); None: whole GPUs
 
 
 @dataclass
@@ -147,6 +148,10 @@ class _Describer:
             free = total.gpu_minutes / total.minutes if total.minutes else 0.0
             advice = (f"on average {free:.1f} of its {gpus} GPUs sat unallocated for {total.minutes} min: queue "
                       f"gangs of ≤{free:.0f} GPUs there or launch {max(gpus - round(free), 1)}-GPU shapes")
+        elif usage == Usage.STRANDED.value:
+            left = total.gpu_minutes / total.minutes if total.minutes else 0.0
+            advice = (f"on average {left:.2f} GPU of the GPUs jobs shared sat unused beside their fractions for "
+                      f"{total.minutes} min: queue fractions that fill them, or ask for shares that add up to one")
         elif usage == Usage.FINISHED.value:
             advice = f"finished jobs held its GPUs for {total.minutes} min: release GPUs as a job ends"
         elif usage == Usage.RESTARTING.value:

@@ -29,6 +29,7 @@ from datetime import datetime
 
 import numpy as np
 
+from broker.engine.parts import CLOUD_RESTART_OVERHEAD_S
 from broker.engine.planning import JobLimits, job_view
 from policies.history import MarketHistory, MarketSeries
 from policies.selection import (
@@ -54,7 +55,7 @@ class SimJob:
     num_nodes: int
     work_s: float
     deadline_s: float  # after the start
-    restart_overhead_s: float = 720.0
+    restart_overhead_s: float = CLOUD_RESTART_OVERHEAD_S
     checkpoint_gb: float = 50.0
     egress_per_gb: float = 0.02
     accelerator: str | None = None

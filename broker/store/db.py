@@ -3,24 +3,28 @@
 from __future__ import annotations
 
 import fcntl
+import functools
 import logging
+import re
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from alembic import command
-from alembic.config import Config
-from alembic.runtime.migration import MigrationContext
-from alembic.script import ScriptDirectory
 from sqlalchemy import Engine, create_engine, event, select, update
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session, sessionmaker
 
 from broker.store.tables import LeaderLeaseRow
 
+if TYPE_CHECKING:
+    from alembic.config import Config
+
 MIGRATIONS = Path(__file__).parent / "migrations"
+_REVISION = re.compile(r'^(revision|down_revision)\s*(?::[^=]*)?=\s*["\']([^"\']+)["\']', re.M)
 
 _migrate_lock = threading.Lock()
 
@@ -55,7 +59,24 @@ class Fence:
             raise Fenced(f"leader lease {self.lease!r} epoch {self.epoch} is no longer held by {self.holder}")
 
 
+@functools.cache
+def head_revision() -> str | None:
+    """The newest migration, read from the files' ``revision``/``down_revision`` lines without Alembic.
+
+    None when the files do not name exactly one head (then Alembic itself decides).
+    """
+    revisions: set[str] = set()
+    parents: set[str] = set()
+    for path in (MIGRATIONS / "versions").glob("*.py"):
+        for name, value in _REVISION.findall(path.read_text()):
+            (revisions if name == "revision" else parents).add(value)
+    heads = revisions - parents
+    return heads.pop() if len(heads) == 1 else None
+
+
 def alembic_config(url: str) -> Config:
+    from alembic.config import Config
+
     config = Config()
     config.set_main_option("script_location", str(MIGRATIONS))
     config.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
@@ -95,7 +116,25 @@ class Store:
     def dialect(self) -> str:
         return self.engine.dialect.name
 
+    def at_head(self) -> bool:
+        """Whether the database already stands at the newest migration (read without importing Alembic)."""
+        head = head_revision()
+        if head is None:
+            return False
+        try:
+            with self.engine.connect() as conn:
+                return bool(conn.exec_driver_sql("SELECT version_num FROM alembic_version").scalar() == head)
+        except DBAPIError:  # no alembic_version table yet: a new store
+            return False
+
     def migrate(self) -> None:
+        # A store already at head (every command after the first) does not pay for importing Alembic.
+        if self.at_head():
+            return
+        from alembic import command
+        from alembic.runtime.migration import MigrationContext
+        from alembic.script import ScriptDirectory
+
         # Alembic reports every step at INFO; a command's output is not the place for it.
         logging.getLogger("alembic").setLevel(logging.WARNING)
         with _migrate_lock, self._file_lock(), self.engine.begin() as conn:

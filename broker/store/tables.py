@@ -60,6 +60,8 @@ class JobRow(Base):
     # Where the job goes next: a cluster (launched for it, or a shared one) and the GPUs it claims.
     target_cluster_id: Mapped[str | None] = mapped_column(String(64), nullable=True, index=True)
     target_gpus: Mapped[dict[str, list[int]] | None] = mapped_column(JSON, nullable=True)
+    # The share of each of those GPUs the job holds (A100:0.5 -> 0.5); None: whole GPUs.
+    gpu_share: Mapped[float | None] = mapped_column(Float, nullable=True)
     # Set while a higher-priority gang is taking this job's GPUs inside a cluster.
     preempted_by: Mapped[str | None] = mapped_column(String(32), nullable=True)
     checkpoint_requested_at: Mapped[datetime | None] = mapped_column(UtcDateTime, nullable=True)
@@ -78,6 +80,11 @@ class JobRow(Base):
     wall_started_at: Mapped[datetime | None] = mapped_column(UtcDateTime, nullable=True)
     wall_finished_at: Mapped[datetime | None] = mapped_column(UtcDateTime, nullable=True)
     epoch: Mapped[int | None] = mapped_column(Integer, nullable=True)  # the leader epoch that last wrote it
+    # A stage of a pipeline (a multi-document job file): its id, the stage's place (1-based), and,
+    # in a chain, the stage that must succeed before this one may start.
+    pipeline_id: Mapped[str | None] = mapped_column(String(32), nullable=True, index=True)
+    stage: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    after_job_id: Mapped[str | None] = mapped_column(String(32), nullable=True)
 
 
 class JobEventRow(Base):
@@ -137,6 +144,7 @@ class AllocationRow(Base):
     cluster_id: Mapped[str] = mapped_column(ForeignKey("clusters.id"), index=True)
     attempt: Mapped[int] = mapped_column(Integer)
     gpus: Mapped[dict[str, list[int]]] = mapped_column(JSON)
+    gpu_share: Mapped[float | None] = mapped_column(Float, nullable=True)  # of each GPU; None: whole GPUs
     started_at: Mapped[datetime] = mapped_column(UtcDateTime)
     running_at: Mapped[datetime | None] = mapped_column(UtcDateTime, nullable=True)
     # When the gang was told to checkpoint before losing these GPUs (a notice, or a preemptor).

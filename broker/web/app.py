@@ -3,17 +3,21 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Annotated
 from urllib.parse import parse_qs
 
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
 
 from broker.clock import Clock
+from broker.reports.window import ReportError, ledger_now, report_window
 from broker.store import Store
 from broker.web import clusters, jobs, market, overview, simulate
 from broker.web.html import e, page
 from broker.web.session import COOKIE, Viewer, current_viewer, viewer_of_token
+
+CHARTS = ("vendor/uPlot.iife.min.js", "dashboard.js")
 
 STATIC = Path(__file__).parent / "static"
 MAX_FORM_BYTES = 4096
@@ -47,16 +51,31 @@ async def _bounded_body(request: Request, limit: int) -> bytes | None:
     return bytes(body)
 
 
+class SignedOut(Exception):
+    """No valid token in the request's cookie: a page redirects to sign-in, a live update gets 401."""
+
+
+def _signed_out(request: Request, _exc: Exception) -> Response:
+    if request.headers.get("HX-Request"):
+        return Response("signed out", status_code=401)
+    return RedirectResponse("/login", status_code=303)
+
+
+def _signed_in(request: Request) -> Viewer:
+    """Every page's first step: who is looking (the store is the one ``mount_dashboard`` was given)."""
+    viewer = current_viewer(request.app.state.dashboard_store, request)
+    if viewer is None:
+        raise SignedOut()
+    return viewer
+
+
+Signed = Annotated[Viewer, Depends(_signed_in)]
+
+
 def mount_dashboard(app: FastAPI, store: Store, clock: Clock, home: Path) -> None:
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
-
-    def viewer_or_none(request: Request) -> Viewer | None:
-        return current_viewer(store, request)
-
-    def unauthenticated(request: Request) -> Response:
-        if request.headers.get("HX-Request"):
-            return Response("signed out", status_code=401)
-        return RedirectResponse("/login", status_code=303)
+    app.add_exception_handler(SignedOut, _signed_out)
+    app.state.dashboard_store = store
 
     @app.get("/login", include_in_schema=False)
     def login_form() -> HTMLResponse:
@@ -85,30 +104,22 @@ def mount_dashboard(app: FastAPI, store: Store, clock: Clock, home: Path) -> Non
         return response
 
     @app.get("/", include_in_schema=False)
-    def overview_page(request: Request, since: str | None = None, to: str | None = None) -> Response:
-        viewer = viewer_or_none(request)
-        if viewer is None:
-            return unauthenticated(request)
+    def overview_page(request: Request, viewer: Signed, since: str | None = None, to: str | None = None) -> Response:
         start = request.query_params.get("from")
-        from broker.reports.build import ReportError
-
         try:
-            window = overview.overview_window(store, since, start, to)
+            window = report_window(store, since, start, to)
         except ReportError as exc:
             return _problem(viewer, str(exc), 400)
         report = overview.build(store, viewer, window)
         return HTMLResponse(page("Overview", overview.render(report, since, start, to), viewer, "/",
-                                 scripts=("vendor/uPlot.iife.min.js", "dashboard.js")))
+                                 scripts=CHARTS))
 
     def _filter(request: Request) -> jobs.JobFilter:
         p = request.query_params
         return jobs.JobFilter.parse(p.get("state"), p.get("team"), p.get("q"), p.get("sort"), p.get("order"))
 
     @app.get("/jobs", include_in_schema=False)
-    def jobs_page(request: Request) -> Response:
-        viewer = viewer_or_none(request)
-        if viewer is None:
-            return unauthenticated(request)
+    def jobs_page(request: Request, viewer: Signed) -> Response:
         try:
             where = _filter(request)
         except ValueError as exc:
@@ -117,10 +128,7 @@ def mount_dashboard(app: FastAPI, store: Store, clock: Clock, home: Path) -> Non
         return HTMLResponse(page("Jobs", jobs.render_list(rows, total, where, viewer), viewer, "/jobs"))
 
     @app.get("/jobs/rows", include_in_schema=False)
-    def job_rows(request: Request) -> Response:
-        viewer = viewer_or_none(request)
-        if viewer is None:
-            return unauthenticated(request)
+    def job_rows(request: Request, viewer: Signed) -> Response:
         try:
             where = _filter(request)
         except ValueError as exc:
@@ -129,10 +137,7 @@ def mount_dashboard(app: FastAPI, store: Store, clock: Clock, home: Path) -> Non
         return HTMLResponse(jobs.job_rows_html(rows, where))
 
     @app.get("/jobs/{job_id}", include_in_schema=False)
-    def job_page(request: Request, job_id: str) -> Response:
-        viewer = viewer_or_none(request)
-        if viewer is None:
-            return unauthenticated(request)
+    def job_page(job_id: str, viewer: Signed) -> Response:
         now = clock.now()
         try:
             view = jobs.load_job(store, viewer, job_id, now)
@@ -141,10 +146,7 @@ def mount_dashboard(app: FastAPI, store: Store, clock: Clock, home: Path) -> Non
         return HTMLResponse(page(f"Job {view.job.id}", jobs.render_job(view, home, now), viewer, "/jobs"))
 
     @app.get("/jobs/{job_id}/live", include_in_schema=False)
-    def job_live(request: Request, job_id: str) -> Response:
-        viewer = viewer_or_none(request)
-        if viewer is None:
-            return unauthenticated(request)
+    def job_live(job_id: str, viewer: Signed) -> Response:
         now = clock.now()
         try:
             view = jobs.load_job(store, viewer, job_id, now)
@@ -152,48 +154,32 @@ def mount_dashboard(app: FastAPI, store: Store, clock: Clock, home: Path) -> Non
             return Response(f"no job {job_id!r} that you can see", status_code=404)
         return HTMLResponse(jobs.job_live_html(view, now))
 
-
     @app.get("/clusters", include_in_schema=False)
-    def clusters_page(request: Request) -> Response:
-        viewer = viewer_or_none(request)
-        if viewer is None:
-            return unauthenticated(request)
+    def clusters_page(viewer: Signed) -> Response:
         body = clusters.render(clusters.load_clusters(store, viewer))
         live = f'<div id="clusters" hx-get="/clusters/live" hx-trigger="every 5s" hx-swap="outerHTML">{body}</div>'
         return HTMLResponse(page("Clusters", live, viewer, "/clusters"))
 
     @app.get("/clusters/live", include_in_schema=False)
-    def clusters_live(request: Request) -> Response:
-        viewer = viewer_or_none(request)
-        if viewer is None:
-            return unauthenticated(request)
+    def clusters_live(viewer: Signed) -> Response:
         body = clusters.render(clusters.load_clusters(store, viewer))
         return HTMLResponse(f'<div id="clusters" hx-get="/clusters/live" hx-trigger="every 5s" '
                             f'hx-swap="outerHTML">{body}</div>')
 
     @app.get("/market", include_in_schema=False)
-    def market_page(request: Request) -> Response:
-        viewer = viewer_or_none(request)
-        if viewer is None:
-            return unauthenticated(request)
-        body = market.render(market.load_market(store, viewer, overview.ledger_now(store)))
+    def market_page(viewer: Signed) -> Response:
+        body = market.render(market.load_market(store, viewer, ledger_now(store)))
         return HTMLResponse(page("Market", body, viewer, "/market",
-                                 scripts=("vendor/uPlot.iife.min.js", "dashboard.js")))
+                                 scripts=CHARTS))
 
     @app.get("/simulate", include_in_schema=False)
-    def simulate_form(request: Request) -> Response:
-        viewer = viewer_or_none(request)
-        if viewer is None:
-            return unauthenticated(request)
+    def simulate_form(viewer: Signed) -> Response:
         return HTMLResponse(page("Simulate", simulate.form_html(), viewer, "/simulate", scripts=("dashboard.js",)))
 
     @app.post("/simulate", include_in_schema=False)
-    async def simulate_run(request: Request) -> Response:
+    async def simulate_run(request: Request, viewer: Signed) -> Response:
         from starlette.concurrency import run_in_threadpool
 
-        viewer = viewer_or_none(request)
-        if viewer is None:
-            return unauthenticated(request)
 
         def refused(message: str, status: int, job: str = simulate.EXAMPLE_JOB, choice: str = "quickstart") -> Response:
             body = f'<p class="error" role="alert">{e(message)}</p>' + simulate.form_html(job, choice)

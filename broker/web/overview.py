@@ -3,38 +3,16 @@
 from __future__ import annotations
 
 import json
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 
-from sqlalchemy import func, select
-
-from broker.reports.build import ReportError, Window, build_report, parse_window
+from broker.reports.build import build_report
 from broker.reports.model import CAUSE_LABELS, IDLE_CAUSES, Report
-from broker.reports.render import render_json
+from broker.reports.window import Window
 from broker.store import Store
-from broker.store.tables import LedgerRow
 from broker.web.html import e, money, table
 from broker.web.session import Viewer
 
 SINCE_CHOICES = ("1d", "7d", "30d", "90d")
-
-
-def ledger_now(store: Store) -> datetime:
-    """Now, or later if the ledger holds later minutes (a local replay runs its clock ahead), as `broker report`."""
-    with store.transaction() as s:
-        newest = s.scalar(select(func.max(LedgerRow.minute)))
-    now = datetime.now(UTC)
-    if newest is None:
-        return now
-    newest = newest if newest.tzinfo else newest.replace(tzinfo=UTC)
-    return max(now, newest + timedelta(minutes=1))
-
-
-def overview_window(store: Store, since: str | None, start: str | None, end: str | None) -> Window:
-    """The same window `broker report --since/--from/--to` would cover; ReportError names the bad field."""
-    for name, value in (("since", since), ("from", start), ("to", end)):
-        if value is not None and (len(value) > 40 or "\x00" in value):
-            raise ReportError(f"--{name}: expected a short date, time or duration")
-    return parse_window(since or None, start or None, end or None, ledger_now(store))
 
 
 def build(store: Store, viewer: Viewer, window: Window) -> Report:
@@ -74,6 +52,19 @@ def chart_div(data: dict[str, object], title: str) -> str:
     return f'<figure class="chart"><figcaption>{e(title)}</figcaption><div data-chart="{e(payload)}"></div></figure>'
 
 
+SHOWN_GROUPS = ("team", "cloud", "gpu")
+SHOWN_ROWS = 10
+
+
+def shown_json(report: Report) -> dict[str, object]:
+    """The report's JSON (as `broker report --format json`) cut to what the page shows: every group
+    but the top rows of the groupings drawn is left out (a month of 10,000 jobs is megabytes)."""
+    from dataclasses import replace
+
+    shown = replace(report, groups={d: rows[:SHOWN_ROWS] for d, rows in report.groups.items() if d in SHOWN_GROUPS})
+    return shown.to_dict()
+
+
 def render(report: Report, since: str | None, start: str | None, end: str | None) -> str:
     t = report.totals
     chosen = since or ("" if start else "7d")
@@ -102,16 +93,16 @@ def render(report: Report, since: str | None, start: str | None, end: str | None
     idle = table(["cause", "GPU-hours", "cost", ""], idle_rows, 'class="idle"') if idle_rows else \
         "<p>No idle GPU-hours in the window.</p>"
     groups = []
-    for dimension, title in (("team", "By team"), ("cloud", "By cloud"), ("gpu", "By GPU type")):
+    for dimension, title in zip(SHOWN_GROUPS, ("By team", "By cloud", "By GPU type"), strict=True):
         rows = [[e(g.label), e(money(g.figures.spend)), e(money(g.figures.on_demand)),
                  f"{g.figures.saving_pct:.1f}%", f"{g.figures.gpu_hours:,.2f}", str(g.figures.preemptions)]
-                for g in report.groups.get(dimension, [])[:10]]
+                for g in report.groups.get(dimension, [])[:SHOWN_ROWS]]
         groups.append(f"<section><h3>{title}</h3>"
                       + table(["", "spend", "on-demand", "saved", "GPU-h", "preemptions"], rows) + "</section>")
     chart = chart_div(daily_chart_data(report), "Daily spend by cloud (stacked) and its on-demand equivalent, USD") \
         if report.daily else '<p class="empty">No ledger minutes in the window: nothing to chart.</p>'
     wastes = "".join(f"<li>{e(w.suggestion)}</li>" for w in report.wastes[:5]) or "<li>none</li>"
-    data = render_json(report).replace("</", "<\\/")
+    data = json.dumps(shown_json(report)).replace("</", "<\\/")
     return (f"{form}<div class=cards>{cards}</div>{chart}<h2>Idle GPU-hours by cause</h2>{idle}"
             f"<h2>Largest wastes</h2><ol>{wastes}</ol><div class=groups>{''.join(groups)}</div>"
             f'<script type="application/json" id="report-json">{data}</script>')

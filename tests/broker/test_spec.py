@@ -267,10 +267,10 @@ def test_missing_file() -> None:
 
 
 def test_unknown_accelerator_offline_lists_the_known_ones() -> None:
-    error = refused("run: x\nresources:\n  accelerators: B300:8\n")
+    error = refused("run: x\nresources:\n  accelerators: H2O0:8\n")
     assert (error.field, error.line) == ("resources.accelerators", 3)
     message = str(error)
-    assert "unknown accelerator 'B300' on any of aws, gcp, azure (did you mean 'B200'?)" in message
+    assert "unknown accelerator 'H2O0' on any of aws, gcp, azure (did you mean 'H200'?)" in message
     assert all(name in message for name in catalog.ACCELERATORS)
     assert "built-in catalog: offline validation" in message
 
@@ -305,7 +305,7 @@ def test_instance_type_checked_against_its_cloud() -> None:
 
 
 def test_an_any_of_item_is_blamed_on_its_own_line() -> None:
-    error = refused("run: x\nresources:\n  any_of:\n    - accelerators: A100:8\n    - accelerators: B300:8\n")
+    error = refused("run: x\nresources:\n  any_of:\n    - accelerators: A100:8\n    - accelerators: B900:8\n")
     assert (error.field, error.line) == ("resources.any_of[1].accelerators", 5)
 
 
@@ -316,8 +316,8 @@ def test_clouds_outside_the_catalog_are_left_to_skypilot() -> None:
 
 # --- SkyPilot's catalog, served from a local server to a child process -------------------------
 
-# A real AWS type the built-in catalog lacks: only SkyPilot's catalog can make `L40S` valid.
-EXTRA_AWS_ROW = ("g6e.xlarge", "L40S", 1, 4, 32, 49152, 1.861, 0.75)
+# A real (retired) AWS type the built-in catalog lacks: only SkyPilot's catalog can make `K80` valid on AWS.
+EXTRA_AWS_ROW = ("p2.xlarge", "K80", 1, 4, 61, 12288, 0.9, 0.27)
 
 
 def _aws_catalog_csv() -> str:
@@ -385,7 +385,7 @@ print(json.dumps(results))
 # short where it never will.
 ANSWERING, SILENT = 60.0, 3.0
 CATALOG_CASES = [
-    ("run: x\nresources:\n  infra: aws\n  accelerators: L40S:1\n", ANSWERING),
+    ("run: x\nresources:\n  infra: aws\n  accelerators: K80:1\n", ANSWERING),
     ("run: x\nresources:\n  infra: aws\n  instance_type: p9.xlarge\n", ANSWERING),
     ("run: x\nresources:\n  infra: aws/us-east-1\n  accelerators: H100:8\n", ANSWERING),
     ("run: x\nresources:\n  infra: aws/mars-north-1\n  accelerators: H100:8\n", ANSWERING),
@@ -413,8 +413,8 @@ def catalog_results(catalog_server: str, tmp_path_factory: pytest.TempPathFactor
 
 @pytest.mark.slow
 def test_skypilot_catalog_knows_what_the_builtin_one_does_not(catalog_results: list[dict[str, Any]]) -> None:
-    assert catalog_results[0]["accelerators"] == [["L40S", 1]]
-    assert "L40S" not in catalog.ACCELERATORS
+    assert catalog_results[0]["accelerators"] == [["K80", 1]]
+    assert not catalog.instance_types(cloud="aws", accelerator="K80")
 
 
 @pytest.mark.slow

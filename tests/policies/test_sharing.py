@@ -49,6 +49,14 @@ def test_a_half_goes_where_the_other_half_is(name: str, seed: int) -> None:
     assert place(name, HALF, cluster, mix, seed) == SharingPlacement(1, (1,), 500)
 
 
+@pytest.mark.parametrize("seed", range(5))
+def test_fgd_packs_a_half_onto_a_half_when_only_halves_are_expected(seed: int) -> None:
+    # With halves alone in the mix, both GPUs of node b leave the fragmentation unchanged (0): the
+    # tie goes to the GPU left with less, so the other GPU stays whole.
+    cluster = two_t4().with_placement(HALF, SharingPlacement(1, (1,), 500))
+    assert place("fgd", HALF, cluster, WorkloadMix.of({HALF: 1}), seed) == SharingPlacement(1, (1,), 500)
+
+
 def test_fgd_measure_by_hand() -> None:
     # Against a mix of half and whole GPUs (equal weights): a GPU with 0.5 left is lost to the
     # whole-GPU tasks (500 milli) but not to the halves, so the expected fragmentation is 250.
@@ -174,3 +182,28 @@ def test_no_policy_ever_allocates_more_than_a_node_has(raw: list[tuple[int, int,
             assert all(0 <= g < node.gpus for g in p.gpus)
             assert len(p.gpus) == t.gpus
             assert not t.gpus or not t.gpu_types or node.gpu_model in t.gpu_types
+
+
+def three_t4() -> SharingCluster:
+    return SharingCluster.of([SharingNode(name, 16000, 65536, 2, "T4", 16384) for name in "abc"])
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_gpu_clustering_groups_every_fraction_as_one_kind(seed: int) -> None:
+    # As the FGD simulator tags pods: any fraction is "share-gpu". Node a runs a 0.3 task, node b
+    # a whole-GPU task, node c nothing. A 0.5 task joins a (the only kind there is its own: band 3,
+    # 75 + 25 * (8000 - 1700) // 8000 = 94), not the idle c (25 + 25 * 6000 // 8000 = 43).
+    third = TaskShape(1000, 1024, 1, 300)
+    cluster = three_t4().with_placement(third, SharingPlacement(0, (0,), 300))
+    cluster = cluster.with_placement(WHOLE, SharingPlacement(1, (0,), 1000))
+    assert place("gpu_clustering", HALF, cluster, seed=seed).node == 0
+
+
+def test_gpu_packing_keeps_the_simulators_integer_ties() -> None:
+    # A half fits on a shared GPU of node a (0.55 left) and of node b (0.58 left): both score
+    # 100 - 55 // 10 = 100 - 58 // 10 = 95 in the simulator's integer arithmetic, so kube-scheduler's
+    # random tie-break picks either; node c (empty: max(33 - 2, 2) = 31) never.
+    cluster = three_t4().with_placement(TaskShape(1000, 1024, 1, 450), SharingPlacement(0, (0,), 450))
+    cluster = cluster.with_placement(TaskShape(1000, 1024, 1, 420), SharingPlacement(1, (1,), 420))
+    chosen = {place("gpu_packing", HALF, cluster, seed=seed) for seed in range(20)}
+    assert chosen == {SharingPlacement(0, (0,), 500), SharingPlacement(1, (1,), 500)}

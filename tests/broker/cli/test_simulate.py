@@ -184,7 +184,7 @@ def test_any_of_runs_on_the_cheapest_unit_of_work(tmp_path: Path, capsys: pytest
     market = _two_accelerator_market(tmp_path / "two.csv")
     job = tmp_path / "job.yaml"
     job.write_text(ANY_OF.format(speed=speed))
-    cli([str(job), "--market", str(market), "--policy", "cheapest_spot", "--json"])
+    cli([str(job), "--market", str(market), "--policy", "cheapest_spot,broker", "--json"])
     out = json.loads(capsys.readouterr().out)
     rows = {row["accelerator"]: row for row in out["gpu_choice"]}
     assert [a for a, row in rows.items() if row["chosen"]] == [chosen]
@@ -193,9 +193,10 @@ def test_any_of_runs_on_the_cheapest_unit_of_work(tmp_path: Path, capsys: pytest
     # the job then runs there: always-up spot, 10 h of work at the chosen type's speed, 2 nodes
     hourly = 10.0 if chosen.startswith("A100") else 18.0
     hours = 10.0 / rows[chosen]["speed"]
-    run = out["cheapest_spot"]["runs"][0]
     ticks = math.ceil(hours * 12 - 1e-9) + math.ceil(0.2 * 12 - 1e-9)  # work, then the 0.2 h restart, in 5 min ticks
-    assert run["cost"] == pytest.approx(hourly * 2 * ticks / 12, rel=1e-6)
+    for policy in ("cheapest_spot", "broker"):
+        run = out[policy]["runs"][0]
+        assert run["cost"] == pytest.approx(hourly * 2 * ticks / 12, rel=1e-6), policy
     capsys.readouterr()
     cli([str(job), "--market", str(market), "--policy", "cheapest_spot"])
     table = capsys.readouterr().out

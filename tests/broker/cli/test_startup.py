@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -57,3 +59,43 @@ def test_the_help_lines_of_the_command_table_are_the_commands_own() -> None:
             continue
         own = commands[name].help or ""
         assert own.split("\n\n")[0].replace("\n", " ").strip() == short, name
+
+
+def test_status_against_a_server_imports_no_store_and_no_http_library(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """The client is the standard library's http.client: httpx alone imported Rich's progress bars and Pygments."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed again: the probe's request is refused, after every import it needs
+    monkeypatch.setenv("BROKER_TOKEN", "bkr_probe")
+    loaded = _top_level_modules("status", "--server", f"http://127.0.0.1:{port}")
+    assert "http" in loaded  # the probe did reach the client
+    assert not loaded & {"sqlalchemy", "alembic", "httpx", "httpcore", "pygments", "fastapi", "pydantic", "numpy",
+                         "sky"}, sorted(loaded)
+
+
+def test_a_migrated_stores_status_does_not_import_alembic(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from broker.store import open_store
+
+    open_store(f"sqlite:///{tmp_path / 'store.db'}").dispose()  # migrated once, as the first command does
+    monkeypatch.setenv("BROKER_DB_URL", f"sqlite:///{tmp_path / 'store.db'}")
+    loaded = _top_level_modules("status")
+    assert "sqlalchemy" in loaded and "alembic" not in loaded
+
+
+def test_a_store_behind_the_newest_migration_is_still_migrated(tmp_path: Path) -> None:
+    from alembic import command
+    from sqlalchemy import inspect
+
+    from broker.store import open_store
+    from broker.store.db import alembic_config, head_revision
+
+    url = f"sqlite:///{tmp_path / 'store.db'}"
+    store = open_store(url)
+    command.downgrade(alembic_config(url), "0009_sharing")
+    assert not store.at_head() and "ledger_rollup" not in inspect(store.engine).get_table_names()
+    store.dispose()
+    store = open_store(url)
+    assert store.at_head() and head_revision() is not None
+    assert "ledger_rollup" in inspect(store.engine).get_table_names()
+    store.dispose()

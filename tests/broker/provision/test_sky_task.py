@@ -129,3 +129,15 @@ def test_a_1mb_run_reaches_the_node_as_a_file_not_an_argument(tmp_path: Path) ->
     done = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr[-2000:]
     assert out.read_text().split("\n")[:2] == ["done-BROKER_RUN_EOF", "300000 s"]
+
+
+def test_a_fraction_asks_skypilot_for_its_share_and_tells_the_agent() -> None:
+    spec = parse_job_spec("name: t\nresources:\n  accelerators: A100:0.5\nrun: x\n", offline=True)
+    cluster = ClusterInfo("c", "gcp", "us-central1", "us-central1-a", "a2-highgpu-2g", 1, 2, True)
+    launch = JobLaunch("j", 1, spec, GangPlacement("c", ((0, (1,)),)), "/ckpt", None, None, "/logs",
+                       gpu_share=0.5, gpu_memory_mb=20480)
+    task = job_task(cluster, launch)
+    assert task["resources"]["accelerators"] == {"A100": 0.5}
+    assert task["envs"]["BROKER_GPU_SHARE"] == "0.5" and task["envs"]["BROKER_GPU_MEMORY_MB"] == "20480"
+    assert task["envs"]["BROKER_GPU_MPS"] == "auto"
+    assert "0) export CUDA_VISIBLE_DEVICES=1;;" in task["run"]

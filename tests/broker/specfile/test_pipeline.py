@@ -52,9 +52,10 @@ def test_a_header_with_a_wrong_execution_is_refused() -> None:
     assert (caught.value.field, caught.value.line) == ("execution", 2)
 
 
-def test_launching_a_pipeline_says_stages_are_not_run_yet_in_one_line() -> None:
+def test_a_one_task_reader_refuses_a_pipeline_in_one_line_and_points_at_launch() -> None:
     with pytest.raises(SpecError) as caught:
         parse_job_spec(CHAIN, source="etl.yaml", offline=True)
     message = str(caught.value)
     assert "\n" not in message
-    assert "a pipeline of 2 stages (prep, train)" in message and "does not run pipelines yet" in message
+    assert "a pipeline of 2 stages (prep, train)" in message
+    assert "`broker launch` without --server runs a pipeline" in message

@@ -127,6 +127,11 @@ def test_overview_figures_equal_broker_report_json_for_the_same_window(dashboard
     shown = json.loads(re.search(r'<script type="application/json" id="report-json">(.*?)</script>', html,
                                  re.S).group(1).replace("<\\/", "</"))  # type: ignore[union-attr]
     cli.pop("generated_at"), shown.pop("generated_at")
+    # The page carries the groupings it draws, their top rows: those equal the report's, as does the rest.
+    assert set(shown["groups"]) == {"team", "cloud", "gpu"}
+    for dimension, rows in shown.pop("groups").items():
+        assert rows and rows == cli["groups"][dimension][:10]
+    cli.pop("groups")
     assert shown == cli
     assert cli["totals"]["spend"] > 0 and cli["totals"]["preemptions"] == 1 and cli["team"] == "alpha"
     cards = dict(re.findall(r'data-figure="([a-z_]+)">([^<]*)<', html))
