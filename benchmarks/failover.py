@@ -1,7 +1,8 @@
 """Failover under faults: `broker serve` replicas on PostgreSQL, their leader killed, frozen or stopped.
 
     python benchmarks/failover.py [--postgres URL] [--kills 20] [--jobs 6] [--steps 200] [--seed 22]
-                                  [--replicas 3] [--only baseline|chaos|freeze|stop] [--keep-logs DIR]
+                                  [--chaos-steps 1000] [--replicas 3] [--only baseline|chaos|freeze|stop]
+                                  [--keep-logs DIR]
 
 Four runs of the local backend on a two-zone V100 market whose cheap zone loses its capacity for
 15 minutes in every 45 (at 60x, 15 s in every 45: jobs are preempted and migrate all through a
@@ -9,7 +10,8 @@ run), each on a fresh database and broker home:
 
 - baseline: two replicas run a queue of ``--jobs`` jobs with no fault;
 - chaos: three replicas; the leader is SIGKILLed at ``--kills`` random moments (and restarted),
-  jobs submitted to keep three active, until every kill is done and every job has finished;
+  jobs of ``--chaos-steps`` steps (50 s: longer than the market's cycle, so preempted) submitted
+  to keep three active, until every kill is done and every job has finished;
 - freeze: the leader is SIGSTOPped mid-run, another takes over, then the frozen one is SIGCONTed;
 - stop: the leader gets SIGTERM mid-run.
 
@@ -144,6 +146,9 @@ def main() -> None:
     parser.add_argument("--kills", type=int, default=20)
     parser.add_argument("--jobs", type=int, default=6)
     parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--chaos-steps", type=int, default=1000,
+                        help="steps of a chaos job: 50 s of training outlasts the market's 45 s cycle, so a job on "
+                             "the cheap zone meets its capacity loss while the leader is being killed")
     parser.add_argument("--seed", type=int, default=22)
     parser.add_argument("--keep-logs", type=Path, help="copy each run's replica logs under this directory")
     parser.add_argument("--replicas", type=int, default=3, help="replicas in the chaos run (killed ones restart)")
@@ -153,7 +158,7 @@ def main() -> None:
     runs: dict[str, Callable[[], FaultRun]] = {
         "baseline": lambda: _with(args, "baseline", lambda f: run_queue(f, args.jobs, args.steps), 2),
         "chaos": lambda: _with(args, "chaos",
-                               lambda f: chaos(f, args.kills, random.Random(args.seed), steps=args.steps),
+                               lambda f: chaos(f, args.kills, random.Random(args.seed), steps=args.chaos_steps),
                                args.replicas, BROKER_LEADER_CHECK_SECONDS="1"),
         "freeze": lambda: _with(args, "freeze",
                                 lambda f: fault(f, args.jobs, args.steps, "sigstop", signal.SIGSTOP), 2),

@@ -49,6 +49,8 @@ class Settings(BaseSettings):
     placement_policy: str | None = None
     preemption_policy: str | None = None
     max_gpus: int | None = Field(None, ge=1, description="GPUs the broker may hold across all its clusters")
+    start_retries: int = Field(2, ge=0, le=100, description="times a job's failed start (its setup exits non-zero, "
+                               "the node refuses the command) is tried again before the job fails with the error")
     poll_seconds: float = Field(0.2, gt=0, description="engine step interval, wall seconds")
     server: str | None = Field(None, description="URL of a running `broker serve`")
     local_provision_seconds: float = Field(120.0, ge=0, description="local backend: market seconds to boot")

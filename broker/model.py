@@ -26,14 +26,15 @@ ACTIVE_STATES = [s.value for s in JobState if not s.terminal]
 
 # PENDING -> PROVISIONING -> RUNNING -> (CHECKPOINTING -> MIGRATING -> RUNNING)* -> terminal.
 # PROVISIONING -> PENDING is a requeue when every offer of a plan failed; RUNNING -> PENDING is a
-# requeue after an in-cluster preemption by a higher-priority gang.
+# requeue after an in-cluster preemption by a higher-priority gang; RUNNING -> PROVISIONING is a
+# start that failed, tried again on the same GPUs.
 ALLOWED_TRANSITIONS: dict[JobState, frozenset[JobState]] = {
     JobState.PENDING: frozenset({JobState.PROVISIONING, JobState.CANCELLED, JobState.FAILED}),
     JobState.PROVISIONING: frozenset(
         {JobState.RUNNING, JobState.PENDING, JobState.MIGRATING, JobState.FAILED, JobState.CANCELLED}
     ),
     JobState.RUNNING: frozenset(
-        {JobState.CHECKPOINTING, JobState.MIGRATING, JobState.PENDING, JobState.SUCCEEDED,
+        {JobState.CHECKPOINTING, JobState.MIGRATING, JobState.PENDING, JobState.PROVISIONING, JobState.SUCCEEDED,
          JobState.FAILED, JobState.CANCELLED}
     ),
     JobState.CHECKPOINTING: frozenset(

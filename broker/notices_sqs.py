@@ -18,9 +18,11 @@ import threading
 from datetime import datetime, timedelta
 from typing import Any
 
+from pydantic import ValidationError
 from sqlalchemy import select
 
 from broker.api.notices import NoticeAccepted, NoticeReport, record_notice
+from broker.api.validation import one_line
 from broker.clock import Clock
 from broker.config import Settings
 from broker.model import ClusterState
@@ -41,17 +43,47 @@ def _region_of(queue_url: str) -> str | None:
     return parts[1] if len(parts) > 2 and parts[0] == "sqs" else None
 
 
+MAX_BODY = 256 * 1024  # SQS's own limit on a message; anything longer is no EventBridge event
+
+
+def shown(value: object, limit: int = 120) -> str:
+    """A value from a message, on one bounded line for the log."""
+    text = " ".join(str(value).replace("\x00", "\\0").split())
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
 def parse_event(body: str) -> dict[str, Any] | None:
     """The EventBridge event in a message body, unwrapping an SNS envelope; None if it is not one."""
+    if len(body) > MAX_BODY:
+        return None
     try:
         event = json.loads(body)
         if isinstance(event, dict) and event.get("Type") == "Notification" and "Message" in event:
             event = json.loads(event["Message"])
-    except (ValueError, TypeError):
+    except (ValueError, TypeError, RecursionError):  # RecursionError: nesting deeper than the parser goes
         return None
     if not isinstance(event, dict) or not isinstance(event.get("detail"), dict):
         return None
     return event
+
+
+class Malformed(ValueError):
+    """An EventBridge event of ours with a field that cannot be what AWS sends."""
+
+
+def event_time(value: object) -> datetime | None:
+    """The event's ``time``: ISO 8601 with a zone, as EventBridge writes it; None when absent."""
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise Malformed(f"time: expected an ISO 8601 string, got {shown(value, 40)}")
+    try:
+        sent = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        raise Malformed(f"time: not an ISO 8601 time: {shown(value, 40)}") from None
+    if sent.tzinfo is None:
+        raise Malformed(f"time: has no time zone: {shown(value, 40)}")
+    return sent
 
 
 class SqsNoticeListener:
@@ -86,37 +118,48 @@ class SqsNoticeListener:
         return None
 
     def handle(self, body: str) -> NoticeAccepted | None:
-        """Record the notice a message carries; None when it is not one of ours."""
+        """Record the notice a message carries; None when it is not one of ours (or not a valid one)."""
         event = parse_event(body)
         if event is None:
-            log.warning("SQS message is not an EventBridge event: %.120s", body)
+            log.warning("SQS message is not an EventBridge event: %s", shown(body))
             return None
         kind_of = event.get("detail-type")
         if kind_of not in (INTERRUPTION, REBALANCE):
-            log.info("ignoring EventBridge event %r", kind_of)
+            log.info("ignoring EventBridge event %s", shown(kind_of))
             return None
         detail = event["detail"]
-        instance_id = str(detail.get("instance-id") or "")
-        cluster_id = self.cluster_of(instance_id) if instance_id else None
+        instance_id = detail.get("instance-id")
+        if not isinstance(instance_id, str) or not instance_id:
+            log.warning("%s: detail.instance-id: expected an instance id, got %s", kind_of, shown(instance_id, 40))
+            return None
+        cluster_id = self.cluster_of(instance_id)
         if cluster_id is None:
-            log.info("%s for %s: not a node of any live cluster", kind_of, instance_id or "no instance")
+            log.info("%s for %s: not a node of any live cluster", kind_of, shown(instance_id, 40))
             return None
         try:
-            sent = datetime.fromisoformat(str(event.get("time", "")).replace("Z", "+00:00"))
-        except ValueError:
-            sent = None
+            report = self._report(kind_of, event, detail, cluster_id, instance_id)
+        except (ValueError, OverflowError) as exc:  # a pydantic ValidationError is a ValueError
+            said = one_line([dict(e) for e in exc.errors()]) if isinstance(exc, ValidationError) else str(exc)
+            log.warning("%s for %s (cluster %s) refused: %s", kind_of, shown(instance_id, 40), cluster_id,
+                        shown(said, 300))
+            return None
+        accepted = record_notice(self.store, self.clock, report, source="sqs")
+        log.info("%s for %s (cluster %s)%s", kind_of, instance_id, cluster_id,
+                 ": already known" if accepted.duplicate else "")
+        return accepted
+
+    @staticmethod
+    def _report(kind_of: str, event: dict[str, Any], detail: dict[str, Any], cluster_id: str,
+                instance_id: str) -> NoticeReport:
+        sent = event_time(event.get("time"))
         if kind_of == INTERRUPTION:
             action = str(detail.get("instance-action") or "terminate").lower()
             kind = action if action in ("terminate", "stop", "hibernate") else "terminate"
             action_time = sent + INTERRUPTION_LEAD if sent else None
         else:
             kind, action_time = "rebalance", None
-        report = NoticeReport(cluster_id=cluster_id, node=instance_id, kind=kind, action_time=action_time,
-                              noticed_at=sent)
-        accepted = record_notice(self.store, self.clock, report, source="sqs")
-        log.info("%s for %s (cluster %s)%s", kind_of, instance_id, cluster_id,
-                 ": already known" if accepted.duplicate else "")
-        return accepted
+        return NoticeReport(cluster_id=cluster_id, node=instance_id, kind=kind, action_time=action_time,
+                            noticed_at=sent)
 
     def poll_once(self) -> int:
         """One long poll: handle and delete what arrived; returns how many messages came."""
@@ -126,8 +169,9 @@ class SqsNoticeListener:
         for message in messages:
             try:
                 self.handle(message.get("Body") or "")
-            except Exception:  # keep the message: it is retried after its visibility timeout
-                log.exception("could not record the notice in SQS message %s", message.get("MessageId"))
+            except Exception as exc:  # the store, most likely: keep the message, retried after its visibility timeout
+                log.warning("could not record the notice in SQS message %s: %s: %s", shown(message.get("MessageId")),
+                            type(exc).__name__, shown(exc, 300))
                 continue
             self.client.delete_message(QueueUrl=self.queue_url, ReceiptHandle=message["ReceiptHandle"])
         return len(messages)

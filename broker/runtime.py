@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,7 +51,17 @@ class EngineLock:
             handle.close()
             return False
         self._handle = handle
+        handle.truncate(0)  # the holder's pid, for whoever finds the lock taken
+        handle.write(f"{os.getpid()}\n")
+        handle.flush()
         return True
+
+    def holder(self) -> int | None:
+        """The pid of the process that last held the lock (it may have ended)."""
+        try:
+            return int(self.path.read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            return None
 
     def release(self) -> None:
         if self._handle is not None:

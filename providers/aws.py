@@ -344,7 +344,7 @@ class AwsImdsReader:
             return None
         try:
             data = json.loads(body)
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: nested deeper than the parser goes
             self.warnings.warn(f"{path}:json", f"{path} answered something that is not JSON: {body[:80]!r}")
             return None
         if not isinstance(data, dict):
@@ -361,7 +361,7 @@ class AwsImdsReader:
             if kind in ("terminate", "stop", "hibernate") and when is not None:
                 notices.append(NodeNotice(kind, when, action))
             else:
-                self.warnings.warn("action-shape", f"spot/instance-action has an unexpected shape: {action}")
+                self.warnings.warn("action-shape", f"spot/instance-action has an unexpected shape: {str(action)[:120]}")
         rebalance = self._json("/latest/meta-data/events/recommendations/rebalance")
         if rebalance is not None and "noticeTime" in rebalance:
             notices.append(NodeNotice("rebalance", None, rebalance))

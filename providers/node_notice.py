@@ -34,8 +34,9 @@ class NoticeReader(Protocol):
     def acknowledge(self, notice: NodeNotice) -> None: ...
 
 
-def parse_iso_time(text: str | None) -> datetime | None:
-    if not text:
+def parse_iso_time(text: object) -> datetime | None:
+    """An ISO 8601 time from a metadata answer; None for anything else (a number, garbage)."""
+    if not text or not isinstance(text, str):
         return None
     try:
         value = datetime.fromisoformat(text.replace("Z", "+00:00"))

@@ -22,6 +22,7 @@ from sqlalchemy import select
 from broker.api.limits import out_of_time
 from broker.api.validation import Text, body_schema, json_body
 from broker.clock import Clock
+from broker.engine.feasibility import never_held
 from broker.engine.machine import cancel_job, submit_job
 from broker.joblogs import read_new
 from broker.service.timepolicy import priority_for, queue_of
@@ -43,6 +44,7 @@ class JobIntake:
     offered: frozenset[tuple[str, int]] | None = None
     # Validate against the built-in catalog only (an air-gapped service: SkyPilot's cannot be fetched).
     offline: bool = False
+    max_gpus: int | None = None  # GPUs the broker may hold: a gang bigger than this is refused
 
 
 class JobSubmission(BaseModel):
@@ -112,20 +114,6 @@ def _row_problem(spec: JobSpec, now: datetime) -> SpecError | None:
     return None
 
 
-def _market_problem(spec: JobSpec, offered: frozenset[tuple[str, int]] | None) -> SpecError | None:
-    if offered is None or not spec.accelerators:
-        return None
-    if any((a.name.lower(), a.count) in {(n.lower(), c) for n, c in offered} for a in spec.accelerators):
-        return None
-    if any(a.fraction is not None and a.name.lower() in {n.lower() for n, c in offered if c >= 1}
-           for a in spec.accelerators):
-        return None  # a share of one GPU runs on a node of any size
-    wanted = ", ".join(f"{a.name}:{a.count}" for a in spec.accelerators)
-    have = ", ".join(sorted(f"{n}:{c}" for n, c in offered))
-    return SpecError(f"no zone of the market offers {wanted} per node (the market has {have})",
-                     field="resources.accelerators")
-
-
 def jobs_router(store: Store, clock: Clock, intake: JobIntake, team_of: Any) -> APIRouter:
     router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 
@@ -150,7 +138,7 @@ def jobs_router(store: Store, clock: Clock, intake: JobIntake, team_of: Any) -> 
             log.warning("job file refused: the parser raised %s", type(exc).__name__)
             said = " ".join(str(exc).split())[:200]
             return spec_error_response(SpecError(f"the job file cannot be read: {type(exc).__name__}: {said}"))
-        problem = _row_problem(spec, clock.now()) or _market_problem(spec, intake.offered)
+        problem = _row_problem(spec, clock.now()) or never_held(spec, intake.offered, intake.max_gpus)
         if problem is not None:
             return spec_error_response(problem)
         if "team" in spec.broker_config and spec.broker.team != team:

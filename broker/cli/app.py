@@ -29,6 +29,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "status": ("broker.cli.jobs", "Show one job, or every job, with cost, preemptions and where it runs."),
     "cancel": ("broker.cli.jobs", "Cancel a job; its clusters are torn down by the engine's next step."),
     "logs": ("broker.cli.jobs", "Print a job's output, every attempt and node in order."),
+    "engine": ("broker.cli.engine", "Run the engine in the foreground until no job is active; Ctrl-C stops it, and "
+                                    "its jobs wait for the next."),
     "prices": ("broker.cli.prices", "Spot and on-demand GPU prices, cheapest per GPU-hour first."),
     "simulate": ("broker.cli.simulate", "Compare selection policies on a job over a recorded market: cost, "
                                         "preemptions, deadlines."),

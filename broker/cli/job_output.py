@@ -88,6 +88,9 @@ def print_status(summaries: list[dict[str, Any]], job_id: str | None, as_json: b
         from broker.cli.app import console
 
         console.print(status_table(summaries))
+        for item in summaries:  # why a job failed (or waits), where the engine said
+            if item.get("reason"):
+                console.print(f"{item['job_id']} {item['state']}: {item['reason']}", highlight=False, markup=False)
 
 
 def announce(job_id: str, name: str, num_nodes: int, detach: bool, as_json: bool) -> None:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -12,6 +10,7 @@ import typer
 
 from broker.cli import remote
 from broker.cli.app import ConfigOption, JsonOption, UsageError, app
+from broker.cli.engine import revive, spawn_engine
 from broker.cli.job_output import announce, announce_pipeline, finish, print_status, progress_table
 
 if TYPE_CHECKING:
@@ -23,21 +22,17 @@ if TYPE_CHECKING:
 # imported inside the command that needs it, so `broker --help` and `broker status --server` stay fast.
 
 
-def _check_market_fits(broker: Any, spec: JobSpec) -> None:
+def _check_market_fits(broker: Any, spec: JobSpec, max_gpus: int | None) -> None:
+    """Refuse, before anything is stored, a job no offer of the market can ever hold."""
+    from broker.engine.feasibility import never_held
     from broker.runtime import EmbeddedBroker
 
-    if not isinstance(broker, EmbeddedBroker):
-        return  # SkyPilot's catalog: an unknown accelerator was refused when the job file was read
-    zones = broker.market.trace.zones
-    if spec.accelerators and not any(
-        a.name.lower() == z.accelerator.lower()
-        and (a.count == z.gpus_per_node or (a.fraction is not None and z.gpus_per_node >= 1))  # a share fits any
-        for a in spec.accelerators for z in zones
-    ):
-        wanted = ", ".join(f"{a.name}:{a.count}" for a in spec.accelerators)
-        have = ", ".join(sorted({f"{z.accelerator}:{z.gpus_per_node}" for z in zones}))
-        raise UsageError(f"resources.accelerators: no zone of the market offers {wanted} per node "
-                         f"(the market has {have})")
+    # SkyPilot's catalog: an accelerator no cloud offers was refused when the job file was read.
+    offered = {(z.accelerator, z.gpus_per_node) for z in broker.market.trace.zones} \
+        if isinstance(broker, EmbeddedBroker) else None
+    problem = never_held(spec, offered, max_gpus)
+    if problem is not None:
+        raise problem
 
 
 def _read_sky_job(job_file: Path, settings: Settings) -> JobSpec | Pipeline:
@@ -169,12 +164,12 @@ def launch(
 
     broker = open_broker(settings, fresh_market=market_clock == "own")
     try:
-        _check_market_fits(broker, spec)
+        _check_market_fits(broker, spec, settings.max_gpus)
         if settings.backend == "skypilot":
             _refresh_sky_prices(broker.store, settings, spec, as_json)
         job_id = submit_job(broker.store, broker.clock, spec, settings.home, broker.provisioner.name)
         if detach:
-            _spawn_engine(config)  # exits at once if an engine already drives this home
+            spawn_engine(config)  # exits at once if an engine already drives this home
         announce(job_id, spec.name, spec.num_nodes, detach, as_json)
         if detach:
             return
@@ -195,25 +190,17 @@ def _launch_pipeline(settings: Settings, pipeline: Pipeline, fresh_market: bool,
     broker = open_broker(settings, fresh_market=fresh_market)
     try:
         for stage in pipeline.stages:
-            _check_market_fits(broker, stage)
+            _check_market_fits(broker, stage, settings.max_gpus)
         job_ids = submit_pipeline(broker.store, broker.clock, pipeline, settings.home, broker.provisioner.name)
         announce_pipeline(pipeline, job_ids, detach, as_json)
         if detach:
-            _spawn_engine(config)
+            spawn_engine(config)
             return
         drive(broker, settings, job_ids, show=not as_json)
         summaries = [_summary(broker.store, job_id) for job_id in job_ids]
     finally:
         broker.close()
     finish_pipeline(pipeline.name, summaries, as_json)
-
-
-def _spawn_engine(config: Path | None) -> None:
-    command = [sys.executable, "-m", "broker", "run-engine"]
-    if config is not None:
-        command += ["--config", str(config)]
-    subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                     start_new_session=True)
 
 
 @app.command("run-engine", hidden=True)
@@ -273,9 +260,12 @@ def _local_summaries(config: Path | None, job_id: str | None) -> list[dict[str, 
     store = open_store(store_url(config))
     try:
         if job_id is not None:
-            return [_summary(store, job_id)]
-        with store.transaction() as s:
-            return [job_summary(s, j) for j in s.scalars(select(JobRow).order_by(JobRow.created_at))]
+            found = [_summary(store, job_id)]
+        else:
+            with store.transaction() as s:
+                found = [job_summary(s, j) for j in s.scalars(select(JobRow).order_by(JobRow.created_at))]
+        revive(config, store)
+        return found
     finally:
         store.dispose()
 
@@ -310,6 +300,7 @@ def cancel(job_id: Annotated[str, typer.Argument(help="the job's id")], config: 
     settings, store = _open(config)
     try:
         state = cancel_job(store, job_id, broker_clock(settings))
+        revive(config, store)  # an engine tears its clusters down
     finally:
         store.dispose()
     console.print(f"{job_id}: {state}")
@@ -331,6 +322,7 @@ def logs(
     settings, store = _open(config)
     try:
         _summary(store, job_id)
+        revive(config, store)
         offsets: dict[str, int] = {}
         while True:
             chunks = read_new(settings.home, job_id, offsets)

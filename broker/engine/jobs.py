@@ -7,6 +7,7 @@ in an ``AfterCommit`` and made once the job's transaction has committed.
 
 from __future__ import annotations
 
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from broker.engine import clusters, machine, packing, shares, stages
@@ -26,9 +27,11 @@ from broker.engine.planning import Planner
 from broker.engine.review import Reviewer
 from broker.model import CheckpointReason, ClusterState, JobState, TeardownReason
 from broker.provision.base import ClusterInfo, JobLaunch, RunPhase
-from broker.store.tables import AllocationRow, ClusterRow, JobRow
+from broker.store.tables import AllocationRow, ClusterRow, JobEventRow, JobRow
 from policies.gang import GangPlacement
 from policies.selection import IDLE, Location
+
+MAX_ERROR_CHARS = 500  # of a start's error, kept as the job's reason
 
 
 class JobStepper:
@@ -57,7 +60,7 @@ class JobStepper:
                 self._from_running(s, job, after)
             elif state is JobState.CHECKPOINTING:
                 self._from_checkpointing(s, job, after)
-        after.carry_out(parts.provisioner)
+        self._carry_out(after)
         if after.launches or not JobState(job.state).terminal:
             self.start_if_ready(job_id)
 
@@ -117,12 +120,50 @@ class JobStepper:
             job.preemptions += 1
             machine.migrating(s, clock, job, cluster=cluster.id, reason="nodes lost without notice")
             self._launch_replacement(s, job, cluster, after)
+        elif run.phase is RunPhase.START_FAILED:
+            self._start_failed(s, job, alloc, cluster, run.reason or f"the start exited with code {run.exit_code}",
+                               after)
         elif run.phase is RunPhase.NOT_STARTED:
             # Recorded as started, never started: the engine stopped between the two. Starting is idempotent.
             after.starts.append(self._job_launch(job, cluster, GangPlacement.from_json(cluster.id, alloc.gpus)))
         else:
             self.cadence.maybe_ask(s, job, alloc, cluster, after)
             self.reviewer.review(s, job, alloc, cluster, after)
+
+    def _carry_out(self, after: AfterCommit) -> None:
+        after.carry_out(self.parts.provisioner, start_failed=self._start_raised)
+
+    def _start_raised(self, info: ClusterInfo, launch: JobLaunch, error: Exception) -> None:
+        """The provisioner could not start the job (the node refused the command, the cluster went away)."""
+        after = AfterCommit()
+        with self.parts.store.transaction() as s:
+            job = s.get(JobRow, launch.job_id, with_for_update=True)
+            if job is None or job.state != JobState.RUNNING.value or job.attempt != launch.attempt:
+                return
+            alloc = current_allocation(s, job)
+            cluster = s.get(ClusterRow, info.id)
+            if alloc is None or cluster is None or alloc.cluster_id != cluster.id:
+                return
+            said = " ".join(str(error).split())[:MAX_ERROR_CHARS]
+            self._start_failed(s, job, alloc, cluster, f"{type(error).__name__}: {said}", after)
+        self._carry_out(after)
+
+    def _start_failed(self, s: Session, job: JobRow, alloc: AllocationRow, cluster: ClusterRow, error: str,
+                      after: AfterCommit) -> None:
+        """End the attempt; try again on the same GPUs, or, after ``start_retries`` retries, fail the job."""
+        parts = self.parts
+        tries = 1 + int(s.scalar(select(func.count()).select_from(JobEventRow).where(
+            JobEventRow.job_id == job.id, JobEventRow.kind == "start_failed")) or 0)
+        parts.event(s, job.id, "start_failed", cluster=cluster.id, attempt=job.attempt, error=error, tries=tries)
+        after.stops.append((cluster_info(cluster), job.id, job.attempt))  # whatever of it did start
+        end_allocation(alloc, "start_failed", parts.clock.now())
+        if tries > parts.options.start_retries:
+            machine.start_failed(s, parts.clock, job, tries, error)  # its clusters are reaped: nothing holds them
+            return
+        job.target_cluster_id, job.target_gpus = cluster.id, alloc.gpus
+        job.zones = job.zones[:-1]  # it never ran there; the next start adds the zone again
+        machine.start_retried(s, parts.clock, job, cluster=cluster.id, error=error, tries=tries,
+                              retries_left=parts.options.start_retries - tries + 1)
 
     def _launch_replacement(self, s: Session, job: JobRow, cluster: ClusterRow, after: AfterCommit) -> None:
         exclude = self.planner.avoid(s, job)
@@ -209,7 +250,7 @@ class JobStepper:
                     after.starts.append(self._start_on(s, job, target, claim))
             else:
                 after.starts.append(self._start_on(s, job, target, claim))
-        after.carry_out(parts.provisioner)
+        self._carry_out(after)
 
     def _start_on(self, s: Session, job: JobRow, target: ClusterRow,
                   placement: GangPlacement) -> tuple[ClusterInfo, JobLaunch]:

@@ -137,6 +137,17 @@ def succeeded(s: Session, clock: Clock, job: JobRow) -> None:
     _move(s, clock, job, JobState.SUCCEEDED)
 
 
+def start_retried(s: Session, clock: Clock, job: JobRow, **detail: object) -> None:
+    """Its start failed: back to heading for the same GPUs, to be started again."""
+    _move(s, clock, job, JobState.PROVISIONING, **detail)
+
+
+def start_failed(s: Session, clock: Clock, job: JobRow, tries: int, error: str) -> None:
+    """It could not be started, ``tries`` times: it fails with the last error as its reason."""
+    job.reason = f"could not start ({tries} {'try' if tries == 1 else 'tries'}): {error}"
+    _move(s, clock, job, JobState.FAILED, tries=tries, error=error)
+
+
 def failed(s: Session, clock: Clock, job: JobRow, exit_code: int | None) -> None:
     job.exit_code = exit_code
     job.reason = f"the job exited with code {exit_code}"

@@ -21,6 +21,7 @@ from broker.market import Market
 from broker.provision.base import ClusterInfo, JobLaunch, Provisioner
 from broker.spec import JobSpec, job_spec_from_data
 from broker.store import Store
+from broker.store.db import Fenced
 from broker.store.tables import ClusterRow, JobEventRow, JobRow
 from policies import registry
 
@@ -45,6 +46,7 @@ class EngineOptions:
     checkpoint_gb: float = 0.0  # size of a job's checkpoint, for the cost of moving it between regions
     egress_per_gb: float = 0.02  # USD per GB moved between regions or clouds
     max_gpus: int | None = None  # GPUs the broker may hold across all its clusters
+    start_retries: int = 2  # a job whose start fails this many times more FAILS with the error
     # A gate a PENDING job must pass before it is planned (the service's capacity shares); None: all pass.
     admit: Callable[[Session, JobRow], bool] | None = None
     eager_policy: str | None = None  # eager allocation (policies/eager.py); None: the registry's default, off
@@ -68,7 +70,7 @@ def engine_options(settings: Settings, broker_url: str | None, **extra: Any) -> 
         max_gpus=settings.max_gpus, restart_overhead_s=restart_overhead(settings), broker_url=broker_url,
         eager_policy=settings.eager_policy, eager_lead_s=settings.eager_lead_seconds,
         pool_idle_s=settings.pool_idle_seconds, queue_max_gpus=tuple(sorted(settings.queue_max_gpus.items())),
-        **extra,
+        start_retries=settings.start_retries, **extra,
     )
 
 
@@ -87,7 +89,9 @@ class AfterCommit:
     signals: list[tuple[ClusterInfo, str, int, str]] = field(default_factory=list)
     stops: list[tuple[ClusterInfo, str, int]] = field(default_factory=list)
 
-    def carry_out(self, provisioner: Provisioner) -> None:
+    def carry_out(self, provisioner: Provisioner,
+                  start_failed: Callable[[ClusterInfo, JobLaunch, Exception], None] | None = None) -> None:
+        """Make the calls; a start that raises goes to ``start_failed`` when given (a lost lease never does)."""
         for info in self.terminations:
             provisioner.terminate(info)
         for info, job_id, attempt, signal in self.signals:
@@ -97,7 +101,15 @@ class AfterCommit:
         for info in self.launches:
             provisioner.launch(info)
         for info, launch in self.starts:
-            provisioner.start_job(info, launch)
+            try:
+                provisioner.start_job(info, launch)
+            except Fenced:
+                raise
+            except Exception as exc:
+                if start_failed is None:
+                    raise
+                log.warning("starting %s attempt %s on %s failed: %s", launch.job_id, launch.attempt, info.id, exc)
+                start_failed(info, launch, exc)
 
 
 class Parts:

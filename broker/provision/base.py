@@ -56,12 +56,15 @@ class RunPhase(enum.StrEnum):
     SUCCEEDED = "SUCCEEDED"
     FAILED = "FAILED"
     LOST = "LOST"  # its nodes went away before it ended
+    # It never got to the job's ``run``: its ``setup`` failed, or the node refused the start.
+    START_FAILED = "START_FAILED"
 
 
 @dataclass(frozen=True, slots=True)
 class RunStatus:
     phase: RunPhase
     exit_code: int | None = None
+    reason: str | None = None  # why a start failed, in a line
 
 
 MPS_OFF = ("off", "0", "false", "no")  # a job's ``envs: BROKER_MPS`` that keeps it off NVIDIA MPS

@@ -59,6 +59,7 @@ class LocalWorld:
         return LocalMarket(trace or read_trace(self.trace_path), self.clock.origin)
 
 
+START_FAILED = "start_failed"  # a node's note that its setup (or cd) failed, so ``run`` never began
 # Linux's limit on one string of an exec's arguments or environment (MAX_ARG_STRLEN).
 MAX_EXPORTED_BYTES = 128 * 1024
 
@@ -90,13 +91,18 @@ def job_script(node_dir: Path, signal_name: str, workdir: Path, setup: str | Non
         else:
             lines.append(f"export {name}={shlex.quote(value)}\n")
     env_file = private_file(node_dir / "env.sh", "".join(lines))
-    script = "\n".join(
-        [f"trap '' {signal_name.removeprefix('SIG')}", f". {shlex.quote(str(env_file))}", "set -e",
-         f"cd {shlex.quote(str(workdir))}"]
-        + ([setup] if setup else [])
-        + [run, ""]
-    )
-    return private_file(node_dir / "job.sh", script)
+    failed = shlex.quote(str(node_dir / START_FAILED))
+    where = shlex.quote(str(workdir))
+    head = [f"trap '' {signal_name.removeprefix('SIG')}", f". {shlex.quote(str(env_file))}"]
+    # Until ``run`` begins, a failure is the start's, not the job's: it is written down as such.
+    steps = [f"cd {where} || {{ echo {shlex.quote(f'cannot enter the working directory {workdir}')} > {failed}; "
+             "exit 1; }"]
+    if setup:
+        # As on SkyPilot, setup is a process of its own: what it exports or where it cds stays there.
+        setup_file = private_file(node_dir / "setup.sh", "\n".join([*head, "set -e", f"cd {where}", setup, ""]))
+        steps.append(f"bash {shlex.quote(str(setup_file))} || {{ code=$?; "
+                     f'echo "setup exited with code $code" > {failed}; exit $code; }}')
+    return private_file(node_dir / "job.sh", "\n".join([*head, *steps, "set -e", run, ""]))
 
 
 class LocalProvisioner:
@@ -239,6 +245,10 @@ class LocalProvisioner:
                 return RunStatus(RunPhase.SUCCEEDED, 0)
             if self.status(cluster).phase is ClusterPhase.TERMINATED:
                 return RunStatus(RunPhase.LOST)
+            for node in nodes:
+                with contextlib.suppress(OSError):
+                    said = (node / START_FAILED).read_text(errors="replace").strip()
+                    return RunStatus(RunPhase.START_FAILED, failed[0], f"{node.name}: {said[:200]}")
             return RunStatus(RunPhase.FAILED, failed[0])
         if self.status(cluster).phase in (ClusterPhase.TERMINATED, ClusterPhase.FAILED):
             return RunStatus(RunPhase.LOST)

@@ -183,7 +183,10 @@ def agent_command(cluster: ClusterInfo, launch: JobLaunch) -> str:
     """
     signal_name = launch.spec.broker.checkpoint.signal
     # The wrapper shell ignores the checkpoint signal, so only job processes that handle it react.
-    inner = f"trap '' {signal_name.removeprefix('SIG')}\n{launch.spec.run}\n"
+    # A variable too long to export (see ``job_task``) is set in the script itself.
+    own = "".join(f"{name}={shlex.quote(value)}\n" for name, value in launch.spec.envs.items()
+                  if not exportable(name, value) and name.isidentifier())
+    inner = f"trap '' {signal_name.removeprefix('SIG')}\n{own}{launch.spec.run}\n"
     script = f"{run_status_file(launch.job_id, launch.attempt)}.sh"
     words = [f"{AGENT_VENV}/bin/python", "-m", "broker.agent", "--cloud", "auto",
              "--signal", signal_name, "--cluster-id", cluster.id,
@@ -194,6 +197,14 @@ def agent_command(cluster: ClusterInfo, launch: JobLaunch) -> str:
     line += ' --checkpoint-dir "$BROKER_CHECKPOINT_DIR"'
     return (f"{heredoc(script, inner)}\n"
             f'{line} --node "$SKYPILOT_NODE_RANK" -- bash {script}')
+
+
+# Linux's limit on one string of an exec's environment (MAX_ARG_STRLEN).
+MAX_EXPORTED_BYTES = 128 * 1024
+
+
+def exportable(name: str, value: str) -> bool:
+    return len(name) + len(value) + 2 <= MAX_EXPORTED_BYTES
 
 
 def heredoc(path: str, text: str) -> str:
@@ -228,7 +239,9 @@ def job_task(cluster: ClusterInfo, launch: JobLaunch) -> dict[str, Any]:
     spec = launch.spec
     node_dir = node_checkpoint_dir(launch.checkpoint_dir, launch.job_id)
     envs = {
-        **spec.envs,
+        # Linux refuses to exec anything whose environment holds one string over 128 KB: such a
+        # variable goes into the run's script file instead (``agent_command``), unexported.
+        **{name: value for name, value in spec.envs.items() if exportable(name, value)},
         "BROKER_JOB_ID": launch.job_id,
         "BROKER_RESUME_FROM": node_resume_path(launch.checkpoint_dir, launch.resume_from),
         "BROKER_ATTEMPT": str(launch.attempt),

@@ -41,7 +41,7 @@ log = logging.getLogger("broker.provision.skypilot")
 _RUN_PHASES = {
     "INIT": RunPhase.RUNNING, "PENDING": RunPhase.RUNNING, "SETTING_UP": RunPhase.RUNNING,
     "RUNNING": RunPhase.RUNNING, "SUCCEEDED": RunPhase.SUCCEEDED, "FAILED": RunPhase.FAILED,
-    "FAILED_SETUP": RunPhase.FAILED, "FAILED_DRIVER": RunPhase.FAILED, "CANCELLED": RunPhase.FAILED,
+    "FAILED_SETUP": RunPhase.START_FAILED, "FAILED_DRIVER": RunPhase.FAILED, "CANCELLED": RunPhase.FAILED,
 }
 
 
@@ -311,14 +311,15 @@ class SkyPilotProvisioner:
         with self._lock:
             started = self._execs.get((name, wanted))
         if started is not None and started.failed and not self._missing_cluster(started.error):  # type: ignore[arg-type]
-            log.warning("starting %s on %s failed: %s", wanted, name, started.error)
+            return RunStatus(RunPhase.START_FAILED, reason=f"sky exec failed: {started.error}"[:500])
         jobs = self._queue(name)
         if jobs is not None and wanted in jobs:
             phase = _RUN_PHASES.get(_enum_name(_field(jobs[wanted], "status")), RunPhase.RUNNING)
             if phase is RunPhase.SUCCEEDED:
                 return RunStatus(phase, 0)
-            if phase is RunPhase.FAILED:
-                return RunStatus(RunPhase.LOST if self._gone(cluster) else RunPhase.FAILED, 1)
+            if phase in (RunPhase.FAILED, RunPhase.START_FAILED):
+                return RunStatus(RunPhase.LOST if self._gone(cluster) else phase, 1, "setup failed" if phase is
+                                 RunPhase.START_FAILED else None)
             return RunStatus(phase)
         if self._gone(cluster):
             return RunStatus(RunPhase.LOST)

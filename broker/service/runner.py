@@ -103,7 +103,8 @@ class Service:
         self.url = f"http://{host}:{port}"
         self.public_url = settings.public_url or f"http://{'127.0.0.1' if host == '0.0.0.0' else host}:{port}"
         self.app = create_app(self.store, self.clock, JobIntake(self.home, self.provisioner.name, offered,
-                                                                 offline=settings.offline_catalog),
+                                                                 offline=settings.offline_catalog,
+                                                                 max_gpus=settings.max_gpus),
                               is_leader=lambda: self.leading)
         self.server = uvicorn.Server(uvicorn.Config(self.app, log_config=None, access_log=False, lifespan="off",
                                                     timeout_graceful_shutdown=5))

@@ -143,3 +143,52 @@ def test_foreign_instances_and_garbage_are_dropped(listener: SqsNoticeListener,
     assert _notices(listener.store) == []
     assert _left(listener) == 0
     assert len([r for r in caplog.records if r.levelno == logging.WARNING]) == 1
+
+
+def _event(detail: object, **fields: object) -> str:
+    return json.dumps({"version": "0", "detail-type": "EC2 Spot Instance Interruption Warning", "source": "aws.ec2",
+                       "time": "2026-11-21T10:00:00Z", "detail": detail, **fields})
+
+
+LONG_ID = "i-" + "0" * 150  # a node id longer than the notice's column: refused by NoticeReport's validation
+
+MALFORMED = {
+    "deep-nesting": "[" * 100_000 + "]" * 100_000,
+    "time-past-the-calendar": interruption(INSTANCES[0], at="9999-12-31T23:59:59Z"),
+    "time-out-of-range": interruption(INSTANCES[0], at="2030-13-45T00:00:00Z"),
+    "time-without-zone": interruption(INSTANCES[0], at="2026-11-21T10:00:00"),
+    "time-a-number": _event({"instance-id": INSTANCES[0]}, time=1763719200),
+    "time-year-1": interruption(INSTANCES[0], at="0001-01-01T00:00:00Z"),
+    "instance-id-a-list": _event({"instance-id": [INSTANCES[0]]}),
+    "instance-id-nul": _event({"instance-id": INSTANCES[0] + "\x00"}),
+    "instance-id-too-long": interruption(LONG_ID),
+    "detail-type-a-mapping": json.dumps({"detail-type": {"a": 1}, "detail": {}}),
+    "sns-message-not-json": json.dumps({"Type": "Notification", "Message": "{not json"}),
+    "sns-message-a-number": json.dumps({"Type": "Notification", "Message": 7}),
+    "nul-bytes": "\x00" * 1000,
+}
+
+
+@pytest.mark.parametrize("body", list(MALFORMED.values()), ids=list(MALFORMED))
+def test_a_malformed_message_is_one_log_line_stores_nothing_and_is_deleted(
+        listener: SqsNoticeListener, caplog: pytest.LogCaptureFixture, body: str) -> None:
+    with listener.store.transaction() as s:
+        cluster = s.get(ClusterRow, "j1-c1")
+        assert cluster is not None
+        cluster.handle = {"instance_ids": [*INSTANCES, LONG_ID]}
+    _send(listener, body)
+    with caplog.at_level(logging.INFO, logger="broker.notices_sqs"):
+        while listener.poll_once():
+            pass
+    assert _notices(listener.store) == []
+    assert _left(listener) == 0  # handled: deleted, never retried as a poison message
+    records = [r for r in caplog.records if r.name == "broker.notices_sqs"]
+    assert records and all(r.exc_info is None and r.levelno <= logging.WARNING for r in records)
+    assert all("\n" not in r.getMessage() and len(r.getMessage()) < 600 for r in records)
+
+
+def test_a_message_over_the_sqs_limit_is_not_parsed() -> None:
+    from broker.notices_sqs import parse_event
+
+    assert parse_event(_event({"instance-id": INSTANCES[0]}, padding="a" * 300_000)) is None
+    assert parse_event(_event({"instance-id": INSTANCES[0]})) is not None

@@ -45,7 +45,12 @@ def test_rebalance_recommendation_is_read() -> None:
     assert [n.kind for n in notices] == ["rebalance"]
 
 
-@pytest.mark.parametrize("garbage", [b"<html>oops</html>", b"[1, 2]", b'{"action": "terminate"}'])
+@pytest.mark.parametrize("garbage", [
+    b"<html>oops</html>", b"[1, 2]", b'{"action": "terminate"}',
+    b'{"action": "terminate", "time": 1763719200}',  # a number, not a time
+    b"[" * 100_000 + b"]" * 100_000,  # nested deeper than the JSON parser goes
+    b'{"action": "terminate", "time": "2026-11-21T10:00:00Z", "x": "' + b"a" * 10_000 + b'", "action": 7}',
+])
 def test_garbage_is_no_notice_and_one_warning(garbage: bytes, caplog: pytest.LogCaptureFixture) -> None:
     state = FakeImds()
     state.action = garbage
@@ -53,7 +58,8 @@ def test_garbage_is_no_notice_and_one_warning(garbage: bytes, caplog: pytest.Log
         reader = AwsImdsReader(url)
         assert reader.poll() == []
         assert reader.poll() == []
-    assert len([r for r in caplog.records if r.levelno == logging.WARNING]) == 1
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and len(warnings[0].getMessage()) < 300 and warnings[0].exc_info is None
 
 
 def test_unreachable_metadata_service_is_no_notice(caplog: pytest.LogCaptureFixture) -> None:

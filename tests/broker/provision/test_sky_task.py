@@ -110,7 +110,8 @@ def test_a_1mb_run_reaches_the_node_as_a_file_not_an_argument(tmp_path: Path) ->
     marker_line = "echo done-BROKER_RUN_EOF > \"$OUT\""  # the here-document's marker inside the job's own text
     run = "\n".join(f"# {i:07d} " + "x" * 110 for i in range(9000)) + "\n" + marker_line + "\n"
     spec = dataclasses.replace(parse_job_spec("name: t\nresources:\n  accelerators: V100:1\nrun: 'true'\n",
-                                              offline=True), run=run)
+                                              offline=True), run=run + 'echo "${#BIG} ${SMALL}" >> "$OUT"\n',
+                               envs={"BIG": "y" * 300_000, "SMALL": "s"})
     cluster = ClusterInfo("j-2-c1", "aws", "us-east-1", "us-east-1a", "p3.2xlarge", 1, 1, True, agent_token="tok")
     launch = JobLaunch("j-2", 1, spec, GangPlacement("j-2-c1", ((0, (0,)),)), "/srv/ckpt", None, None,
                        str(tmp_path / "logs"))
@@ -122,11 +123,12 @@ def test_a_1mb_run_reaches_the_node_as_a_file_not_an_argument(tmp_path: Path) ->
     out = tmp_path / "out.txt"
     script = tmp_path / "task.sh"  # SkyPilot runs `run` as a script file too
     script.write_text(task["run"].replace(" --cloud auto", " --cloud local"))
-    env = {**os.environ, "HOME": str(tmp_path / "home"), "PYTHONPATH": str(REPO), "SKYPILOT_NODE_RANK": "0",
-           "BROKER_AGENT_TOKEN": "tok", "OUT": str(out)}
+    assert "BIG" not in task["envs"] and task["envs"]["SMALL"] == "s"  # exported by SkyPilot: none over 128 KB
+    env = {**os.environ, **task["envs"], "HOME": str(tmp_path / "home"), "PYTHONPATH": str(REPO),
+           "SKYPILOT_NODE_RANK": "0", "BROKER_AGENT_TOKEN": "tok", "OUT": str(out)}
     done = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr[-2000:]
-    assert out.read_text().strip() == "done-BROKER_RUN_EOF"
+    assert out.read_text().split("\n")[:2] == ["done-BROKER_RUN_EOF", "300000 s"]
 
 
 def test_a_fraction_asks_skypilot_for_its_share_and_tells_the_agent() -> None:

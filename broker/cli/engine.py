@@ -1,0 +1,122 @@
+"""``broker engine``: the embedded engine in the foreground; and the background engine a later command restarts.
+
+The engine of a broker home runs inside ``broker launch`` (attached), or in the background after
+``broker launch --detach``. Should that one die (killed, the machine rebooted), ``status``, ``logs``
+and ``cancel`` find jobs active (or clusters up) and no engine holding the home's engine lock, and
+start one in the background again. ``broker engine`` is the same engine in the foreground, until
+no job is active or Ctrl-C; jobs stopped that way carry on when an engine next runs.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from broker.cli import remote
+from broker.cli.app import ConfigOption, app
+
+if TYPE_CHECKING:
+    from broker.store import Store
+
+
+def engine_alive(home: Path) -> bool:
+    """Some process holds the home's engine lock (an engine, or a service replica on this home)."""
+    path = home / "engine.lock"
+    if not path.exists():
+        return False
+    with open(path, "a") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        fcntl.flock(handle, fcntl.LOCK_UN)
+    return False
+
+
+def spawn_engine(config: Path | None) -> None:
+    """Start the engine in the background, detached; it exits at once if another one drives the home."""
+    command = [sys.executable, "-m", "broker", "run-engine"]
+    if config is not None:
+        command += ["--config", str(config)]
+    subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                     start_new_session=True)
+
+
+def broker_home(config: Path | None) -> Path:
+    """The broker home as the settings give it, reading the whole settings model only when a file says something."""
+    from broker.settings_file import check_home
+
+    if remote.read_settings_file(config):
+        from broker.config import load_settings
+
+        return load_settings(config).home
+    home = os.environ.get("BROKER_HOME")
+    return check_home(Path(home)) if home else Path.home() / ".broker"
+
+
+def unattended(store: Store) -> tuple[int, int]:
+    """(active jobs, live clusters) of a store no service has led: what a dead embedded engine left behind."""
+    from sqlalchemy import func, select
+
+    from broker.model import ACTIVE_STATES, LIVE_CLUSTER_STATES
+    from broker.store.tables import ClusterRow, JobRow, LeaderLeaseRow
+
+    with store.transaction() as s:
+        if s.scalar(select(func.max(LeaderLeaseRow.epoch))):
+            return 0, 0  # `broker serve` leads this store: its replicas run the engine, never the CLI
+        jobs = s.scalar(select(func.count()).select_from(JobRow).where(JobRow.state.in_(ACTIVE_STATES)))
+        clusters = s.scalar(select(func.count()).select_from(ClusterRow)
+                            .where(ClusterRow.state.in_(LIVE_CLUSTER_STATES)))
+    return int(jobs or 0), int(clusters or 0)
+
+
+def revive(config: Path | None, store: Store) -> None:
+    """Restart the background engine when jobs are active (or clusters up) and no engine drives the home."""
+    jobs, clusters = unattended(store)
+    if not (jobs or clusters):
+        return
+    home = broker_home(config)
+    if engine_alive(home):
+        return
+    spawn_engine(config)
+    from broker.cli.app import err_console
+
+    err_console.print(f"no engine was running for {jobs} active job(s) and {clusters} live cluster(s): started one "
+                      "in the background (`broker engine` runs it in the foreground)", highlight=False, markup=False)
+
+
+@app.command("engine")
+def engine(config: ConfigOption = None) -> None:
+    """Run the engine in the foreground until no job is active; Ctrl-C stops it, and its jobs wait for the next."""
+    from broker.cli.app import err_console
+    from broker.cli.jobs import drive
+    from broker.config import load_settings
+    from broker.runtime import EngineLock, active_job_count, open_broker
+
+    settings = load_settings(config)
+    lock = EngineLock(settings.home)
+    if not lock.acquire():
+        holder = lock.holder()
+        err_console.print(f"an engine already drives {settings.home}" + (f" (pid {holder})" if holder else "")
+                          + ": nothing to do", highlight=False, markup=False)
+        return
+    lock.release()  # drive() takes it again, for as long as it runs
+    logging.getLogger("broker.engine").setLevel(logging.INFO)  # every transition, as it happens
+    broker = open_broker(settings)
+    try:
+        err_console.print(f"engine: driving {active_job_count(broker.store)} active job(s) in {settings.home}; "
+                          "Ctrl-C stops it", highlight=False, markup=False)
+        drive(broker, settings, None, show=False)
+    except KeyboardInterrupt:
+        left = active_job_count(broker.store)
+        err_console.print(f"engine stopped: {left} job(s) still active; `broker engine` (or `broker status`) "
+                          "carries on with them", highlight=False, markup=False)
+        raise SystemExit(130) from None
+    finally:
+        broker.close()
+    err_console.print("engine: no active job left; stopped", highlight=False, markup=False)
