@@ -5,36 +5,12 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import JSON, BigInteger, DateTime, Float, ForeignKey, Index, Integer, String, Text, UniqueConstraint
-from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
-from sqlalchemy.types import TypeDecorator
+from sqlalchemy import JSON, BigInteger, Float, ForeignKey, Index, Integer, String, Text, UniqueConstraint
+from sqlalchemy.orm import Mapped, mapped_column
 
-
-class UtcDateTime(TypeDecorator[datetime]):
-    """Timezone-aware UTC datetimes on both SQLite (which drops the zone) and PostgreSQL."""
-
-    impl = DateTime(timezone=True)
-    cache_ok = True
-
-    def process_bind_param(self, value: datetime | None, dialect: Any) -> datetime | None:
-        if value is None:
-            return None
-        if value.tzinfo is None:
-            raise ValueError("naive datetime given to the store; use UTC-aware datetimes")
-        from datetime import UTC
-
-        return value.astimezone(UTC)
-
-    def process_result_value(self, value: datetime | None, dialect: Any) -> datetime | None:
-        if value is None:
-            return None
-        from datetime import UTC
-
-        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
-
-
-class Base(DeclarativeBase):
-    pass
+# Re-exported: migrations name broker.store.tables.UtcDateTime, and every table module imports Base here.
+from broker.store.base import Base as Base
+from broker.store.base import UtcDateTime as UtcDateTime
 
 
 class JobRow(Base):
