@@ -94,7 +94,7 @@ def revive(config: Path | None, store: Store) -> None:
 def engine(config: ConfigOption = None) -> None:
     """Run the engine in the foreground until no job is active; Ctrl-C stops it, and its jobs wait for the next."""
     from broker.cli.app import err_console
-    from broker.cli.jobs import drive
+    from broker.cli.driving import drive
     from broker.config import load_settings
     from broker.runtime import EngineLock, active_job_count, open_broker
 

@@ -10,8 +10,9 @@ import typer
 
 from broker.cli import remote
 from broker.cli.app import ConfigOption, JsonOption, UsageError, app
+from broker.cli.driving import drive, job_summary_of
 from broker.cli.engine import revive, spawn_engine
-from broker.cli.job_output import announce, announce_pipeline, finish, print_status, progress_table
+from broker.cli.job_output import announce, announce_pipeline, finish, print_status
 
 if TYPE_CHECKING:
     from broker.config import Settings
@@ -55,57 +56,6 @@ def _refresh_sky_prices(store: Store, settings: Settings, spec: JobSpec, quiet: 
     for line in refresh_prices(store, settings, spec):
         if not quiet:
             err_console.print(f"prices: {line}", highlight=False, markup=False)
-
-
-def _summary(store: Store, job_id: str) -> dict[str, Any]:
-    from broker.store.tables import JobRow
-    from broker.summary import job_summary
-
-    with store.transaction() as s:
-        job = s.get(JobRow, job_id)
-        if job is None:
-            raise UsageError(f"no job {job_id!r}")
-        return job_summary(s, job)
-
-
-def drive(broker: Any, settings: Settings, job_id: str | list[str] | None, show: bool) -> None:
-    """Run the engine (or, if another process holds the engine lock, watch) until the job ends
-    (every one of them, for the stages of a pipeline; the progress shown is the first still going)."""
-    from rich.live import Live
-
-    from broker.cli.app import console
-    from broker.model import JobState
-    from broker.runtime import EngineLock
-    from broker.summary import last_log_line
-
-    watched = [job_id] if isinstance(job_id, str) else list(job_id or [])
-    lock = EngineLock(settings.home)
-    engine = broker.start() if lock.acquire() else None
-    if engine is None and not watched:
-        return
-    try:
-        with Live(console=console, refresh_per_second=4, transient=False, auto_refresh=False) as live:
-            while True:
-                if engine is not None:
-                    engine.step()
-                if watched:
-                    summaries = [_summary(broker.store, one) for one in watched]
-                    going = [x for x in summaries if not JobState(x["state"]).terminal]
-                    if show:
-                        shown = (going or summaries)[0]
-                        live.update(progress_table(shown, last_log_line(settings.home, shown["job_id"])),
-                                    refresh=True)
-                    if not going:
-                        break
-                elif engine is not None and not engine.active_jobs():
-                    break
-                time.sleep(settings.poll_seconds)
-            if engine is not None:
-                for _ in range(3):  # tear down and meter the final minutes
-                    engine.step()
-                    time.sleep(settings.poll_seconds)
-    finally:
-        lock.release()
 
 
 MarketClockOption = Annotated[str, typer.Option(
@@ -174,7 +124,7 @@ def launch(
         if detach:
             return
         drive(broker, settings, job_id, show=not as_json)
-        summary = _summary(broker.store, job_id)
+        summary = job_summary_of(broker.store, job_id)
     finally:
         broker.close()
     finish(summary, as_json)
@@ -197,7 +147,7 @@ def _launch_pipeline(settings: Settings, pipeline: Pipeline, fresh_market: bool,
             spawn_engine(config)
             return
         drive(broker, settings, job_ids, show=not as_json)
-        summaries = [_summary(broker.store, job_id) for job_id in job_ids]
+        summaries = [job_summary_of(broker.store, job_id) for job_id in job_ids]
     finally:
         broker.close()
     finish_pipeline(pipeline.name, summaries, as_json)
@@ -260,7 +210,7 @@ def _local_summaries(config: Path | None, job_id: str | None) -> list[dict[str, 
     store = open_store(store_url(config))
     try:
         if job_id is not None:
-            found = [_summary(store, job_id)]
+            found = [job_summary_of(store, job_id)]
         else:
             with store.transaction() as s:
                 found = [job_summary(s, j) for j in s.scalars(select(JobRow).order_by(JobRow.created_at))]
@@ -321,7 +271,7 @@ def logs(
 
     settings, store = _open(config)
     try:
-        _summary(store, job_id)
+        job_summary_of(store, job_id)
         revive(config, store)
         offsets: dict[str, int] = {}
         while True:
@@ -329,7 +279,7 @@ def logs(
             print_chunks(chunks, offsets)
             if chunks:
                 continue
-            if not follow or JobState(_summary(store, job_id)["state"]).terminal:
+            if not follow or JobState(job_summary_of(store, job_id)["state"]).terminal:
                 break
             time.sleep(0.5)
     finally:

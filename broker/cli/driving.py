@@ -1,0 +1,68 @@
+"""Driving the embedded engine in the foreground until the jobs a command follows end.
+
+Shared by ``broker launch`` (``cli/jobs.py``) and ``broker engine`` (``cli/engine.py``), so neither
+imports the other.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+from broker.cli.app import UsageError
+from broker.cli.job_output import progress_table
+
+if TYPE_CHECKING:
+    from broker.config import Settings
+    from broker.store import Store
+
+
+def job_summary_of(store: Store, job_id: str) -> dict[str, Any]:
+    from broker.store.tables import JobRow
+    from broker.summary import job_summary
+
+    with store.transaction() as s:
+        job = s.get(JobRow, job_id)
+        if job is None:
+            raise UsageError(f"no job {job_id!r}")
+        return job_summary(s, job)
+
+
+def drive(broker: Any, settings: Settings, job_id: str | list[str] | None, show: bool) -> None:
+    """Run the engine (or, if another process holds the engine lock, watch) until the job ends
+    (every one of them, for the stages of a pipeline; the progress shown is the first still going)."""
+    from rich.live import Live
+
+    from broker.cli.app import console
+    from broker.model import JobState
+    from broker.runtime import EngineLock
+    from broker.summary import last_log_line
+
+    watched = [job_id] if isinstance(job_id, str) else list(job_id or [])
+    lock = EngineLock(settings.home)
+    engine = broker.start() if lock.acquire() else None
+    if engine is None and not watched:
+        return
+    try:
+        with Live(console=console, refresh_per_second=4, transient=False, auto_refresh=False) as live:
+            while True:
+                if engine is not None:
+                    engine.step()
+                if watched:
+                    summaries = [job_summary_of(broker.store, one) for one in watched]
+                    going = [x for x in summaries if not JobState(x["state"]).terminal]
+                    if show:
+                        shown = (going or summaries)[0]
+                        live.update(progress_table(shown, last_log_line(settings.home, shown["job_id"])),
+                                    refresh=True)
+                    if not going:
+                        break
+                elif engine is not None and not engine.active_jobs():
+                    break
+                time.sleep(settings.poll_seconds)
+            if engine is not None:
+                for _ in range(3):  # tear down and meter the final minutes
+                    engine.step()
+                    time.sleep(settings.poll_seconds)
+    finally:
+        lock.release()
