@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -23,7 +24,8 @@ ROOT = Path(__file__).resolve().parents[3]
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update"]
-SCREENSHOTS = Path(os.environ.get("BROKER_SCREENSHOT_DIR") or ROOT / "docs" / "screenshots")
+# A test run leaves the checkout as it found it; BROKER_SCREENSHOT_DIR=docs/screenshots refreshes the README's.
+SCREENSHOTS = Path(os.environ.get("BROKER_SCREENSHOT_DIR") or Path(tempfile.gettempdir()) / "broker-screenshots")
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """The dashboard in real headless Chromium: sign-in, team isolation, every page without console errors.
 
-Each page's screenshot is saved (docs/screenshots/ unless BROKER_SCREENSHOT_DIR says otherwise);
-the README shows them.
+Each page's screenshot is saved (in the temporary directory's broker-screenshots/, or where
+BROKER_SCREENSHOT_DIR says: docs/screenshots/ refreshes the ones the README shows).
 """
 
 from __future__ import annotations
