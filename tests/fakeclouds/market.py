@@ -90,6 +90,10 @@ def _aws_on_demand(name: str, info: dict[str, Any]) -> float:
 
 # -- GCP ------------------------------------------------------------------------------------------
 
+# The GPUs of GCP's bundled series this stand-in sells (by the built-in catalog's names).
+SOLD_BUNDLED = frozenset({"A100", "A100-80GB", "H100", "H100-MEGA", "L4"})
+
+
 def gcp_market() -> FakeGcp:
     machines, accelerators, skus = [], [], []
     regions = sorted({z.rsplit("-", 1)[0] for z in GCP_ZONES})
@@ -98,6 +102,8 @@ def gcp_market() -> FakeGcp:
         for entry in catalog.instance_types("gcp"):
             if _unit("offered", entry.name, zone) > 0.7:
                 continue
+            if not entry.attached and entry.accelerator not in SOLD_BUNDLED:
+                continue  # a series this stand-in does not sell (H200's a3-ultragpu, B200's a4)
             accelerator = None if entry.attached else bundled[entry.name[:2]]
             if entry.name.startswith("a2-ultragpu"):
                 accelerator = "nvidia-a100-80gb"
