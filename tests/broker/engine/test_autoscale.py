@@ -118,7 +118,13 @@ def test_a_queue_grows_the_pool_only_within_its_own_gpu_limit(tmp_path: Path) ->
             assert s.scalar(select(JobEventRow).where(JobEventRow.job_id == b, JobEventRow.kind == "queue_full"))
         _run_until(engine, lambda: _state(engine, b) == "SUCCEEDED")
         with engine.store.transaction() as s:
-            allocs = {x.job_id: x for x in s.scalars(select(AllocationRow))}
-        assert allocs[b].started_at >= allocs[a].ended_at  # it waited for a's GPUs, within the queue's 4
+            held = [(x.job_id, x.cluster_id, x.started_at, x.ended_at, x.outcome)
+                    for x in s.scalars(select(AllocationRow).where(AllocationRow.job_id.in_([a, b])))]
+        # The queue's 4 GPUs: no moment when a (any of its attempts) and b both held their 4.
+        spans_a = [(start, end) for job, _, start, end, _ in held if job == a]
+        spans_b = [(start, end) for job, _, start, end, _ in held if job == b]
+        assert spans_a and spans_b and all(end is not None for _, _, _, end, _ in held), held
+        assert all(end_b <= start_a or end_a <= start_b for start_a, end_a in spans_a
+                   for start_b, end_b in spans_b), held
     finally:
         broker.close()

@@ -31,7 +31,7 @@ resources:
   env | grep -E '^(CUDA_|BROKER_GPU)' | sort > {out}/{name}.env
   for i in $(seq 600); do [ -f {out}/{other}.env ] && break; sleep 0.1; done
   test -f {out}/{other}.env
-  sleep 1
+  sleep 5  # 150 market seconds together: whole ledger minutes held by both, however late one started
 """
 
 # NVIDIA's MPS control daemon, played at the boundary: ``-d`` leaves a daemon (a sleep) whose pid
