@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -15,8 +13,7 @@ from broker.engine import Engine, machine, packing
 from broker.runtime import EmbeddedBroker
 from broker.spec import parse_job_spec
 from broker.store.tables import AllocationRow, ClusterRow, JobEventRow, JobRow, PredictionRow
-from providers.base import SpotQuote
-from providers.trace import write_trace
+from tests.broker.engine.one_zone import one_zone_market, run_until
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
 
@@ -35,9 +32,7 @@ TRAIN = "python train.py --steps {steps} --step-seconds 0.05 --checkpoint-every 
 
 def _broker(tmp_path: Path, max_gpus: int) -> EmbeddedBroker:
     path = tmp_path / "m.csv"
-    start = datetime(2026, 1, 1, tzinfo=UTC)
-    write_trace(path, [SpotQuote("aws", "us-east-1", "us-east-1a", "p3.8xlarge", "V100", 4, 3.67, 12.24,
-                                 start + timedelta(minutes=t), available_nodes=4) for t in range(600)])
+    one_zone_market(path, 4)
     settings = load_settings(market=path, speed=30.0, local_provision_seconds=60.0, max_gpus=max_gpus,
                              eager_policy="eager", eager_lead_seconds=3600.0)
     return EmbeddedBroker(settings, fresh_market=True)
@@ -55,15 +50,6 @@ def _job(engine: Engine, job_id: str) -> JobRow:
         s.expunge(job)
         return job
 
-
-def _run_until(engine: Engine, done: Callable[[], bool], timeout: float = 180) -> None:
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        engine.step()
-        if done():
-            return
-        time.sleep(0.05)
-    raise AssertionError("timed out")
 
 
 def _cluster_of(engine: Engine, job_id: str) -> str:
@@ -86,19 +72,19 @@ def test_a_job_running_past_its_predicted_finish_keeps_its_gpus_and_the_next_job
     try:
         # It says a minute of work; it runs about ten (600 steps of 0.05 wall s at 30x).
         a = _submit(engine, tmp_path, "a", TRAIN.format(steps=600), work="1m")
-        _run_until(engine, lambda: _job(engine, a).state == "RUNNING")
+        run_until(engine, lambda: _job(engine, a).state == "RUNNING")
         b = _submit(engine, tmp_path, "b", TRAIN.format(steps=40))
-        _run_until(engine, lambda: bool(_events(engine, b, "eager_reserve")))
+        run_until(engine, lambda: bool(_events(engine, b, "eager_reserve")))
         reserve = _events(engine, b, "eager_reserve")[0]
         predicted = datetime.fromisoformat(str(reserve.detail["predicted_finish"]))
-        _run_until(engine, lambda: engine.clock.now() > predicted + timedelta(seconds=60))
+        run_until(engine, lambda: engine.clock.now() > predicted + timedelta(seconds=60))
         # Past its predicted finish: a still holds its GPUs, b waits for them, nothing else was launched.
         assert _job(engine, a).state == "RUNNING" and _job(engine, b).state == "PROVISIONING"
         with engine.store.transaction() as s:
             assert s.scalar(select(AllocationRow).where(AllocationRow.job_id == b)) is None
             assert len(list(s.scalars(select(ClusterRow)))) == 1
             assert s.scalar(select(PredictionRow).where(PredictionRow.job_id == a)) is not None
-        _run_until(engine, lambda: _job(engine, b).state in ("SUCCEEDED", "FAILED"))
+        run_until(engine, lambda: _job(engine, b).state in ("SUCCEEDED", "FAILED"))
         with engine.store.transaction() as s:
             allocs = {x.job_id: x for x in s.scalars(select(AllocationRow))}
         assert _job(engine, a).state == _job(engine, b).state == "SUCCEEDED"
@@ -115,18 +101,18 @@ def test_a_cancelled_reservation_is_released_and_a_failed_job_hands_its_gpus_on(
     engine = broker.start()
     try:
         a = _submit(engine, tmp_path, "a", TRAIN.format(steps=300) + "; exit 3")
-        _run_until(engine, lambda: _job(engine, a).state == "RUNNING")
+        run_until(engine, lambda: _job(engine, a).state == "RUNNING")
         b = _submit(engine, tmp_path, "b", TRAIN.format(steps=40))
-        _run_until(engine, lambda: bool(_events(engine, b, "eager_reserve")))
+        run_until(engine, lambda: bool(_events(engine, b, "eager_reserve")))
         cluster = _job(engine, b).target_cluster_id
         assert cluster is not None
         machine.cancel_job(engine.store, b, engine.clock)
         with engine.store.transaction() as s:
             assert set(packing.holdings(s, cluster)) == {a}  # b's claim went with it
         c = _submit(engine, tmp_path, "c", TRAIN.format(steps=40))
-        _run_until(engine, lambda: bool(_events(engine, c, "eager_reserve")))
+        run_until(engine, lambda: bool(_events(engine, c, "eager_reserve")))
         assert _job(engine, c).target_cluster_id == cluster  # the released GPUs are reserved again
-        _run_until(engine, lambda: _job(engine, c).state in ("SUCCEEDED", "FAILED"))
+        run_until(engine, lambda: _job(engine, c).state in ("SUCCEEDED", "FAILED"))
         assert _job(engine, a).state == "FAILED" and _job(engine, c).state == "SUCCEEDED"
         with engine.store.transaction() as s:
             allocs = {x.job_id: x for x in s.scalars(select(AllocationRow))}
@@ -141,10 +127,10 @@ def test_a_cluster_booted_early_for_a_job_then_cancelled_is_torn_down(tmp_path: 
     engine = broker.start()
     try:
         a = _submit(engine, tmp_path, "a", TRAIN.format(steps=400))
-        _run_until(engine, lambda: _job(engine, a).state == "RUNNING")
+        run_until(engine, lambda: _job(engine, a).state == "RUNNING")
         # Two nodes: it fits neither a's one node nor the pool beside a; only once a's cluster goes.
         b = _submit(engine, tmp_path, "b", TRAIN.format(steps=40), nodes=2)
-        _run_until(engine, lambda: bool(_events(engine, b, "eager_boot")))
+        run_until(engine, lambda: bool(_events(engine, b, "eager_boot")))
         boot = _events(engine, b, "eager_boot")[0]
         assert "boot now" in str(boot.detail["reason"]) and boot.detail["after_jobs"] == [a]
         assert boot.detail["leaving"] == [_cluster_of(engine, a)]
@@ -155,11 +141,11 @@ def test_a_cluster_booted_early_for_a_job_then_cancelled_is_torn_down(tmp_path: 
             with engine.store.transaction() as s:
                 row = s.get(ClusterRow, early)
                 return row is not None and row.state in ("TERMINATING", "TERMINATED")
-        _run_until(engine, gone)
+        run_until(engine, gone)
         with engine.store.transaction() as s:
             row = s.get(ClusterRow, early)
             assert row is not None and row.teardown_reason == "idle"
-        _run_until(engine, lambda: _job(engine, a).state in ("SUCCEEDED", "FAILED"))
+        run_until(engine, lambda: _job(engine, a).state in ("SUCCEEDED", "FAILED"))
         assert _job(engine, a).state == "SUCCEEDED"
     finally:
         broker.close()

@@ -17,9 +17,8 @@ from broker.runtime import EmbeddedBroker
 from broker.spec import parse_job_spec
 from broker.store import open_store
 from broker.store.tables import AllocationRow, ClusterRow, JobEventRow, JobRow, LedgerRow
-from providers.base import SpotQuote
 from providers.topology import NVLINK, topology
-from providers.trace import write_trace
+from tests.broker.engine.one_zone import one_zone_market, run_until
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
 
@@ -34,13 +33,6 @@ broker:
 """
 
 
-def _market(path: Path) -> Path:
-    start = datetime(2026, 1, 1, tzinfo=UTC)
-    write_trace(path, [SpotQuote("aws", "us-east-1", "us-east-1a", "p3.8xlarge", "V100", 4, 3.67, 12.24,
-                                 start + timedelta(minutes=t), available_nodes=1) for t in range(600)])
-    return path
-
-
 def _submit(engine: Engine, tmp_path: Path, name: str, gpus: int, steps: int, priority: str) -> str:
     text = JOB.format(name=name, gpus=gpus, workdir=EXAMPLES, steps=steps, priority=priority)
     return engine.submit(parse_job_spec(text, source=str(tmp_path / f"{name}.yaml")))
@@ -51,30 +43,21 @@ def _states(engine: Engine, *job_ids: str) -> list[str]:
         return [s.get(JobRow, j).state for j in job_ids]  # type: ignore[union-attr]
 
 
-def _run_until(engine: Engine, done: object, timeout: float = 120) -> None:
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        engine.step()
-        if callable(done) and done():
-            return
-        time.sleep(0.05)
-    raise AssertionError("timed out")
-
 
 @pytest.mark.slow
 def test_gangs_share_a_cluster_and_a_higher_priority_gang_preempts(tmp_path: Path, broker_home: Path) -> None:
-    settings = load_settings(market=_market(tmp_path / "m.csv"), speed=30.0, local_provision_seconds=60.0,
+    settings = load_settings(market=one_zone_market(tmp_path / "m.csv", 1), speed=30.0, local_provision_seconds=60.0,
                              max_gpus=4)
     broker = EmbeddedBroker(settings, fresh_market=True)
     engine = broker.start()
     try:
         a = _submit(engine, tmp_path, "a", 2, 240, "batch")
-        _run_until(engine, lambda: _states(engine, a) == ["RUNNING"])
+        run_until(engine, lambda: _states(engine, a) == ["RUNNING"])
         b = _submit(engine, tmp_path, "b", 2, 240, "batch")
-        _run_until(engine, lambda: _states(engine, a, b) == ["RUNNING", "RUNNING"])
+        run_until(engine, lambda: _states(engine, a, b) == ["RUNNING", "RUNNING"])
         time.sleep(2.0)  # let both make progress past a checkpoint
         c = _submit(engine, tmp_path, "c", 4, 40, "inference")
-        _run_until(engine, lambda: all(st in ("SUCCEEDED", "FAILED") for st in _states(engine, a, b, c)))
+        run_until(engine, lambda: all(st in ("SUCCEEDED", "FAILED") for st in _states(engine, a, b, c)))
         for _ in range(5):
             engine.step()
             time.sleep(0.1)

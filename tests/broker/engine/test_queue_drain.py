@@ -12,9 +12,9 @@ from broker.engine.metering import meter_cluster
 from broker.reports.build import Window, build_report
 from broker.store import open_store
 from broker.store.tables import AllocationRow, ClusterRow, JobRow, LedgerRow
-from providers.base import SpotQuote
 from providers.local import LocalMarket
-from providers.trace import read_trace, write_trace
+from providers.trace import read_trace
+from tests.broker.engine.one_zone import one_zone_market
 
 T0 = datetime(2026, 1, 1, 12, tzinfo=UTC)
 
@@ -33,8 +33,7 @@ def _meter(store: object, market: LocalMarket, until: datetime) -> None:
 def test_minutes_between_two_jobs_with_one_queued_are_queue_drain_and_the_report_says_so(
         tmp_path: Path, db_url: str) -> None:
     path = tmp_path / "market.csv"
-    write_trace(path, [SpotQuote("aws", "us-east-1", "us-east-1a", "p3.8xlarge", "V100", 4, 3.67, 12.24,
-                                 T0 + timedelta(minutes=m), available_nodes=2) for m in range(30)])
+    one_zone_market(path, 2, 30, T0)
     market = LocalMarket(read_trace(path), T0)
     store = open_store(db_url)
     try:
@@ -77,8 +76,7 @@ def test_minutes_between_two_jobs_with_one_queued_are_queue_drain_and_the_report
 
 def test_a_job_ending_with_nothing_queued_leaves_finished_minutes_not_queue_drain(tmp_path: Path) -> None:
     path = tmp_path / "market.csv"
-    write_trace(path, [SpotQuote("aws", "us-east-1", "us-east-1a", "p3.8xlarge", "V100", 4, 3.67, 12.24,
-                                 T0 + timedelta(minutes=m), available_nodes=2) for m in range(30)])
+    one_zone_market(path, 2, 30, T0)
     market = LocalMarket(read_trace(path), T0)
     store = open_store(f"sqlite:///{tmp_path / 'store.db'}")
     try:
