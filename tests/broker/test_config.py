@@ -102,6 +102,9 @@ def test_a_binary_or_fake_gzip_market_file(tmp_path: Path, capsys: pytest.Captur
     ("eager_lead_seconds", 10**12, "eager_lead_seconds: Input should be less than or equal to 86400"),
     ("pool_idle_seconds", "soon", "pool_idle_seconds: Input should be a valid number"),
     ("pool_idle_seconds", -5, "pool_idle_seconds"),
+    ("start_retries", -1, "start_retries: Input should be greater than or equal to 0"),
+    ("start_retries", 10**9, "start_retries: Input should be less than or equal to 100"),
+    ("start_retries", "twice\x00", "start_retries: Input should be a valid integer"),
 ])
 def test_eager_and_pool_settings_refuse_garbage_in_one_line(name: str, value: object, words: str) -> None:
     from broker.config import load_settings

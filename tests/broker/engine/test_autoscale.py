@@ -4,8 +4,7 @@ serve does not wait for it."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -16,8 +15,7 @@ from broker.engine import Engine
 from broker.runtime import EmbeddedBroker
 from broker.spec import parse_job_spec
 from broker.store.tables import AllocationRow, ClusterRow, JobRow
-from providers.base import SpotQuote
-from providers.trace import write_trace
+from tests.broker.engine.one_zone import one_zone_market, run_until
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
 JOB = """\
@@ -29,15 +27,6 @@ workdir: {workdir}
 run: python train.py --steps 40 --step-seconds 0.05 --checkpoint-every 20
 """
 
-
-def _run_until(engine: Engine, done: Callable[[], bool], timeout: float = 180) -> None:
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        engine.step()
-        if done():
-            return
-        time.sleep(0.05)
-    raise AssertionError("timed out")
 
 
 def _clusters(engine: Engine) -> list[tuple[str, str, str | None]]:
@@ -55,9 +44,7 @@ def _state(engine: Engine, job_id: str) -> str:
 def test_an_idle_cluster_waits_for_the_next_job_then_goes_and_a_queue_it_cannot_serve_frees_it(
         tmp_path: Path) -> None:
     path = tmp_path / "m.csv"
-    start = datetime(2026, 1, 1, tzinfo=UTC)
-    write_trace(path, [SpotQuote("aws", "us-east-1", "us-east-1a", "p3.8xlarge", "V100", 4, 3.67, 12.24,
-                                 start + timedelta(minutes=t), available_nodes=4) for t in range(600)])
+    one_zone_market(path, 4)
     settings = load_settings(market=path, speed=30.0, local_provision_seconds=60.0, max_gpus=8,
                              pool_idle_seconds=900.0)
     broker = EmbeddedBroker(settings, fresh_market=True)
@@ -68,25 +55,25 @@ def test_an_idle_cluster_waits_for_the_next_job_then_goes_and_a_queue_it_cannot_
                                             source=str(tmp_path / f"{name}.yaml")))
     try:
         a = submit("a")
-        _run_until(engine, lambda: _state(engine, a) == "SUCCEEDED")
+        run_until(engine, lambda: _state(engine, a) == "SUCCEEDED")
         for _ in range(10):  # a few wall seconds, well under the 900 market s of pool idle time
             engine.step()
             time.sleep(0.1)
         assert [state for _, state, _ in _clusters(engine)] == ["UP"]  # kept for the next job
         b = submit("b")
-        _run_until(engine, lambda: _state(engine, b) == "SUCCEEDED")
+        run_until(engine, lambda: _state(engine, b) == "SUCCEEDED")
         with engine.store.transaction() as s:
             assert {x.cluster_id for x in s.scalars(select(AllocationRow))} == {_clusters(engine)[0][0]}
         # A two-node job cannot use the one-node cluster; with it kept the pool (8 GPUs) would be full.
         c = submit("c", nodes=2)
-        _run_until(engine, lambda: _state(engine, c) == "SUCCEEDED")
+        run_until(engine, lambda: _state(engine, c) == "SUCCEEDED")
         kept = _clusters(engine)
         assert kept[0][1] in ("TERMINATING", "TERMINATED") and kept[0][2] == "idle"
         # Nothing queued: c's cluster stays until the idle time has passed, then goes.
         ended = engine.clock.now()
-        _run_until(engine, lambda: engine.clock.now() > ended + timedelta(seconds=300))
+        run_until(engine, lambda: engine.clock.now() > ended + timedelta(seconds=300))
         assert _clusters(engine)[1][1] == "UP"
-        _run_until(engine, lambda: _clusters(engine)[1][1] in ("TERMINATING", "TERMINATED"), timeout=120)
+        run_until(engine, lambda: _clusters(engine)[1][1] in ("TERMINATING", "TERMINATED"), timeout=120)
         assert _clusters(engine)[1][2] == "idle"
     finally:
         broker.close()
@@ -95,28 +82,28 @@ def test_an_idle_cluster_waits_for_the_next_job_then_goes_and_a_queue_it_cannot_
 @pytest.mark.slow
 def test_a_queue_grows_the_pool_only_within_its_own_gpu_limit(tmp_path: Path) -> None:
     path = tmp_path / "m.csv"
-    start = datetime(2026, 1, 1, tzinfo=UTC)
-    write_trace(path, [SpotQuote("aws", "us-east-1", "us-east-1a", "p3.8xlarge", "V100", 4, 3.67, 12.24,
-                                 start + timedelta(minutes=t), available_nodes=4) for t in range(600)])
+    one_zone_market(path, 4)
     settings = load_settings(market=path, speed=30.0, local_provision_seconds=60.0, max_gpus=16,
                              queue_max_gpus={"training": 4})
     broker = EmbeddedBroker(settings, fresh_market=True)
     engine = broker.start()
     text = JOB.replace("run: python train.py --steps 40", "run: python train.py --steps 200")
 
-    def submit(name: str, priority: str | None = None) -> str:
-        body = text.format(name=name, nodes=1, workdir=EXAMPLES) + (f"broker:\n  priority: {priority}\n"
-                                                                    if priority else "")
+    def submit(name: str, priority: str | None = None, steps: int = 200) -> str:
+        body = text.replace("--steps 200", f"--steps {steps}").format(name=name, nodes=1, workdir=EXAMPLES) + (
+            f"broker:\n  priority: {priority}\n" if priority else "")
         return engine.submit(parse_job_spec(body, source=str(tmp_path / f"{name}.yaml")))
     try:
         a, b = submit("a"), submit("b")  # both training: one 4-GPU cluster between them
-        batch = submit("c", priority="inference")  # another queue (one b cannot preempt): the pool has room
-        _run_until(engine, lambda: _state(engine, a) == "RUNNING" and _state(engine, batch) == "RUNNING")
+        # Another queue (one b cannot preempt): the pool has room. It outlasts a and b, so its GPUs,
+        # free once it ends, are not what b takes (placing on a running cluster launches nothing).
+        batch = submit("c", priority="inference", steps=1000)
+        run_until(engine, lambda: _state(engine, a) == "RUNNING" and _state(engine, batch) == "RUNNING")
         assert _state(engine, b) == "PENDING"
         with engine.store.transaction() as s:
             from broker.store.tables import JobEventRow
             assert s.scalar(select(JobEventRow).where(JobEventRow.job_id == b, JobEventRow.kind == "queue_full"))
-        _run_until(engine, lambda: _state(engine, b) == "SUCCEEDED")
+        run_until(engine, lambda: _state(engine, b) == "SUCCEEDED")
         with engine.store.transaction() as s:
             held = [(x.job_id, x.cluster_id, x.started_at, x.ended_at, x.outcome)
                     for x in s.scalars(select(AllocationRow).where(AllocationRow.job_id.in_([a, b])))]
