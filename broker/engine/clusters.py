@@ -20,10 +20,10 @@ from sqlalchemy.orm import Session
 from broker.engine import autoscale, packing
 from broker.engine.checkpoints import end_allocation
 from broker.engine.notices import record_backend_notice
-from broker.engine.parts import AfterCommit, Parts, cluster_info
+from broker.engine.parts import AfterCommit, Parts, cluster_info, jsonable
 from broker.model import LIVE_CLUSTER_STATES, ClusterState, JobState, TeardownReason
 from broker.provision.base import ClusterPhase
-from broker.store.tables import AllocationRow, ClusterRow, JobRow
+from broker.store.tables import AllocationRow, ClusterRow, JobEventRow, JobRow
 from broker.tokens import token_digest
 from policies.selection import IDLE, ON_DEMAND, Plan
 
@@ -101,6 +101,22 @@ def fleet_gpus(s: Session, leaving: str | Collection[str] | None = None) -> int:
     return int(s.scalar(query) or 0)
 
 
+BLOCKED = ("fleet_full", "queue_full")
+# What ends a spell of waiting on a limit: the job launched, or moved (placed, requeued, ended).
+_UNBLOCKED = ("launch", "transition")
+
+
+def blocked(parts: Parts, s: Session, job: JobRow, kind: str, **detail: object) -> None:
+    """Record that a limit holds the job back, once per spell: not on every step it still waits for
+    the same reason, only when it was last launched or moved, or held back by something else."""
+    last = s.execute(select(JobEventRow.kind, JobEventRow.detail)
+                     .where(JobEventRow.job_id == job.id, JobEventRow.kind.in_((*BLOCKED, *_UNBLOCKED)))
+                     .order_by(JobEventRow.id.desc()).limit(1)).first()
+    if last is not None and last.kind == kind and last.detail == jsonable(detail):
+        return
+    parts.event(s, job.id, kind, **detail)
+
+
 def launch(parts: Parts, s: Session, job: JobRow, plan: Plan, exclude: set[str], after: AfterCommit,
            leaving: str | Collection[str] | None = None) -> ClusterRow | None:
     """Write the cluster row for the plan's first usable location; it is launched after commit."""
@@ -114,10 +130,10 @@ def launch(parts: Parts, s: Session, job: JobRow, plan: Plan, exclude: set[str],
         gpus = job.num_nodes * offer.gpus_per_node
         max_gpus = parts.options.max_gpus
         if max_gpus is not None and fleet_gpus(s, leaving) + gpus > max_gpus:
-            parts.event(s, job.id, "fleet_full", max_gpus=max_gpus)
+            blocked(parts, s, job, "fleet_full", max_gpus=max_gpus)
             return None
         if (limit := autoscale.queue_full(parts, s, job, gpus, leaving)) is not None:
-            parts.event(s, job.id, "queue_full", queue_max_gpus=limit)
+            blocked(parts, s, job, "queue_full", queue_max_gpus=limit)
             return None
         sequence = int(s.scalar(select(func.count()).select_from(ClusterRow)
                                 .where(ClusterRow.job_id == job.id)) or 0) + 1
