@@ -201,9 +201,13 @@ class LocalProvisioner:
         Path(launch.checkpoint_dir).mkdir(parents=True, exist_ok=True)
         for rank in range(len(launch.placement.nodes)):
             node_dir = self._node_dir(cluster, launch.job_id, launch.attempt, rank)
-            if (node_dir / "started").exists():
-                continue  # started before the broker restarted: do not start a second copy
-            node_dir.mkdir(parents=True, exist_ok=True)
+            node_dir.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                # The claim, atomic: of two callers starting one node (a restarted broker, or a stale
+                # leader that woke inside this call while the new one starts the job), only one goes on.
+                node_dir.mkdir()
+            except FileExistsError:
+                continue  # started, or being started: do not start a second copy
             variables = launch.env(rank, node_ips)
             # The job's command and variables go through files: the argument list and the
             # environment of an exec hold 128 KB per string, and a job file may hold more.

@@ -6,6 +6,7 @@ import dataclasses
 import json
 import os
 import stat
+import threading
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -156,3 +157,32 @@ def test_the_agent_refuses_a_token_file_others_can_read(tmp_path: Path) -> None:
                           env={**os.environ, "BROKER_HOME": str(tmp_path)})
     assert done.returncode != 0
     assert "readable by others" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_callers_starting_one_node_at_once_start_one_copy(provisioner: LocalProvisioner, tmp_path: Path) -> None:
+    """Two leaders may start the same attempt at once: the new one, and a stale one that woke inside
+    its call (its fence was checked before it froze). The node runs once all the same."""
+    spec = parse_job_spec("name: once\nresources:\n  accelerators: V100:1\nrun: sleep 2\n", offline=True)
+    cluster = _cluster("c-once")
+    provisioner.launch(cluster)
+    try:
+        _wait(lambda: provisioner.status(cluster).phase is ClusterPhase.UP)
+        launch = JobLaunch("j-once", 1, spec, GangPlacement("c-once", ((0, (0,)),)), str(tmp_path / "ckpt"), None,
+                           None, str(tmp_path / "logs"))
+        callers = 8
+        barrier = threading.Barrier(callers)
+
+        def start() -> None:
+            barrier.wait()
+            provisioner.start_job(cluster, launch)
+
+        threads = [threading.Thread(target=start) for _ in range(callers)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=60)
+        provisioner.start_job(cluster, launch)  # and once more, after: a restarted broker's start
+        assert len(list((provisioner.cluster_dir(cluster) / "procs").iterdir())) == 1
+        _wait(lambda: provisioner.run_status(cluster, "j-once", 1).phase is RunPhase.SUCCEEDED)
+    finally:
+        _stop_all(provisioner, [cluster])
