@@ -78,6 +78,10 @@ class BrokerClient:
     def submit(self, text: str, source: str | None = None) -> dict[str, Any]:
         return self._call("POST", "/v1/jobs", json_body={"spec": text, "source": source})  # type: ignore[no-any-return]
 
+    def submit_pipeline(self, text: str, source: str | None = None) -> dict[str, Any]:
+        """A multi-document job file: its stages recorded together (``POST /v1/pipelines``)."""
+        return self._call("POST", "/v1/pipelines", json_body={"spec": text, "source": source})  # type: ignore[no-any-return]
+
     def jobs(self) -> list[dict[str, Any]]:
         return self._call("GET", "/v1/jobs")  # type: ignore[no-any-return]
 

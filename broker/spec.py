@@ -121,7 +121,7 @@ def parse_job_spec(text: str, source: str = "job file", *, now: datetime | None 
         what = "job group" if loaded.kind == "group" else "pipeline"
         names = ", ".join(stage.name for stage in loaded.stages)
         raise SpecError(f"a {what} of {len(loaded.stages)} stages ({names}): its stages are valid, but this takes "
-                        f"one task; `broker launch` without --server runs a {what}", source=source)
+                        f"one task; `broker launch` runs a {what}", source=source)
     return loaded
 
 

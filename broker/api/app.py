@@ -16,6 +16,7 @@ from broker.api.jobs import JobIntake, jobs_router
 from broker.api.limits import Limits, RequestLimits
 from broker.api.metrics import install_metrics
 from broker.api.notices import notices_router
+from broker.api.pipelines import pipelines_router
 from broker.api.prices import prices_router
 from broker.api.reports import reports_router
 from broker.api.validation import validation_error_response
@@ -38,6 +39,7 @@ def create_app(store: Store, clock: Clock, intake: JobIntake | None = None,
     if intake is not None:
         team = team_dependency(store)
         app.include_router(jobs_router(store, clock, intake, team))
+        app.include_router(pipelines_router(store, clock, intake, team))
         app.include_router(prices_router(store, team))
         app.include_router(reports_router(store, team))
         install_metrics(app, store, is_leader)

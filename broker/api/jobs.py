@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import re
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -26,7 +27,7 @@ from broker.engine.feasibility import never_held
 from broker.engine.machine import cancel_job, submit_job
 from broker.joblogs import read_new
 from broker.service.timepolicy import priority_for, queue_of
-from broker.spec import JobSpec, SpecError, parse_job_spec
+from broker.spec import JobSpec, Pipeline, SpecError, parse_job_file
 from broker.store import Store
 from broker.store.tables import JobRow
 from broker.summary import job_summary
@@ -80,11 +81,20 @@ class JobLogs(BaseModel):
     chunks: list[LogChunkOut]
 
 
-def spec_error_response(exc: SpecError) -> JSONResponse:
-    field = exc.field or "spec"
+def spec_error_response(exc: SpecError, stage: int | None = None) -> JSONResponse:
+    """422 naming the field (``loc``: body, spec, [stage N,] the field's path) and the line."""
+    stage = stage or _stage_of(exc.source)
+    where = ["stage", stage] if stage is not None else []
+    field = exc.field.split(".") if exc.field else []
     return JSONResponse(status_code=status.HTTP_422_UNPROCESSABLE_CONTENT, content={"detail": [{
-        "loc": ["body", "spec", *field.split(".")], "msg": exc.detail, "type": "job_file", "line": exc.line,
+        "loc": ["body", "spec", *where, *field], "msg": exc.detail, "type": "job_file", "line": exc.line,
     }], "message": str(exc)})
+
+
+def _stage_of(source: str | None) -> int | None:
+    """The stage a pipeline's error is about: its source ends ``(stage N)`` (``broker.specfile.pipeline``)."""
+    match = re.search(r"\(stage (\d+)\)$", source or "")
+    return int(match.group(1)) if match else None
 
 
 def _row_problem(spec: JobSpec, now: datetime) -> SpecError | None:
@@ -114,6 +124,59 @@ def _row_problem(spec: JobSpec, now: datetime) -> SpecError | None:
     return None
 
 
+def read_submission(body: JobSubmission, intake: JobIntake, *, pipeline: bool) -> JobSpec | Pipeline | JSONResponse:
+    """The submitted job file, read as ``broker launch`` reads it; a 422 naming the field if it cannot be.
+    ``pipeline``: a multi-document file is what is wanted (else one task is)."""
+    source = body.source or "job file"
+    try:
+        loaded = parse_job_file(body.spec, source=source, offline=intake.offline)
+    except SpecError as exc:
+        return spec_error_response(exc)
+    except Exception as exc:  # whatever the parser trips on is the file's fault, not a 500
+        log.warning("job file refused: the parser raised %s", type(exc).__name__)
+        said = " ".join(str(exc).split())[:200]
+        return spec_error_response(SpecError(f"the job file cannot be read: {type(exc).__name__}: {said}"))
+    if isinstance(loaded, Pipeline) and not pipeline:
+        what = "job group" if loaded.kind == "group" else "pipeline"
+        names = ", ".join(stage.name for stage in loaded.stages)
+        return spec_error_response(SpecError(
+            f"a {what} of {len(loaded.stages)} stages ({names}): its stages are valid, but this route takes one "
+            f"task; POST /v1/pipelines takes a {what}", source=source))
+    if isinstance(loaded, JobSpec) and pipeline:
+        return spec_error_response(SpecError(
+            "one task, not a pipeline (a file of several YAML documents); POST /v1/jobs takes it", source=source))
+    return loaded
+
+
+def refusal(spec: JobSpec, team: str, clock: Clock, intake: JobIntake, stage: int | None = None) -> JSONResponse | None:
+    """A 422 for what the store or the market can never hold, a 403 for a file naming another team."""
+    problem = _row_problem(spec, clock.now()) or never_held(spec, intake.offered, intake.max_gpus)
+    if problem is not None:
+        if stage is not None and problem.source is None:
+            problem = SpecError(problem.detail, field=problem.field, line=problem.line, source=spec.source)
+        return spec_error_response(problem, stage)
+    if "team" in spec.broker_config and spec.broker.team != team:
+        where = f"stage {stage}: " if stage is not None else ""
+        raise HTTPException(status.HTTP_403_FORBIDDEN, f"{where}broker.team: the job file names team "
+                                                       f"{spec.broker.team!r}, the token is {team!r}'s")
+    return None
+
+
+def check_time(request: Request) -> None:
+    if out_of_time(request.state):
+        raise HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE,
+                            "the request's time budget ran out before the job was stored; nothing was stored")
+
+
+def for_team(store: Store, spec: JobSpec, team: str) -> JobSpec:
+    """The spec as queued: the token's team, and its queue's priority at this time of day if one is set."""
+    with store.transaction() as s:
+        priority = priority_for(s, queue_of(spec.to_data()))
+    section = dataclasses.replace(spec.broker, team=team,
+                                  priority=spec.broker.priority if priority is None else priority)
+    return dataclasses.replace(spec, broker=section)
+
+
 def jobs_router(store: Store, clock: Clock, intake: JobIntake, team_of: Any) -> APIRouter:
     router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 
@@ -130,28 +193,14 @@ def jobs_router(store: Store, clock: Clock, intake: JobIntake, team_of: Any) -> 
     def submit(request: Request, *, team: str = Depends(team_of),
                body: Annotated[JobSubmission, Depends(submission_body)]) -> Any:
         """Validate a job file and queue it as PENDING for the caller's team."""
-        try:
-            spec = parse_job_spec(body.spec, source=body.source or "job file", offline=intake.offline)
-        except SpecError as exc:
-            return spec_error_response(exc)
-        except Exception as exc:  # whatever the parser trips on is the file's fault, not a 500
-            log.warning("job file refused: the parser raised %s", type(exc).__name__)
-            said = " ".join(str(exc).split())[:200]
-            return spec_error_response(SpecError(f"the job file cannot be read: {type(exc).__name__}: {said}"))
-        problem = _row_problem(spec, clock.now()) or never_held(spec, intake.offered, intake.max_gpus)
-        if problem is not None:
-            return spec_error_response(problem)
-        if "team" in spec.broker_config and spec.broker.team != team:
-            raise HTTPException(status.HTTP_403_FORBIDDEN,
-                                f"broker.team: the job file names team {spec.broker.team!r}, the token is {team!r}'s")
-        if out_of_time(request.state):
-            raise HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE,
-                                "the request's time budget ran out before the job was stored; nothing was stored")
-        with store.transaction() as s:
-            priority = priority_for(s, queue_of(spec.to_data()))
-        section = dataclasses.replace(spec.broker, team=team,
-                                      priority=spec.broker.priority if priority is None else priority)
-        job_id = submit_job(store, clock, dataclasses.replace(spec, broker=section), intake.home, intake.backend)
+        loaded = read_submission(body, intake, pipeline=False)
+        if isinstance(loaded, JSONResponse):
+            return loaded
+        assert isinstance(loaded, JobSpec)
+        if (refused := refusal(loaded, team, clock, intake)) is not None:
+            return refused
+        check_time(request)
+        job_id = submit_job(store, clock, for_team(store, loaded, team), intake.home, intake.backend)
         with store.transaction() as s:
             return job_summary(s, owned(s, job_id, team))
 

@@ -105,19 +105,20 @@ def announce(job_id: str, name: str, num_nodes: int, detach: bool, as_json: bool
         console.print(f"submitted [bold]{job_id}[/bold] ({name}, {num_nodes} node(s))")
 
 
-def announce_pipeline(pipeline: Any, job_ids: list[str], detach: bool, as_json: bool) -> None:
-    """What a launch of a pipeline prints once its stages are recorded."""
+def announce_pipeline(name: str, kind: str, job_ids: list[str], stages: list[tuple[str, int]], detach: bool,
+                      as_json: bool) -> None:
+    """What a launch of a pipeline prints once its stages ((name, nodes) each) are recorded."""
     from broker.cli.app import console
 
     if detach and as_json:
-        print(json.dumps({"pipeline": pipeline.name, "kind": pipeline.kind, "job_ids": job_ids, "state": PENDING}))
+        print(json.dumps({"pipeline": name, "kind": kind, "job_ids": job_ids, "state": PENDING}))
         return
     if as_json:
         return
-    order = "one after another" if pipeline.kind == "chain" else "together"
-    console.print(f"submitted {pipeline.kind} [bold]{pipeline.name}[/bold]: {len(job_ids)} stages, run {order}")
-    for number, (job_id, stage) in enumerate(zip(job_ids, pipeline.stages, strict=True), start=1):
-        console.print(f"  stage {number}  [bold]{job_id}[/bold] ({stage.name}, {stage.num_nodes} node(s))")
+    order = "one after another" if kind == "chain" else "together"
+    console.print(f"submitted {kind} [bold]{name}[/bold]: {len(job_ids)} stages, run {order}")
+    for number, (job_id, (stage, nodes)) in enumerate(zip(job_ids, stages, strict=True), start=1):
+        console.print(f"  stage {number}  [bold]{job_id}[/bold] ({stage}, {nodes} node(s))")
 
 
 def finish_pipeline(name: str, summaries: list[dict[str, Any]], as_json: bool) -> None:

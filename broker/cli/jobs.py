@@ -142,7 +142,8 @@ def _launch_pipeline(settings: Settings, pipeline: Pipeline, fresh_market: bool,
         for stage in pipeline.stages:
             _check_market_fits(broker, stage, settings.max_gpus)
         job_ids = submit_pipeline(broker.store, broker.clock, pipeline, settings.home, broker.provisioner.name)
-        announce_pipeline(pipeline, job_ids, detach, as_json)
+        announce_pipeline(pipeline.name, pipeline.kind, job_ids,
+                          [(stage.name, stage.num_nodes) for stage in pipeline.stages], detach, as_json)
         if detach:
             spawn_engine(config)
             return

@@ -128,30 +128,67 @@ class _Progress:
 
 
 def launch(settings: Served, job_file: Path, detach: bool, as_json: bool) -> None:
-    from rich.live import Live
-
-    from broker.cli.app import console
     from broker.spec import read_job_file
 
     text = read_job_file(job_file)
+    if _documents(text, str(job_file)) > 1:
+        return _launch_pipeline(settings, text, job_file, detach, as_json)
     with connect(settings) as client:
         submitted = client.submit(text, str(job_file.resolve()))
         job_id = submitted["job_id"]
         announce(job_id, submitted["name"], submitted["num_nodes"], detach, as_json)
         if detach:
             return
-        progress = _Progress()
-        with Live(console=console, refresh_per_second=4, transient=False, auto_refresh=False) as live:
-            while True:
-                summary = client.job(job_id)
-                if not as_json:
-                    progress.update(client, job_id)
-                    live.update(progress_table(summary, progress.line), refresh=True)
-                if summary["state"] in _TERMINAL:
-                    break
-                time.sleep(settings.poll_seconds)
-        summary = _settled(client, summary)
+        _follow(settings, client, [job_id], as_json)
+        summary = _settled(client, client.job(job_id))
     finish(summary, as_json)
+
+
+def _documents(text: str, source: str) -> int:
+    """How many YAML documents the file holds (the service's parser says what is wrong with one it cannot read)."""
+    from broker.spec import SpecError
+    from broker.specfile.yaml_lines import load_yaml_documents
+
+    try:
+        return len(load_yaml_documents(text, source))
+    except SpecError:
+        return 1
+
+
+def _launch_pipeline(settings: Served, text: str, job_file: Path, detach: bool, as_json: bool) -> None:
+    """Submit every stage in one request (``POST /v1/pipelines``) and follow them, as the embedded launch does."""
+    from broker.cli.job_output import announce_pipeline, finish_pipeline
+
+    with connect(settings) as client:
+        submitted = client.submit_pipeline(text, str(job_file.resolve()))
+        job_ids = submitted["job_ids"]
+        announce_pipeline(submitted["name"], submitted["kind"], job_ids,
+                          [(stage["name"], stage["num_nodes"]) for stage in submitted["stages"]], detach, as_json)
+        if detach:
+            return
+        _follow(settings, client, job_ids, as_json)
+        summaries = [_settled(client, client.job(job_id)) for job_id in job_ids]
+    finish_pipeline(submitted["name"], summaries, as_json)
+
+
+def _follow(settings: Served, client: BrokerClient, job_ids: list[str], as_json: bool) -> None:
+    """Poll until every job has ended, showing the first one still going (the embedded launch's table)."""
+    from rich.live import Live
+
+    from broker.cli.app import console
+
+    progress = {job_id: _Progress() for job_id in job_ids}
+    with Live(console=console, refresh_per_second=4, transient=False, auto_refresh=False) as live:
+        while True:
+            summaries = [client.job(job_id) for job_id in job_ids]
+            going = [summary for summary in summaries if summary["state"] not in _TERMINAL]
+            if not as_json:
+                shown = (going or summaries)[0]
+                progress[shown["job_id"]].update(client, shown["job_id"])
+                live.update(progress_table(shown, progress[shown["job_id"]].line), refresh=True)
+            if not going:
+                return
+            time.sleep(settings.poll_seconds)
 
 
 def _settled(client: BrokerClient, summary: dict[str, Any], timeout: float = 15.0) -> dict[str, Any]:

@@ -9,7 +9,7 @@ from typing import Any
 from broker.specfile.errors import SpecError
 from broker.specfile.model import JobSpec, Pipeline
 from broker.specfile.task import build_task
-from broker.specfile.yaml_lines import LoadedYaml, format_path
+from broker.specfile.yaml_lines import MAX_STAGES, LoadedYaml, format_path
 
 _GROUP_HEADER_KEYS = frozenset({"name", "execution", "primary_tasks", "termination_delay", "inter_connection"})
 
@@ -38,6 +38,9 @@ def build_pipeline(documents: list[LoadedYaml], source: str, now: datetime, offl
             header, tasks = dict(first.data), [d for d in documents[1:] if d.data is not None]
     if not tasks:
         raise SpecError("the header names a pipeline but no task follows it", line=first.first_line, source=source)
+    if len(tasks) > MAX_STAGES:
+        raise SpecError(f"{len(tasks)} tasks: a pipeline has at most {MAX_STAGES} stages",
+                        line=tasks[MAX_STAGES].first_line, source=source)
     _validate_dag(documents, source)
     stages: list[JobSpec] = []
     name = str(header.get("name") or Path(source).stem)
@@ -61,7 +64,8 @@ def _validate_dag(documents: list[LoadedYaml], source: str) -> None:
             dag_utils.load_dag_from_yaml_str(yaml.safe_dump_all(configs))
     except (ValueError, TypeError, KeyError, AssertionError, AttributeError) as exc:
         message = " ".join(str(exc).split()) or type(exc).__name__
-        raise SpecError(f"SkyPilot: {message}", line=documents[0].first_line, source=source) from None
+        field = next((key for key in ("primary_tasks", "name") if key in message), None)  # what SkyPilot judged
+        raise SpecError(f"SkyPilot: {message}", field=field, line=documents[0].first_line, source=source) from None
 
 
 def _doc_error(doc: LoadedYaml, path: tuple[str | int, ...], source: str, message: str) -> SpecError:

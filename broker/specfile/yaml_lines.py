@@ -54,6 +54,7 @@ class LoadedYaml:
 # Limits that keep one job file from taking the service down (billion laughs, deep nesting, huge files).
 MAX_FILE_BYTES = 1_000_000
 MAX_DEPTH = 64
+MAX_STAGES = 100  # task documents of one pipeline (each is validated like a job file)
 MAX_NODES = 100_000  # keys, items and scalars after alias expansion
 
 
@@ -94,6 +95,9 @@ def load_yaml_documents(text: str, source: str) -> list[LoadedYaml]:
             node = loader.get_node()
             if node is None:
                 continue
+            if len(documents) > MAX_STAGES:  # a header and MAX_STAGES tasks at most
+                raise SpecError(f"more than {MAX_STAGES + 1} YAML documents: a pipeline has at most {MAX_STAGES} "
+                                "stages", line=node.start_mark.line + 1, source=source)
             _check_size(node, source)
             lines: dict[Path, int] = {}
             _record_lines(node, (), lines, source)

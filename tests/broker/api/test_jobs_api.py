@@ -149,7 +149,7 @@ def test_a_queue_priority_in_force_applies_to_new_jobs(api: Api) -> None:
 def test_openapi_document_lists_the_v1_routes(api: Api) -> None:
     paths = set(api.client.get("/openapi.json").json()["paths"])
     assert {"/v1/jobs", "/v1/jobs/{job_id}", "/v1/jobs/{job_id}/cancel", "/v1/jobs/{job_id}/logs", "/v1/prices",
-            "/v1/reports", "/v1/notices", "/v1/health"} <= paths
+            "/v1/reports", "/v1/notices", "/v1/health", "/v1/pipelines"} <= paths
 
 
 @pytest.mark.parametrize(("accelerators", "status"), [("A100:0.5", 201), ("A100:1", 201), ("H100:0.5", 422)])

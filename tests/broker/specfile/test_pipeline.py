@@ -58,4 +58,4 @@ def test_a_one_task_reader_refuses_a_pipeline_in_one_line_and_points_at_launch()
     message = str(caught.value)
     assert "\n" not in message
     assert "a pipeline of 2 stages (prep, train)" in message
-    assert "`broker launch` without --server runs a pipeline" in message
+    assert "`broker launch` runs a pipeline" in message

@@ -1,0 +1,62 @@
+"""``/v1/pipelines``: submit a multi-document job file (a chain of stages, or a job group).
+
+Every stage is judged as ``POST /v1/jobs`` judges a job (the parser, the store's columns, the
+market, the token's team), and only when all pass are they recorded, in one transaction, by the
+engine's own ``submit_pipeline``: a refused stage stores nothing. The stages are jobs from then on
+(``GET /v1/jobs`` lists them with their ``pipeline_id`` and ``stage``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Request, status
+from fastapi.responses import JSONResponse
+from sqlalchemy import select
+
+from broker.api.jobs import (
+    JobIntake,
+    JobSubmission,
+    check_time,
+    for_team,
+    read_submission,
+    refusal,
+    submission_body,
+)
+from broker.api.validation import body_schema
+from broker.clock import Clock
+from broker.engine.machine import submit_pipeline
+from broker.spec import Pipeline
+from broker.store import Store
+from broker.store.tables import JobRow
+from broker.summary import job_summary
+
+
+def pipelines_router(store: Store, clock: Clock, intake: JobIntake, team_of: Any) -> APIRouter:
+    router = APIRouter(prefix="/v1/pipelines", tags=["jobs"])
+
+    @router.post("", status_code=status.HTTP_201_CREATED,
+                 responses={422: {"description": "invalid job file, or a stage of it"}},
+                 openapi_extra=body_schema(JobSubmission))
+    def submit(request: Request, *, team: str = Depends(team_of),
+               body: Annotated[JobSubmission, Depends(submission_body)]) -> Any:
+        """Validate a pipeline or job group and queue its stages as PENDING jobs of the caller's team:
+        201 with ``pipeline_id``, ``name``, ``kind`` (chain or group), ``job_ids`` and each stage's summary."""
+        loaded = read_submission(body, intake, pipeline=True)
+        if isinstance(loaded, JSONResponse):
+            return loaded
+        assert isinstance(loaded, Pipeline)
+        for number, stage in enumerate(loaded.stages, start=1):
+            if (refused := refusal(stage, team, clock, intake, stage=number)) is not None:
+                return refused
+        stages = tuple(for_team(store, stage, team) for stage in loaded.stages)
+        check_time(request)
+        job_ids = submit_pipeline(store, clock, dataclasses.replace(loaded, stages=stages), intake.home,
+                                  intake.backend)
+        with store.transaction() as s:
+            rows = list(s.scalars(select(JobRow).where(JobRow.id.in_(job_ids)).order_by(JobRow.stage)))
+            return {"pipeline_id": rows[0].pipeline_id, "name": loaded.name, "kind": loaded.kind,
+                    "job_ids": job_ids, "stages": [job_summary(s, row) for row in rows]}
+
+    return router
