@@ -31,7 +31,9 @@ cheapest (``policies.speed``). Then:
 - idle under pressure: enter spot cheaper than on-demand (slack it risks counted), unless
   letting young capacity prove itself is cheaper; with no such spot, wait if the outage is likely
   shorter than on-demand's two restarts would justify (time to capacity learned from the zones'
-  past outages) and waiting keeps the slack near its reserve, else run on-demand;
+  past outages) and waiting keeps the slack near its reserve or the work left is short next to
+  the slack (``SHORT_REST``: being caught by the floor then puts little work on on-demand), else
+  run on-demand;
 - on on-demand: leave for the spot zone with the largest expected saving over staying (restarts
   there and back, egress and the slack they spend counted), once its capacity has lasted long
   enough that letting it prove itself for longer would no longer pay: waiting costs nothing but
@@ -85,6 +87,7 @@ PICKINESS = 0.15  # with slack to spare, enter spot costing at most this much ov
 SWITCH_GAIN = 0.08  # move between zones only for this much cheaper progress
 WAITS = (1, 2, 3, 4, 6)  # steps young capacity may be given to prove itself before entering
 WAIT_FLOOR = 0.8  # under pressure, waiting never takes the slack below this fraction of the reserve
+SHORT_REST = 8.0  # ... unless the work left is at most this many times the slack left after the wait
 
 @dataclass(frozen=True, slots=True)
 class _Option:
@@ -187,7 +190,11 @@ def broker(request: SelectionRequest) -> Plan:
     # Waiting out the outage costs its expected length in slack; on-demand costs two restarts.
     horizon = 4 * k + 2
     expected = capacity_wait(request, budget, horizon)
-    if expected * worth < k * (od_price + worth) and have - expected >= need * WAIT_FLOOR:
+    # Below the reserve, waiting risks meeting the deadline floor and running the rest of the work
+    # on on-demand: a risk worth taking when the rest is short (a short job's on-demand detour buys
+    # slack its few remaining outages seldom need), not when it is long.
+    if expected * worth < k * (od_price + worth) and (have - expected >= need * WAIT_FLOOR
+                                                      or budget.work <= SHORT_REST * (have - expected)):
         return Plan((), reason="capacity is likely back before on-demand would pay off")
     return on_demand_plan(request, "slack is short and the outage looks long: on-demand")
 

@@ -147,6 +147,25 @@ def test_broker_leaves_on_demand_only_once_young_capacity_has_outlived_the_blips
     assert plan_at(3) == "spot"  # past the blips, the long run is worth two restarts
 
 
+def test_broker_waits_out_a_short_outage_when_little_work_is_left_but_not_when_much_is() -> None:
+    # 10-tick runs, 3-tick outages; the job is idle at an outage's first tick with 20 ticks of slack,
+    # behind an even pace (10 ticks done of work + 10)
+    pattern = ([1] * 10 + [0] * 3) * 80
+    trace = make_trace([[a] for a in pattern])
+    broker = registry.get("selection", "broker")
+    tick = next(t for t in range(600, 900) if pattern[t - 1] and not pattern[t])
+
+    def plan_for(work: int) -> str:
+        plan = broker(request_at(trace, tick, work_left=work, deadline=tick + work + 20, total_work=work + 10,
+                                 overhead=2))
+        return plan.locations[0].kind if plan.locations else IDLE
+
+    # 80 ticks left: caught by the deadline floor, little would run on on-demand; waiting pays
+    assert plan_for(80) == IDLE
+    # 320 left: the floor would put most of it on on-demand; buy slack on on-demand now
+    assert plan_for(320) == ON_DEMAND
+
+
 def test_broker_moves_to_a_much_cheaper_zone_and_stays_for_a_small_saving() -> None:
     long_runs = [[1, 1]] * 300
     broker = registry.get("selection", "broker")
