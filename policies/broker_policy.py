@@ -20,8 +20,9 @@ until the end, so slack must not run out early). Its *pressure* sets what a step
 worth: nothing with slack to spare, a step of on-demand instead of spot when short. Slack is
 never short while it is at least ``SPOT_MARGIN`` x what running on spot alone is expected to spend
 (outages and restarts learned from the recent market): on an easy market, falling behind the even
-pace is no reason for on-demand. A job whose work is unknown (no ``work``, no estimate: see
-``policies.work_estimate``) has no pressure; the deadline floor alone guards it. With offers of
+pace is no reason for on-demand. Below that the pressure grows in proportion, to full at half of
+it. A job whose work is unknown (no ``work``, no estimate: see ``policies.work_estimate``) has no
+pressure; the deadline floor alone guards it. With offers of
 several GPU types (``any_of``) the job is narrowed first to the type whose unit of work is
 cheapest (``policies.speed``). Then:
 
@@ -151,8 +152,12 @@ def broker(request: SelectionRequest) -> Plan:
     # How likely the slack is to run out: a step of slack is then worth a step of on-demand
     # instead of spot later; with plenty to spare it is worth nothing.
     pressure = 0.0 if need <= 0 else min(1.0, max(0.0, (RELAXED - have / need) / (RELAXED - PRESSED)))
-    if pressure > 0 and have >= spot_only_need(request, budget):
-        pressure = 0.0  # behind the even pace, but spot alone is expected to finish in time
+    if pressure > 0:
+        # Behind the even pace, but spot alone may still finish in time: no pressure while the slack
+        # covers what spot alone is expected to spend (with its margin), full pressure at half that,
+        # and in between in proportion (a cliff there sent jobs to on-demand over one step of slack).
+        spot_need = spot_only_need(request, budget)
+        pressure = min(pressure, max(0.0, 2 * (1 - have / spot_need))) if spot_need > 0 else 0.0
     worth = pressure * max(od_price - cheapest, 0.0)
     options = sorted((_price(request, budget, o, worth) for o in offers if spot_ok(o, n) and o is not here),
                      key=lambda opt: (opt.cost, opt.offer.location))
