@@ -20,8 +20,9 @@ until the end, so slack must not run out early). Its *pressure* sets what a step
 worth: nothing with slack to spare, a step of on-demand instead of spot when short. Slack is
 never short while it is at least ``SPOT_MARGIN`` x what running on spot alone is expected to spend
 (outages and restarts learned from the recent market): on an easy market, falling behind the even
-pace is no reason for on-demand. A job whose work is unknown (no ``work``, no estimate: see
-``policies.work_estimate``) has no pressure; the deadline floor alone guards it. With offers of
+pace is no reason for on-demand. Below that the pressure grows in proportion, to full at half of
+it. A job whose work is unknown (no ``work``, no estimate: see ``policies.work_estimate``) has no
+pressure; the deadline floor alone guards it. With offers of
 several GPU types (``any_of``) the job is narrowed first to the type whose unit of work is
 cheapest (``policies.speed``). Then:
 
@@ -31,7 +32,9 @@ cheapest (``policies.speed``). Then:
 - idle under pressure: enter spot cheaper than on-demand (slack it risks counted), unless
   letting young capacity prove itself is cheaper; with no such spot, wait if the outage is likely
   shorter than on-demand's two restarts would justify (time to capacity learned from the zones'
-  past outages) and waiting keeps the slack near its reserve, else run on-demand;
+  past outages) and waiting keeps the slack near its reserve or the work left is short next to
+  the slack (``SHORT_REST``: being caught by the floor then puts little work on on-demand), else
+  run on-demand;
 - on on-demand: leave for the spot zone with the largest expected saving over staying (restarts
   there and back, egress and the slack they spend counted), once its capacity has lasted long
   enough that letting it prove itself for longer would no longer pay: waiting costs nothing but
@@ -85,6 +88,7 @@ PICKINESS = 0.15  # with slack to spare, enter spot costing at most this much ov
 SWITCH_GAIN = 0.08  # move between zones only for this much cheaper progress
 WAITS = (1, 2, 3, 4, 6)  # steps young capacity may be given to prove itself before entering
 WAIT_FLOOR = 0.8  # under pressure, waiting never takes the slack below this fraction of the reserve
+SHORT_REST = 8.0  # ... unless the work left is at most this many times the slack left after the wait
 
 @dataclass(frozen=True, slots=True)
 class _Option:
@@ -148,8 +152,12 @@ def broker(request: SelectionRequest) -> Plan:
     # How likely the slack is to run out: a step of slack is then worth a step of on-demand
     # instead of spot later; with plenty to spare it is worth nothing.
     pressure = 0.0 if need <= 0 else min(1.0, max(0.0, (RELAXED - have / need) / (RELAXED - PRESSED)))
-    if pressure > 0 and have >= spot_only_need(request, budget):
-        pressure = 0.0  # behind the even pace, but spot alone is expected to finish in time
+    if pressure > 0:
+        # Behind the even pace, but spot alone may still finish in time: no pressure while the slack
+        # covers what spot alone is expected to spend (with its margin), full pressure at half that,
+        # and in between in proportion (a cliff there sent jobs to on-demand over one step of slack).
+        spot_need = spot_only_need(request, budget)
+        pressure = min(pressure, max(0.0, 2 * (1 - have / spot_need))) if spot_need > 0 else 0.0
     worth = pressure * max(od_price - cheapest, 0.0)
     options = sorted((_price(request, budget, o, worth) for o in offers if spot_ok(o, n) and o is not here),
                      key=lambda opt: (opt.cost, opt.offer.location))
@@ -187,7 +195,11 @@ def broker(request: SelectionRequest) -> Plan:
     # Waiting out the outage costs its expected length in slack; on-demand costs two restarts.
     horizon = 4 * k + 2
     expected = capacity_wait(request, budget, horizon)
-    if expected * worth < k * (od_price + worth) and have - expected >= need * WAIT_FLOOR:
+    # Below the reserve, waiting risks meeting the deadline floor and running the rest of the work
+    # on on-demand: a risk worth taking when the rest is short (a short job's on-demand detour buys
+    # slack its few remaining outages seldom need), not when it is long.
+    if expected * worth < k * (od_price + worth) and (have - expected >= need * WAIT_FLOOR
+                                                      or budget.work <= SHORT_REST * (have - expected)):
         return Plan((), reason="capacity is likely back before on-demand would pay off")
     return on_demand_plan(request, "slack is short and the outage looks long: on-demand")
 

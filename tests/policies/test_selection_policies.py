@@ -147,6 +147,43 @@ def test_broker_leaves_on_demand_only_once_young_capacity_has_outlived_the_blips
     assert plan_at(3) == "spot"  # past the blips, the long run is worth two restarts
 
 
+def test_broker_waits_out_a_short_outage_when_little_work_is_left_but_not_when_much_is() -> None:
+    # 10-tick runs, 3-tick outages; the job is idle at an outage's first tick with 20 ticks of slack,
+    # behind an even pace (10 ticks done of work + 10)
+    pattern = ([1] * 10 + [0] * 3) * 80
+    trace = make_trace([[a] for a in pattern])
+    broker = registry.get("selection", "broker")
+    tick = next(t for t in range(600, 900) if pattern[t - 1] and not pattern[t])
+
+    def plan_for(work: int) -> str:
+        plan = broker(request_at(trace, tick, work_left=work, deadline=tick + work + 20, total_work=work + 10,
+                                 overhead=2))
+        return plan.locations[0].kind if plan.locations else IDLE
+
+    # 80 ticks left: caught by the deadline floor, little would run on on-demand; waiting pays
+    assert plan_for(80) == IDLE
+    # 320 left: the floor would put most of it on on-demand; buy slack on on-demand now
+    assert plan_for(320) == ON_DEMAND
+
+
+def test_broker_slack_grows_short_gradually_below_what_spot_alone_needs() -> None:
+    # 30-tick runs, 20-tick outages: spot alone is expected to spend about 0.37 x the work in slack
+    # (with the margin); the job is idle at an outage's first tick, 200 ticks of work left, behind pace
+    pattern = ([1] * 30 + [0] * 20) * 30
+    trace = make_trace([[a] for a in pattern])
+    broker = registry.get("selection", "broker")
+    tick = next(t for t in range(1000, 1400) if pattern[t - 1] and not pattern[t])
+
+    def plan_for(slack: int) -> str:
+        plan = broker(request_at(trace, tick, work_left=200, deadline=tick + 200 + slack, total_work=210,
+                                 overhead=2))
+        return plan.locations[0].kind if plan.locations else IDLE
+
+    assert plan_for(84) == IDLE  # covers what spot alone needs: slack to spare
+    assert plan_for(76) == IDLE  # just short of it: slack is worth little yet, the outage is waited out
+    assert plan_for(52) == ON_DEMAND  # well short: on-demand
+
+
 def test_broker_moves_to_a_much_cheaper_zone_and_stays_for_a_small_saving() -> None:
     long_runs = [[1, 1]] * 300
     broker = registry.get("selection", "broker")
