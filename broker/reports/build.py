@@ -37,6 +37,7 @@ def build_report(store: Store, window: Window, team: str | None = None, now: dat
     if unknown:
         raise ValueError(f"unknown report groupings: {sorted(unknown)}")
     with store.transaction() as session:
+        sums.settle(session, store.dialect)
         rows = sums.window_rows(store.dialect, window, team)
         cells = sums.cells(session, rows)
         counters = sums.job_counters(session, rows)

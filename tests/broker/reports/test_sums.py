@@ -15,7 +15,7 @@ from broker.store import Store
 from broker.store.tables import ClusterRow, JobRow
 from tests.broker.reports.ledger import DEMO_START, LedgerWriter
 
-WINDOWS = [
+WINDOWS = [  # each checked for all teams and for each team
     Window(DEMO_START, DEMO_START + timedelta(days=4)),  # everything, whole hours: the roll-up alone
     # Part-hours at both ends (minutes from the ledger), j-llm caught before its migration.
     Window(DEMO_START + timedelta(hours=2, minutes=17), DEMO_START + timedelta(hours=10, minutes=43)),
@@ -76,25 +76,24 @@ def actual(report: Report) -> dict[str, Any]:
     return out
 
 
-@pytest.mark.parametrize("window", WINDOWS, ids=["whole", "part-hours", "migration", "one-hour"])
-@pytest.mark.parametrize("team", [None, "nlp", "vision"])
-def test_grouped_in_the_database_equals_the_rows_summed_one_by_one(demo: tuple[Store, LedgerWriter],
-                                                                    window: Window, team: str | None) -> None:
+def test_grouped_in_the_database_equals_the_rows_summed_one_by_one(demo: tuple[Store, LedgerWriter]) -> None:
     store, writer = demo
-    report = build_report(store, window, team=team)
-    want = {k: {f: v for f, v in figures.items() if v} for k, figures in expected(store, writer.rows, window,
-                                                                                   team).items()}
-    got = actual(report)
-    want.setdefault("total:", {})
-    assert got.keys() == want.keys()
-    for key, figures in want.items():
-        assert got[key] == pytest.approx(figures), key
-    if team is None:
-        days: dict[tuple[str, str], float] = defaultdict(float)
-        for r in writer.rows:
-            if window.start <= r["minute"] < window.end:
-                days[(r["minute"].date().isoformat(), r["cloud"])] += r["cost"]
-        assert {(p.day, p.cloud): p.spend for p in report.daily} == pytest.approx(dict(days))
+    for window in WINDOWS:
+        for team in (None, "nlp", "vision"):
+            report = build_report(store, window, team=team)
+            want = {k: {f: v for f, v in figures.items() if v}
+                    for k, figures in expected(store, writer.rows, window, team).items()}
+            want.setdefault("total:", {})
+            got = actual(report)
+            assert got.keys() == want.keys(), (window, team)
+            for key, figures in want.items():
+                assert got[key] == pytest.approx(figures), (window, team, key)
+            if team is None:
+                days: dict[tuple[str, str], float] = defaultdict(float)
+                for r in writer.rows:
+                    if window.start <= r["minute"] < window.end:
+                        days[(r["minute"].date().isoformat(), r["cloud"])] += r["cost"]
+                assert {(p.day, p.cloud): p.spend for p in report.daily} == pytest.approx(dict(days)), window
 
 
 @pytest.mark.parametrize("team", [None, "vision"])
