@@ -3,12 +3,15 @@
     python benchmarks/dashboard.py [--postgres URL] [--jobs 10000] [--ledger-rows 1000000] [--repeat 3]
 
 Fills a fresh database with SQL (generate_series: a few seconds), then times each page over HTTP
-in-process (the FastAPI app, signed in as the admin, who sees every team), best of ``--repeat``,
-next to the same page on an empty database measured in the same run. The target is under 1 s.
+in-process (the FastAPI app, signed in as the admin, who sees every team): the Overview at 1, 7
+and 30 days, Jobs sorted by each column both ways and filtered, a job's page, Clusters, Market,
+Simulate; best of ``--repeat``, next to the same page on an empty database measured in the same
+run. The target is under 1 s.
 
-Then, on the full database in the same run, the sums the two slow pages used to read from the
-ledger's minutes (the report's grouped query; the cost of every job) against the same sums read
-now (the report builder over the hourly roll-up; the roll-up's cost per job).
+Then, on the full database in the same run, per window: the per-fact rows the report builder
+used to read, from the ledger's minutes (the first builder) and from the hourly roll-up (the
+second, which then grouped them in Python), against the whole report as built now (grouped in the
+database), with every grouping (`broker report`) and with the Overview's.
 """
 
 from __future__ import annotations
@@ -100,10 +103,15 @@ def time_pages(db_url: str, home: Path, repeat: int) -> dict[str, float]:
         client = TestClient(create_app(store, WallClock(), JobIntake(home, "local", None)))
         assert client.post("/login", data={"token": token}, follow_redirects=False).status_code == 303
         first_job = "j-000001"
-        pages = {"overview (7d)": "/", "overview (30d)": "/?since=30d", "jobs": "/jobs",
-                 "jobs by cost": "/jobs?sort=cost", "jobs, one state": "/jobs?state=RUNNING",
-                 "job page": f"/jobs/{first_job}", "clusters": "/clusters", "market": "/market",
-                 "simulate (form)": "/simulate"}
+        pages = {"overview (1d)": "/?since=1d", "overview (7d)": "/", "overview (30d)": "/?since=30d",
+                 "jobs": "/jobs"}
+        for column in ("submitted", "name", "team", "state", "priority", "cost"):
+            pages[f"jobs by {column}"] = f"/jobs?sort={column}"
+            pages[f"jobs by {column} asc"] = f"/jobs?sort={column}&order=asc"
+        pages.update({"jobs, one state": "/jobs?state=RUNNING", "jobs, one team": "/jobs?team=team-3",
+                      "jobs, name search": "/jobs?q=job-12", "jobs, all filters": "/jobs?state=RUNNING&team=team-5"
+                      "&q=job-1&sort=cost", "job page": f"/jobs/{first_job}", "clusters": "/clusters",
+                      "market": "/market", "simulate (form)": "/simulate"})
         times = {}
         for name, path in pages.items():
             best = float("inf")
@@ -118,14 +126,18 @@ def time_pages(db_url: str, home: Path, repeat: int) -> dict[str, float]:
         store.dispose()
 
 
-def time_reads(db_url: str, repeat: int) -> list[tuple[str, float, float]]:
-    """(what, seconds reading the ledger's minutes as before, seconds as the pages read now), best of ``repeat``."""
+def time_reads(db_url: str, repeat: int) -> list[tuple[str, float, float, float, float]]:
+    """Per window: seconds for the per-fact rows read from the ledger's minutes (the first builder) and from the
+    roll-up (the second one, before its Python), and for the whole report as built now, with every grouping
+    and with the page's; best of ``repeat``."""
     from sqlalchemy import func, select
 
-    from broker.reports.build import _day, build_report
+    from broker.reports.build import build_report
+    from broker.reports.sums import day_of
     from broker.reports.window import Window
     from broker.store.rollup import LedgerRollupRow
     from broker.store.tables import LedgerRow
+    from broker.web.overview import SHOWN_GROUPS
 
     store = open_store(db_url)
 
@@ -138,28 +150,25 @@ def time_reads(db_url: str, repeat: int) -> list[tuple[str, float, float]]:
             times.append(time.perf_counter() - began)
         return min(times)
 
-    def minutes_query(window: Window) -> None:
-        L = LedgerRow
-        keys = (L.cluster_id, L.holder, L.job_id, L.team, L.usage, L.cloud, L.region, L.zone, L.accelerator,
-                L.instance_type, L.spot, _day(store.dialect, L.minute))
+    def facts(table: type[LedgerRow] | type[LedgerRollupRow], window: Window) -> None:
+        at = table.minute if table is LedgerRow else table.hour  # type: ignore[union-attr]
+        keys = (table.cluster_id, table.holder, table.job_id, table.team, table.usage, table.cloud, table.region,
+                table.zone, table.accelerator, table.instance_type, table.spot, day_of(store.dialect, at))
+        sums = ((func.sum(LedgerRow.gpus * LedgerRow.seconds / 60.0), func.sum(LedgerRow.cost),
+                 func.sum(LedgerRow.on_demand_cost), func.count()) if table is LedgerRow else
+                (func.sum(LedgerRollupRow.gpu_minutes), func.sum(LedgerRollupRow.cost),
+                 func.sum(LedgerRollupRow.on_demand_cost), func.sum(LedgerRollupRow.minutes)))
         with store.transaction() as s:
-            s.execute(select(*keys, func.sum(L.gpus * L.seconds / 60.0), func.sum(L.cost), func.sum(L.on_demand_cost),
-                             func.count()).where(L.minute >= window.start, L.minute < window.end)
-                      .group_by(*keys)).all()
-
-    def cost_by_job(table: type[LedgerRow] | type[LedgerRollupRow]) -> None:
-        with store.transaction() as s:
-            s.execute(select(table.job_id, func.sum(table.cost)).group_by(table.job_id)).all()
+            s.execute(select(*keys, *sums).where(at >= window.start, at < window.end).group_by(*keys)).all()
 
     try:
         now = datetime.now(UTC)
         rows = []
-        for days in (7, 30):
-            window = Window(now - timedelta(days=days), now)
-            rows.append((f"report, {days} days: its sums", best(lambda w=window: minutes_query(w)),
-                         best(lambda w=window: build_report(store, w))))
-        rows.append(("cost of every job", best(lambda: cost_by_job(LedgerRow)),
-                     best(lambda: cost_by_job(LedgerRollupRow))))
+        for days in (1, 7, 30):
+            w = Window(now - timedelta(days=days), now)
+            rows.append((f"report, {days} days", best(lambda w=w: facts(LedgerRow, w)),
+                         best(lambda w=w: facts(LedgerRollupRow, w)), best(lambda w=w: build_report(store, w)),
+                         best(lambda w=w: build_report(store, w, dimensions=SHOWN_GROUPS))))
         return rows
     finally:
         store.dispose()
@@ -191,13 +200,13 @@ def main() -> None:
         print(f"filled {jobs:,} jobs and {rows:,} ledger rows in {time.perf_counter() - began:.1f} s")
         empty = time_pages(empty_url, home, args.repeat)
         full = time_pages(full_url, home, args.repeat)
-        print(f"{'page':<18} {'empty store s':>13} {'full store s':>12}  under 1 s")
+        print(f"{'page':<22} {'empty store s':>13} {'full store s':>12}  under 1 s")
         for name in full:
-            print(f"{name:<18} {empty[name]:>13.3f} {full[name]:>12.3f}  {'yes' if full[name] < 1.0 else 'NO'}")
-        print(f"\n{'full store, same run':<32} {'minutes s':>9} {'now s':>7}  (before: the ledger's minutes; "
-              "now: the hourly roll-up)")
-        for what, before, after in time_reads(full_url, args.repeat):
-            print(f"{what:<32} {before:>9.3f} {after:>7.3f}")
+            print(f"{name:<22} {empty[name]:>13.3f} {full[name]:>12.3f}  {'yes' if full[name] < 1.0 else 'NO'}")
+        print(f"\n{'full store, same run':<20} {'facts, minutes s':>16} {'facts, roll-up s':>16} "
+              f"{'report now s':>12} {'page report s':>13}")
+        for what, minutes, rollup, report, page in time_reads(full_url, args.repeat):
+            print(f"{what:<20} {minutes:>16.3f} {rollup:>16.3f} {report:>12.3f} {page:>13.3f}")
     finally:
         with psycopg.connect(args.postgres, autocommit=True) as conn:
             for name in names:

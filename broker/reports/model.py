@@ -28,6 +28,7 @@ CAUSE_LABELS: dict[str, str] = {
     "queue_drain": "queue drain (between jobs)",
 }
 DIMENSIONS: tuple[str, ...] = ("job", "team", "cloud", "region", "gpu")
+IDLE_KEY = "(idle)"  # the job grouping's key for GPUs no job held
 
 
 @dataclass

@@ -7,8 +7,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from broker.model import Usage
-from broker.reports.facts import Fact
 from broker.reports.model import CAUSE_LABELS, Waste
+from broker.reports.sums import IdleSum, ZoneProvisioning
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,6 +34,26 @@ class JobFacts:
     gpu_share: float | None = None  # the share of one GPU the job holds (A100:0.5); None: whole GPUs
 
 
+def top_wastes(provisioning: list[ZoneProvisioning], idle: list[IdleSum], cluster_minutes: dict[str, float],
+               clusters: dict[str, ClusterFacts], jobs: dict[str, JobFacts], limit: int = 3) -> list[Waste]:
+    """The largest wastes, from the window's idle sums (grouped in the database, ``broker/reports/sums.py``).
+
+    ``cluster_minutes`` holds every GPU-minute in the window of each cluster in ``idle``.
+    """
+    describe = _Describer(clusters, jobs, cluster_minutes)
+    candidates: list[Waste] = describe.provisioning(provisioning)
+    for usage in (Usage.RESTARTING.value, Usage.FINISHED.value):
+        rows = [i for i in idle if i.usage == usage]
+        for key, total in _sum_by(rows, lambda i: i.job_id or f"cluster:{i.cluster_id}").items():
+            candidates.append(describe.by_job(usage, key, total))
+    for usage in sorted({i.usage for i in idle} - {Usage.RESTARTING.value, Usage.FINISHED.value}):
+        rows = [i for i in idle if i.usage == usage]
+        for cluster_id, total in _sum_by(rows, lambda i: i.cluster_id).items():
+            candidates.append(describe.by_cluster(usage, cluster_id, total))
+    candidates = [w for w in candidates if w.cost > 0 or w.gpu_hours > 0]
+    return sorted(candidates, key=lambda w: (-w.cost, -w.gpu_hours, w.where))[:limit]
+
+
 @dataclass
 class _Sum:
     gpu_minutes: float = 0.0
@@ -41,42 +61,20 @@ class _Sum:
     minutes: int = 0  # ledger rows: one per minute per holder
 
 
-def top_wastes(facts: list[Fact], clusters: dict[str, ClusterFacts], jobs: dict[str, JobFacts],
-               limit: int = 3) -> list[Waste]:
-    cluster_minutes = _sum_by(facts, lambda f: f.cluster_id)
-    zone_of = {f.cluster_id: f"{f.cloud}/{f.zone}" for f in facts}
-    describe = _Describer(clusters, jobs, zone_of, cluster_minutes)
-    candidates: list[Waste] = []
-    idle = [f for f in facts if f.usage != Usage.RUNNING.value]
-    provisioning = [f for f in idle if f.usage == Usage.PROVISIONING.value]
-    candidates += describe.provisioning(provisioning)
-    for usage in (Usage.RESTARTING.value, Usage.FINISHED.value):
-        rows = [f for f in idle if f.usage == usage]
-        for key, total in _sum_by(rows, lambda f: f.job_id or f"cluster:{f.cluster_id}").items():
-            candidates.append(describe.by_job(usage, key, total))
-    for usage in sorted({f.usage for f in idle} - {Usage.PROVISIONING.value, Usage.RESTARTING.value,
-                                                   Usage.FINISHED.value}):
-        rows = [f for f in idle if f.usage == usage]
-        for cluster_id, total in _sum_by(rows, lambda f: f.cluster_id).items():
-            candidates.append(describe.by_cluster(usage, cluster_id, total))
-    candidates = [w for w in candidates if w.cost > 0 or w.gpu_hours > 0]
-    return sorted(candidates, key=lambda w: (-w.cost, -w.gpu_hours, w.where))[:limit]
-
-
-def _sum_by(facts: Iterable[Fact], key: Callable[[Fact], str]) -> dict[str, _Sum]:
+def _sum_by(rows: Iterable[IdleSum], key: Callable[[IdleSum], str]) -> dict[str, _Sum]:
     sums: dict[str, _Sum] = defaultdict(_Sum)
-    for fact in facts:
-        total = sums[key(fact)]
-        total.gpu_minutes += fact.gpu_minutes
-        total.cost += fact.cost
-        total.minutes += fact.minutes
+    for row in rows:
+        total = sums[key(row)]
+        total.gpu_minutes += row.gpu_minutes
+        total.cost += row.cost
+        total.minutes += row.minutes
     return sums
 
 
 class _Describer:
-    def __init__(self, clusters: dict[str, ClusterFacts], jobs: dict[str, JobFacts], zone_of: dict[str, str],
-                 cluster_minutes: dict[str, _Sum]) -> None:
-        self.clusters, self.jobs, self.zone_of, self.cluster_minutes = clusters, jobs, zone_of, cluster_minutes
+    def __init__(self, clusters: dict[str, ClusterFacts], jobs: dict[str, JobFacts],
+                 cluster_minutes: dict[str, float]) -> None:
+        self.clusters, self.jobs, self.cluster_minutes = clusters, jobs, cluster_minutes
 
     def cluster_gpus(self, cluster_id: str) -> int:
         cluster = self.clusters.get(cluster_id)
@@ -88,27 +86,23 @@ class _Describer:
             return f"cluster {cluster_id}"
         return f"cluster {cluster_id} ({cluster.cloud} {cluster.zone}, {cluster.gpus}×{cluster.gpu})"
 
-    def provisioning(self, facts: list[Fact]) -> list[Waste]:
+    def provisioning(self, zones: list[ZoneProvisioning]) -> list[Waste]:
         """Per zone: how long its clusters took to come up, against the other zones of the window."""
-        per_cluster = _sum_by(facts, lambda f: f.cluster_id)
-        minutes_up = {cid: s.gpu_minutes / self.cluster_gpus(cid) for cid, s in per_cluster.items()}
-        by_zone: dict[str, list[str]] = defaultdict(list)
-        for cid in per_cluster:
-            by_zone[self.zone_of[cid]].append(cid)
+        all_up, all_clusters = sum(z.minutes_up for z in zones), sum(z.clusters for z in zones)
         wastes = []
-        for zone, cids in by_zone.items():
-            avg = sum(minutes_up[c] for c in cids) / len(cids)
-            others = [minutes_up[c] for z, cs in by_zone.items() if z != zone for c in cs]
-            gpu_hours = sum(per_cluster[c].gpu_minutes for c in cids) / 60
-            cost = sum(per_cluster[c].cost for c in cids)
-            if others and sum(others) / len(others) < avg:
-                advice = (f"clusters there took {avg:.0f} min to come up vs {sum(others) / len(others):.0f} min "
+        for z in zones:
+            avg = z.minutes_up / z.clusters
+            others = all_clusters - z.clusters
+            elsewhere = (all_up - z.minutes_up) / others if others else 0.0
+            gpu_hours, cost = z.gpu_minutes / 60, z.cost
+            if others and elsewhere < avg:
+                advice = (f"clusters there took {avg:.0f} min to come up vs {elsewhere:.0f} min "
                           f"elsewhere: prefer faster zones when prices are close")
             else:
-                advice = (f"{len(cids)} launch(es) took {avg:.0f} min each to come up: place queued jobs on "
+                advice = (f"{z.clusters} launch(es) took {avg:.0f} min each to come up: place queued jobs on "
                           f"running clusters instead of launching new ones")
-            wastes.append(Waste("provisioning", f"zone {zone}", gpu_hours, cost,
-                                f"Provisioning in {zone} cost ${cost:,.2f} ({gpu_hours:.1f} GPU-h); {advice}."))
+            wastes.append(Waste("provisioning", f"zone {z.zone}", gpu_hours, cost,
+                                f"Provisioning in {z.zone} cost ${cost:,.2f} ({gpu_hours:.1f} GPU-h); {advice}."))
         return wastes
 
     def by_job(self, usage: str, key: str, total: _Sum) -> Waste:
@@ -137,8 +131,7 @@ class _Describer:
         gpu_hours = total.gpu_minutes / 60
         gpus = self.cluster_gpus(cluster_id)
         name = self.cluster_name(cluster_id)
-        seen = self.cluster_minutes.get(cluster_id)
-        span = seen.gpu_minutes / gpus if seen else 0.0  # minutes of the cluster in the window
+        span = self.cluster_minutes.get(cluster_id, 0.0) / gpus  # minutes of the cluster in the window
         if usage == Usage.WAITING.value:
             waited = total.gpu_minutes / gpus
             share = 100 * waited / span if span else 0.0
