@@ -104,7 +104,8 @@ class SkyPilotProvisioner:
                 if request.request_id is not None:
                     request.result = self.sdk.get(request.request_id)
             except BaseException as exc:  # the request's failure is its result
-                request.error = exc
+                if request.error is None:  # not past its time limit already (_expired cancels it: keep why)
+                    request.error = exc
             finally:
                 request.finished = time.monotonic()
                 request.done.set()
