@@ -200,7 +200,7 @@ def main() -> None:
     logging.disable(logging.INFO)  # the engine's transitions; the figures are what this prints
     if not 1 <= args.jobs <= 200 or not 1 <= args.speed <= 120 or not 0.01 <= args.step_seconds <= 1 \
             or not 0 <= args.setup_seconds <= 60:
-        raise SystemExit("--jobs must be 1-200, --speed 1-120, --step-seconds 0.01-1, --setup-seconds 0-60")
+        parser.error("--jobs must be 1-200, --speed 1-120, --step-seconds 0.01-1, --setup-seconds 0-60")
     jobs = workload(args.jobs, args.step_seconds, args.speed, args.setup_seconds)
     results = {policy: run(policy, jobs, args.speed, args.timeout) for policy in ("off", "eager")}
     print(f"{args.jobs} jobs (1 and 2 nodes of 4 V100, setup {args.setup_seconds:g} wall s), pool of 16 GPUs, "
