@@ -29,8 +29,8 @@ def _spec(name: str, setup: str) -> JobSpec:
 
 
 def _launch(spec: JobSpec, job_id: str, setup_done: bool = False) -> JobLaunch:
-    return JobLaunch(job_id, 1, spec, GangPlacement.whole_nodes(CLUSTER.id, 2, 1), "/tmp/ckpt", None, None,
-                     "/tmp/logs", setup_done=setup_done)
+    return JobLaunch(job_id, 1, spec, GangPlacement.whole_nodes(CLUSTER.id, 2, 1), "s3://ckpt-bucket/b", None, None,
+                     "logs", setup_done=setup_done)
 
 
 def _until(done: Callable[[], bool], timeout: float = 10.0) -> None:
