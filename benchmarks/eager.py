@@ -14,7 +14,7 @@ eager policy ``off`` (the baseline), then ``eager``. Printed per run, in market 
 - prediction error: over the finished jobs, the median of each job's median |predicted - actual
   finish| as a share of the time then left, per prediction source (progress, work, history).
 
-    python benchmarks/eager.py [--jobs 20] [--speed 10]
+    python benchmarks/eager.py [--jobs 20] [--speed 10] [--setup-seconds 1] [--explain]
 """
 
 from __future__ import annotations
@@ -39,20 +39,22 @@ num_nodes: {nodes}
 resources:
   accelerators: V100:4
 workdir: {workdir}
-run: python train.py --steps {steps} --step-seconds {step_s} --checkpoint-every 1000
+{setup}run: python train.py --steps {steps} --step-seconds {step_s} --checkpoint-every 1000
 {broker}"""
 SHAPES = [(1, 300), (2, 200), (1, 450), (2, 350), (1, 200), (2, 450), (1, 350), (2, 300)]
 
 
-def workload(count: int, step_s: float, speed: float) -> list[tuple[str, str]]:
+def workload(count: int, step_s: float, speed: float, setup_s: float = 0.0) -> list[tuple[str, str]]:
     jobs = []
+    # Stands for installing the job's dependencies: the part of a start eager allocation can run ahead.
+    setup = f"setup: sleep {setup_s:g}\n" if setup_s > 0 else ""
     for i in range(count):
         nodes, steps = SHAPES[i % len(SHAPES)]
         # Half state their work (as a team that knows its jobs would); the rest are predicted from history.
         work = f"broker:\n  work: {steps * step_s * speed:.0f}s\n" if i % 2 == 0 else ""
         name = f"train-{nodes}n-{steps}"
         jobs.append((name, JOB.format(name=name, nodes=nodes, workdir=ROOT / "examples", steps=steps,
-                                      step_s=step_s, broker=work)))
+                                      step_s=step_s, broker=work, setup=setup)))
     return jobs
 
 
@@ -118,12 +120,15 @@ def measure(engine: Any, ids: list[str]) -> dict[str, Any]:
     started = {}
     for alloc in allocations:
         started.setdefault(alloc.job_id, alloc.started_at)
-    gaps, start_gaps = [], []
-    for ended in sorted(j.finished_at for j in jobs if j.finished_at):
+    gaps, start_gaps, worst = [], [], []
+    for ender in sorted((j for j in jobs if j.finished_at), key=lambda j: j.finished_at):
+        ended = ender.finished_at
         queued = [j for j in jobs if j.created_at <= ended and j.id in first_step and first_step[j.id] > ended]
         if queued:
-            gaps.append((min(first_step[j.id] for j in queued) - ended).total_seconds())
+            nxt = min(queued, key=lambda j: first_step[j.id])
+            gaps.append((first_step[nxt.id] - ended).total_seconds())
             start_gaps.append(max((min(started[j.id] for j in queued) - ended).total_seconds(), 0.0))
+            worst.append((gaps[-1], ender, nxt))
     # Exactly (not by ledger minute): each cluster's GPUs between one allocation's end and the next one's start.
     by_cluster: dict[str, list[Any]] = {}
     for alloc in allocations:
@@ -155,7 +160,23 @@ def measure(engine: Any, ids: list[str]) -> dict[str, Any]:
         "drain_gpu_h": drain, "drain_pct": 100 * drain / gpu_hours if gpu_hours else 0.0,
         "exact_drain_pct": 100 * exact_drain / gpu_hours if gpu_hours else 0.0,
         "gpu_h": gpu_hours, "cost": sum(c for *_, c in ledger), "errors": errors,
+        "worst": [_explain(engine, gap, ender, nxt, allocations) for gap, ender, nxt in sorted(
+            worst, key=lambda w: -w[0])[:3]],
     }
+
+
+def _explain(engine: Any, gap: float, ender: Any, nxt: Any, allocations: list[Any]) -> str:
+    """One gap in a line: the job that ended, the one whose first step closed the gap, and how that one got its GPUs."""
+    from sqlalchemy import select
+
+    from broker.store.tables import JobEventRow
+
+    where = {a.job_id: a.cluster_id for a in allocations}
+    with engine.store.transaction() as s:
+        kinds = [e.kind for e in s.scalars(select(JobEventRow).where(JobEventRow.job_id == nxt.id)
+                                           .order_by(JobEventRow.id)) if e.kind != "transition"]
+    return (f"{gap:6.1f} s: {ender.name} ({ender.num_nodes} node) ended on {where.get(ender.id)}; next first step "
+            f"{nxt.name} ({nxt.num_nodes} node) on {where.get(nxt.id)}; its events {' '.join(dict.fromkeys(kinds))}")
 
 
 def _quantile(values: list[float], q: float) -> float:
@@ -172,14 +193,18 @@ def main() -> None:
     parser.add_argument("--speed", type=float, default=10.0, help="market seconds per wall second")
     parser.add_argument("--step-seconds", type=float, default=0.1, help="wall seconds per training step")
     parser.add_argument("--timeout", type=float, default=1800.0, help="wall seconds per run")
+    parser.add_argument("--setup-seconds", type=float, default=1.0,
+                        help="wall seconds of each job's setup (a sleep standing for installing its dependencies)")
+    parser.add_argument("--explain", action="store_true", help="print the three longest gaps of each run")
     args = parser.parse_args()
     logging.disable(logging.INFO)  # the engine's transitions; the figures are what this prints
-    if not 1 <= args.jobs <= 200 or not 1 <= args.speed <= 120 or not 0.01 <= args.step_seconds <= 1:
-        raise SystemExit("--jobs must be 1-200, --speed 1-120, --step-seconds 0.01-1")
-    jobs = workload(args.jobs, args.step_seconds, args.speed)
+    if not 1 <= args.jobs <= 200 or not 1 <= args.speed <= 120 or not 0.01 <= args.step_seconds <= 1 \
+            or not 0 <= args.setup_seconds <= 60:
+        parser.error("--jobs must be 1-200, --speed 1-120, --step-seconds 0.01-1, --setup-seconds 0-60")
+    jobs = workload(args.jobs, args.step_seconds, args.speed, args.setup_seconds)
     results = {policy: run(policy, jobs, args.speed, args.timeout) for policy in ("off", "eager")}
-    print(f"{args.jobs} jobs (1 and 2 nodes of 4 V100), pool of 16 GPUs, market x{args.speed:g}; "
-          "gaps and errors in market seconds")
+    print(f"{args.jobs} jobs (1 and 2 nodes of 4 V100, setup {args.setup_seconds:g} wall s), pool of 16 GPUs, "
+          f"market x{args.speed:g}; gaps and errors in market seconds")
     print(f"{'eager':6} {'done':>5} {'gaps':>5} {'gap med s':>10} {'gap p95 s':>10} {'to start':>9} "
           f"{'drain GPU-h':>12} {'drain %':>8} {'exact %':>8} {'GPU-h':>7} {'cost $':>8} {'wall s':>7}  "
           "prediction error: median % of time left, s (jobs)")
@@ -188,6 +213,9 @@ def main() -> None:
         print(f"{policy:6} {r['succeeded']:>2}/{r['jobs']:<2} {r['gaps']:>5} {r['gap_median']:>10.1f} "
               f"{r['gap_p95']:>10.1f} {r['start_median']:>9.1f} {r['drain_gpu_h']:>12.3f} {r['drain_pct']:>8.2f} "
               f"{r['exact_drain_pct']:>8.2f} {r['gpu_h']:>7.2f} {r['cost']:>8.3f} {r['wall_s']:>7.0f}  {errors or '-'}")
+    if args.explain:
+        for policy, r in results.items():
+            print(f"{policy}: longest gaps\n  " + "\n  ".join(r["worst"]))
     off, on = results["off"], results["eager"]
     print(f"eager vs off: gap median {on['gap_median'] - off['gap_median']:+.1f} s, queue drain "
           f"{on['drain_pct'] - off['drain_pct']:+.2f} points, cost {100 * (on['cost'] / off['cost'] - 1):+.1f}%")

@@ -31,7 +31,7 @@ from datetime import datetime
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from broker.engine import clusters, machine, packing
+from broker.engine import clusters, machine, packing, setup_ahead
 from broker.engine.checkpoints import current_allocation, end_allocation
 from broker.engine.forecast import latest
 from broker.engine.parts import AfterCommit, Parts
@@ -82,7 +82,7 @@ def ready_next(parts: Parts, planner: Planner) -> None:
         for job in queued:
             if parts.options.admit is not None and not parts.options.admit(s, job):
                 continue
-            if not _reserve(parts, s, job, finishing, now):
+            if not _reserve(parts, s, job, finishing, now, after):
                 others = [q for q in queued if q.id != job.id and q.state == JobState.PENDING.value]
                 _boot(parts, planner, s, job, finishing, leaving, _useful(parts, finishing, others), now, after)
     after.carry_out(parts.provisioner)
@@ -101,7 +101,8 @@ def _finishing(s: Session) -> list[Finishing]:
     return sorted(found, key=lambda f: (f.prediction.finish_at, f.job.id))
 
 
-def _reserve(parts: Parts, s: Session, job: JobRow, finishing: list[Finishing], now: datetime) -> bool:
+def _reserve(parts: Parts, s: Session, job: JobRow, finishing: list[Finishing], now: datetime,
+             after: AfterCommit) -> bool:
     spec = parts.spec_of(job)
     for item in finishing:
         per_node = packing.hosts(item.cluster, spec, job)
@@ -121,6 +122,7 @@ def _reserve(parts: Parts, s: Session, job: JobRow, finishing: list[Finishing], 
                              reason=f"reserved the GPUs of {item.job.id}, predicted to finish soon")
         parts.event(s, job.id, "eager_reserve", cluster=item.cluster.id, after_job=item.job.id,
                     predicted_finish=item.prediction.finish_at, reason=decision.reason)
+        setup_ahead.begin(parts, s, job, item.cluster, placement, after)
         return True
     return False
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from broker.engine import clusters, machine, packing, shares, stages
+from broker.engine import clusters, machine, packing, setup_ahead, stages
 from broker.engine.cadence import Cadence
 from broker.engine.checkpoints import (
     close_attempt,
@@ -249,11 +249,13 @@ class JobStepper:
                     job.migrations += 1
                     after.starts.append(self._start_on(s, job, target, claim))
             else:
-                after.starts.append(self._start_on(s, job, target, claim))
+                setup_done = setup_ahead.ready(parts, s, job, target, after)
+                if setup_done is not None:  # None: its early setup is still running there
+                    after.starts.append(self._start_on(s, job, target, claim, setup_done))
         self._carry_out(after)
 
-    def _start_on(self, s: Session, job: JobRow, target: ClusterRow,
-                  placement: GangPlacement) -> tuple[ClusterInfo, JobLaunch]:
+    def _start_on(self, s: Session, job: JobRow, target: ClusterRow, placement: GangPlacement,
+                  setup_done: bool = False) -> tuple[ClusterInfo, JobLaunch]:
         job.attempt += 1
         now = self.parts.clock.now()
         s.add(AllocationRow(job_id=job.id, cluster_id=target.id, attempt=job.attempt, gpus=placement.to_json(),
@@ -262,13 +264,9 @@ class JobStepper:
         job.zones = [*job.zones, target.zone]
         machine.running(s, self.parts.clock, job, cluster=target.id, zone=target.zone,
                         gpus=placement.to_json(), resume_from=job.checkpoint, attempt=job.attempt)
-        return self._job_launch(job, target, placement)
+        return self._job_launch(job, target, placement, setup_done)
 
-    def _job_launch(self, job: JobRow, target: ClusterRow, placement: GangPlacement) -> tuple[ClusterInfo, JobLaunch]:
-        parts = self.parts
-        return cluster_info(target, parts.tokens(target.id)), JobLaunch(
-            job_id=job.id, attempt=job.attempt, spec=parts.spec_of(job), placement=placement,
-            checkpoint_dir=job.checkpoint_dir, resume_from=job.checkpoint,
-            broker_url=parts.options.broker_url, log_dir=str(parts.options.home / "logs" / job.id),
-            gpu_share=job.gpu_share, gpu_memory_mb=shares.memory_mb(target, parts.spec_of(job), job.gpu_share),
-        )
+    def _job_launch(self, job: JobRow, target: ClusterRow, placement: GangPlacement,
+                    setup_done: bool = False) -> tuple[ClusterInfo, JobLaunch]:
+        return (cluster_info(target, self.parts.tokens(target.id)),
+                setup_ahead.job_launch(self.parts, job, target, placement, job.attempt, setup_done))

@@ -88,6 +88,8 @@ class AfterCommit:
     terminations: list[ClusterInfo] = field(default_factory=list)
     signals: list[tuple[ClusterInfo, str, int, str]] = field(default_factory=list)
     stops: list[tuple[ClusterInfo, str, int]] = field(default_factory=list)
+    prepares: list[tuple[ClusterInfo, JobLaunch]] = field(default_factory=list)  # early setups
+    prepare_stops: list[tuple[ClusterInfo, str, int]] = field(default_factory=list)
 
     def carry_out(self, provisioner: Provisioner,
                   start_failed: Callable[[ClusterInfo, JobLaunch, Exception], None] | None = None) -> None:
@@ -98,8 +100,17 @@ class AfterCommit:
             provisioner.signal_job(info, job_id, attempt, signal)
         for info, job_id, attempt in self.stops:
             provisioner.stop_job(info, job_id, attempt)
+        for info, job_id, attempt in self.prepare_stops:
+            provisioner.stop_prepare(info, job_id, attempt)
         for info in self.launches:
             provisioner.launch(info)
+        for info, launch in self.prepares:
+            try:
+                provisioner.prepare_job(info, launch)
+            except Fenced:
+                raise
+            except Exception as exc:  # the start finds it never began, and runs the setup itself
+                log.warning("early setup of %s on %s failed to begin: %s", launch.job_id, info.id, exc)
         for info, launch in self.starts:
             try:
                 provisioner.start_job(info, launch)

@@ -15,7 +15,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from broker.clock import Clock
-from broker.engine import clusters, eager, forecast, machine, metering
+from broker.engine import clusters, eager, forecast, machine, metering, setup_ahead
 from broker.engine.jobs import JobStepper
 from broker.engine.parts import EngineOptions, Parts
 from broker.engine.planning import Planner
@@ -64,7 +64,8 @@ class Engine:
         2. move every active job on by at most one transition, highest priority first;
         3. let queued jobs take GPUs that step 2 freed (not a cluster an early boot took the room of),
            before idle clusters are reaped;
-        4. ready the queued jobs still waiting for a running job's predicted finish (eager allocation);
+        4. ready the queued jobs still waiting for a running job's predicted finish (eager allocation,
+           a reserved job's setup run ahead), and stop the early setups of jobs no longer heading there;
         5. tear down clusters nobody holds or is heading to, unless the pool keeps them a while;
         6. write the ledger's minutes up to now;
         7. keep a fresh finish-time prediction for every running job.
@@ -77,6 +78,7 @@ class Engine:
             for job_id in self.active_jobs(JobState.PENDING):
                 self.jobs.advance(job_id)
             eager.ready_next(self.parts, self.planner)
+            setup_ahead.stop_stale(self.parts)
             clusters.reap(self.parts)
             metering.meter(self.store, self.clock, self.parts.market)
             forecast.record(self.store, self.clock.now())

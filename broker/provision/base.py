@@ -84,6 +84,8 @@ class JobLaunch:
     log_dir: str
     gpu_share: float | None = None  # the share of its GPU a fraction holds (A100:0.5 -> 0.5); None: whole GPUs
     gpu_memory_mb: int | None = None  # the GPU memory that share may pin, when known
+    # Its ``setup`` already ran on these nodes ahead of the start (``Provisioner.prepare_job``): only ``run`` is left.
+    setup_done: bool = False
 
     def env(self, node_rank: int, node_ips: list[str]) -> dict[str, str]:
         """The variables node ``node_rank`` of the gang sees (its rank in the gang, not the cluster).
@@ -134,4 +136,17 @@ class Provisioner(Protocol):
 
     def stop_job(self, cluster: ClusterInfo, job_id: str, attempt: int) -> None:
         """Stop one job's processes on a cluster that stays up (its GPUs go to another gang)."""
+        ...
+
+    def prepare_job(self, cluster: ClusterInfo, launch: JobLaunch) -> None:
+        """Run the job's ``setup`` on the nodes of ``launch.placement`` ahead of its start, beside the
+        gang that still holds those GPUs (eager allocation); idempotent, returns at once."""
+        ...
+
+    def prepare_status(self, cluster: ClusterInfo, job_id: str, attempt: int) -> RunStatus:
+        """How that early setup went: NOT_STARTED, RUNNING, SUCCEEDED, FAILED (with the reason) or LOST."""
+        ...
+
+    def stop_prepare(self, cluster: ClusterInfo, job_id: str, attempt: int) -> None:
+        """Stop an early setup (the job it was for was cancelled or went elsewhere)."""
         ...

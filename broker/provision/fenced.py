@@ -57,6 +57,18 @@ class FencedProvisioner:
         self.check("stop_job", cluster)
         self.inner.stop_job(cluster, job_id, attempt)
 
+    def prepare_job(self, cluster: ClusterInfo, launch: JobLaunch) -> None:
+        self.check("prepare_job", cluster)
+        self.inner.prepare_job(cluster, launch)
+
+    def prepare_status(self, cluster: ClusterInfo, job_id: str, attempt: int) -> RunStatus:
+        self.check("prepare_status", cluster)
+        return self.inner.prepare_status(cluster, job_id, attempt)
+
+    def stop_prepare(self, cluster: ClusterInfo, job_id: str, attempt: int) -> None:
+        self.check("stop_prepare", cluster)
+        self.inner.stop_prepare(cluster, job_id, attempt)
+
     def __getattr__(self, name: str) -> Any:
         # Whatever else a backend offers: its methods are fenced too (a new cloud call cannot slip
         # past), plain attributes (its root, its world) pass through.

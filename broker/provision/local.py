@@ -28,7 +28,7 @@ from broker.provision.base import (
     RunPhase,
     RunStatus,
 )
-from broker.provision.local_host import read_json, write_json
+from broker.provision.local_host import process_alive, read_json, write_json
 from providers.local import LocalMarket
 from providers.trace import MarketTrace, read_trace
 
@@ -74,9 +74,8 @@ def private_file(path: Path, text: str) -> Path:
     return path
 
 
-def job_script(node_dir: Path, signal_name: str, workdir: Path, setup: str | None, run: str,
-               variables: dict[str, str]) -> Path:
-    """The node's shell script: its variables (from a private file), then ``setup`` and ``run``."""
+def env_file(node_dir: Path, variables: dict[str, str]) -> Path:
+    """The node's variables, as a private shell file its scripts source."""
     lines = []
     for name, value in variables.items():
         if not name.isidentifier():
@@ -90,16 +89,30 @@ def job_script(node_dir: Path, signal_name: str, workdir: Path, setup: str | Non
             lines.append(f"echo {shlex.quote(warning)} >&2\n")
         else:
             lines.append(f"export {name}={shlex.quote(value)}\n")
-    env_file = private_file(node_dir / "env.sh", "".join(lines))
+    return private_file(node_dir / "env.sh", "".join(lines))
+
+
+def setup_script(node_dir: Path, head: list[str], workdir: Path, setup: str) -> Path:
+    # As on SkyPilot, setup is a process of its own: what it exports or where it cds stays there.
+    lines = [*head, "set -e", f"cd {shlex.quote(str(workdir))}", setup, ""]
+    return private_file(node_dir / "setup.sh", "\n".join(lines))
+
+
+def script_head(node_dir: Path, signal_name: str, variables: dict[str, str]) -> list[str]:
+    return [f"trap '' {signal_name.removeprefix('SIG')}", f". {shlex.quote(str(env_file(node_dir, variables)))}"]
+
+
+def job_script(node_dir: Path, signal_name: str, workdir: Path, setup: str | None, run: str,
+               variables: dict[str, str]) -> Path:
+    """The node's shell script: its variables (from a private file), then ``setup`` and ``run``."""
     failed = shlex.quote(str(node_dir / START_FAILED))
     where = shlex.quote(str(workdir))
-    head = [f"trap '' {signal_name.removeprefix('SIG')}", f". {shlex.quote(str(env_file))}"]
+    head = script_head(node_dir, signal_name, variables)
     # Until ``run`` begins, a failure is the start's, not the job's: it is written down as such.
     steps = [f"cd {where} || {{ echo {shlex.quote(f'cannot enter the working directory {workdir}')} > {failed}; "
              "exit 1; }"]
     if setup:
-        # As on SkyPilot, setup is a process of its own: what it exports or where it cds stays there.
-        setup_file = private_file(node_dir / "setup.sh", "\n".join([*head, "set -e", f"cd {where}", setup, ""]))
+        setup_file = setup_script(node_dir, head, workdir, setup)
         steps.append(f"bash {shlex.quote(str(setup_file))} || {{ code=$?; "
                      f'echo "setup exited with code $code" > {failed}; exit $code; }}')
     return private_file(node_dir / "job.sh", "\n".join([*head, *steps, "set -e", run, ""]))
@@ -194,7 +207,7 @@ class LocalProvisioner:
             raise RuntimeError(f"cluster {cluster.id} is {status.phase}, not UP")
         port = status.handle["metadata_port"]
         spec = launch.spec
-        workdir = spec.resolved_workdir() or (Path(spec.source).parent if spec.source else Path.cwd())
+        workdir = self._workdir(launch)
         signal_name = spec.broker.checkpoint.signal
         node_ips = ["127.0.0.1"] * len(launch.placement.nodes)
         Path(launch.log_dir).mkdir(parents=True, exist_ok=True)
@@ -211,7 +224,8 @@ class LocalProvisioner:
             variables = launch.env(rank, node_ips)
             # The job's command and variables go through files: the argument list and the
             # environment of an exec hold 128 KB per string, and a job file may hold more.
-            script = job_script(node_dir, signal_name, workdir, spec.setup, spec.run, variables)
+            script = job_script(node_dir, signal_name, workdir, None if launch.setup_done else spec.setup, spec.run,
+                                variables)
             command = [
                 sys.executable, "-m", "broker.agent", "--cloud", "local",
                 "--metadata-url", f"http://127.0.0.1:{port}",
@@ -226,15 +240,76 @@ class LocalProvisioner:
                 command += ["--token-file", str(private_file(node_dir / "token", cluster.agent_token))]
             command += ["--", "bash", str(script)]
             small = {k: v for k, v in variables.items() if k not in spec.envs and len(k) + len(v) < 4096}
-            env = {**os.environ, **small, "PYTHONUNBUFFERED": "1",
-                   # A local node's `python` is the broker's own interpreter, as a cloud image's would be.
-                   "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])}
-            log_path = Path(launch.log_dir) / f"attempt-{launch.attempt}-node-{rank}.log"
-            with open(log_path, "ab") as log:
-                process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                           stdin=subprocess.DEVNULL, start_new_session=True)
-            (self.cluster_dir(cluster) / "procs" / str(process.pid)).write_text(str(process.pid))
-            (node_dir / "started").write_text(json.dumps({"pid": process.pid, "wall": time.time()}))
+            self._spawn(cluster, node_dir, launch, rank, command, small)
+
+    def _workdir(self, launch: JobLaunch) -> Path:
+        spec = launch.spec
+        return spec.resolved_workdir() or (Path(spec.source).parent if spec.source else Path.cwd())
+
+    def _spawn(self, cluster: ClusterInfo, node_dir: Path, launch: JobLaunch, rank: int, command: list[str],
+               variables: dict[str, str]) -> None:
+        """Start one node's process, its output to the attempt's node log, recorded for teardown to kill."""
+        env = {**os.environ, **variables, "PYTHONUNBUFFERED": "1",
+               # A local node's `python` is the broker's own interpreter, as a cloud image's would be.
+               "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])}
+        log_path = Path(launch.log_dir) / f"attempt-{launch.attempt}-node-{rank}.log"
+        with open(log_path, "ab") as log:
+            process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                       stdin=subprocess.DEVNULL, start_new_session=True)
+        (self.cluster_dir(cluster) / "procs" / str(process.pid)).write_text(str(process.pid))
+        (node_dir / "started").write_text(json.dumps({"pid": process.pid, "wall": time.time()}))
+
+    def _prepare_dir(self, cluster: ClusterInfo, job_id: str, attempt: int) -> Path:
+        return self.cluster_dir(cluster) / "prepare" / f"{job_id}-{attempt}"
+
+    def prepare_job(self, cluster: ClusterInfo, launch: JobLaunch) -> None:
+        """Each node of the gang runs the job's setup now, beside whatever runs there; its exit code is
+        written to ``exit_code`` and its output goes ahead of the run's in the attempt's node log."""
+        if self.status(cluster).phase is not ClusterPhase.UP:
+            raise RuntimeError(f"cluster {cluster.id} is not UP")
+        if not launch.spec.setup:
+            return
+        node_ips = ["127.0.0.1"] * len(launch.placement.nodes)
+        Path(launch.log_dir).mkdir(parents=True, exist_ok=True)
+        for rank in range(len(launch.placement.nodes)):
+            node_dir = self._prepare_dir(cluster, launch.job_id, launch.attempt) / f"node-{rank}"
+            if (node_dir / "started").exists():
+                continue
+            node_dir.mkdir(parents=True, exist_ok=True)
+            head = script_head(node_dir, launch.spec.broker.checkpoint.signal, launch.env(rank, node_ips))
+            setup = shlex.quote(str(setup_script(node_dir, head, self._workdir(launch), launch.spec.setup)))
+            done = shlex.quote(str(node_dir / "exit_code"))
+            self._spawn(cluster, node_dir, launch, rank,
+                        ["bash", "-c", f"bash {setup}; echo $? > {done}.tmp; mv {done}.tmp {done}"], {})
+
+    def prepare_status(self, cluster: ClusterInfo, job_id: str, attempt: int) -> RunStatus:
+        nodes = sorted(self._prepare_dir(cluster, job_id, attempt).glob("node-*"))
+        if not nodes:
+            return RunStatus(RunPhase.NOT_STARTED)
+        codes: list[int | None] = []
+        for node in nodes:
+            try:
+                codes.append(int((node / "exit_code").read_text()))
+            except (OSError, ValueError):
+                codes.append(None)
+        for node, code in zip(nodes, codes, strict=True):
+            if code:
+                return RunStatus(RunPhase.FAILED, code, f"{node.name}: setup exited with code {code}")
+        if all(code == 0 for code in codes):
+            return RunStatus(RunPhase.SUCCEEDED, 0)
+        if self.status(cluster).phase in (ClusterPhase.TERMINATED, ClusterPhase.FAILED):
+            return RunStatus(RunPhase.LOST)
+        for node, code in zip(nodes, codes, strict=True):
+            if code is None and not process_alive((read_json(node / "started") or {}).get("pid")):
+                return RunStatus(RunPhase.FAILED, None, f"{node.name}: setup stopped before it ended")
+        return RunStatus(RunPhase.RUNNING)
+
+    def stop_prepare(self, cluster: ClusterInfo, job_id: str, attempt: int) -> None:
+        for node in self._prepare_dir(cluster, job_id, attempt).glob("node-*"):
+            pid = (read_json(node / "started") or {}).get("pid")
+            if pid is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(int(pid), signal.SIGKILL)
 
     def run_status(self, cluster: ClusterInfo, job_id: str, attempt: int) -> RunStatus:
         base = self.cluster_dir(cluster) / "runs" / f"{job_id}-{attempt}"

@@ -234,20 +234,45 @@ def _visible_devices(launch: JobLaunch) -> str:
     return f'case "$SKYPILOT_NODE_RANK" in {arms} esac'
 
 
-def job_task(cluster: ClusterInfo, launch: JobLaunch) -> dict[str, Any]:
-    """The task ``sky.exec`` starts: one attempt of the job, under the agent, on every node."""
-    spec = launch.spec
-    node_dir = node_checkpoint_dir(launch.checkpoint_dir, launch.job_id)
-    envs = {
+def _envs(launch: JobLaunch) -> dict[str, str]:
+    return {
         # Linux refuses to exec anything whose environment holds one string over 128 KB: such a
         # variable goes into the run's script file instead (``agent_command``), unexported.
-        **{name: value for name, value in spec.envs.items() if exportable(name, value)},
+        **{name: value for name, value in launch.spec.envs.items() if exportable(name, value)},
         "BROKER_JOB_ID": launch.job_id,
         "BROKER_RESUME_FROM": node_resume_path(launch.checkpoint_dir, launch.resume_from),
         "BROKER_ATTEMPT": str(launch.attempt),
         **launch.share_env(),
     }
-    run = "\n".join([_visible_devices(launch), f"export BROKER_CHECKPOINT_DIR={node_dir}",
+
+
+def setup_name(job_id: str, attempt: int) -> str:
+    return f"{job_name(job_id, attempt)}-setup"
+
+
+def _setup_lines(job_id: str, attempt: int, setup: str) -> str:
+    """The job's setup as a script of its own (``sky.exec`` runs no task ``setup``), run in a shell of its own."""
+    script = f"{run_status_file(job_id, attempt)}.setup.sh"
+    body = f"set -e\n{setup}\n"
+    return f"mkdir -p {AGENT_VENV}/runs\n{heredoc(script, body)}\nbash {script} || exit $?"
+
+
+def setup_task(cluster: ClusterInfo, launch: JobLaunch) -> dict[str, Any]:
+    """The task ``sky.exec`` runs for an early setup: the job's ``setup`` on every node, asking for no
+    GPU, so SkyPilot's job queue runs it beside the gang that still holds them."""
+    return {"name": setup_name(launch.job_id, launch.attempt), "num_nodes": cluster.num_nodes,
+            "resources": {"infra": infra(cluster), "instance_type": cluster.instance_type, "use_spot": cluster.spot},
+            "envs": _envs(launch), "run": _setup_lines(launch.job_id, launch.attempt, launch.spec.setup or "true")}
+
+
+def job_task(cluster: ClusterInfo, launch: JobLaunch, setup: str | None = None) -> dict[str, Any]:
+    """The task ``sky.exec`` starts: one attempt of the job, under the agent, on every node; ``setup``
+    first when given (a cluster launched with another job's setup, and no early setup)."""
+    spec = launch.spec
+    node_dir = node_checkpoint_dir(launch.checkpoint_dir, launch.job_id)
+    envs = _envs(launch)
+    first = [_setup_lines(launch.job_id, launch.attempt, setup)] if setup else []
+    run = "\n".join([_visible_devices(launch), *first, f"export BROKER_CHECKPOINT_DIR={node_dir}",
                      'mkdir -p "$BROKER_CHECKPOINT_DIR"', f"mkdir -p {AGENT_VENV}/runs",
                      agent_command(cluster, launch)])
     resources: dict[str, Any] = {"infra": infra(cluster), "instance_type": cluster.instance_type,

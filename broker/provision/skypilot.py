@@ -18,32 +18,27 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from broker.provision.agent_wheel import build_agent_wheel
 from broker.provision.base import ClusterInfo, ClusterPhase, ClusterStatus, JobLaunch, RunPhase, RunStatus
+from broker.provision.sky_sdk import RUN_PHASES, Request, enum_name, instance_ids, record_field
 from broker.provision.sky_task import (
     AgentPackage,
     cluster_task,
     job_name,
     job_task,
+    setup_name,
+    setup_task,
     signal_task,
     sky_cluster_name,
 )
 from broker.spec import JobSpec
 
 log = logging.getLogger("broker.provision.skypilot")
-
-# SkyPilot's job states, as RunPhase.
-_RUN_PHASES = {
-    "INIT": RunPhase.RUNNING, "PENDING": RunPhase.RUNNING, "SETTING_UP": RunPhase.RUNNING,
-    "RUNNING": RunPhase.RUNNING, "SUCCEEDED": RunPhase.SUCCEEDED, "FAILED": RunPhase.FAILED,
-    "FAILED_SETUP": RunPhase.START_FAILED, "FAILED_DRIVER": RunPhase.FAILED, "CANCELLED": RunPhase.FAILED,
-}
-
 
 @dataclass(frozen=True)
 class SkyPilotOptions:
@@ -52,40 +47,6 @@ class SkyPilotOptions:
     call_timeout_s: float = 600.0
     refresh_s: float = 10.0
     idle_minutes_to_autostop: int | None = 60  # a safety net: a forgotten cluster goes down by itself
-
-
-@dataclass
-class _Request:
-    """One SDK call and the wait for its result, in a daemon thread."""
-
-    what: str
-    started: float = field(default_factory=time.monotonic)
-    request_id: str | None = None
-    result: Any = None
-    error: BaseException | None = None
-    finished: float | None = None
-    done: threading.Event = field(default_factory=threading.Event)
-
-    @property
-    def failed(self) -> bool:
-        return self.done.is_set() and self.error is not None
-
-
-def _field(record: Any, name: str, default: Any = None) -> Any:
-    if isinstance(record, dict):
-        return record.get(name, default)
-    return getattr(record, name, default)
-
-
-def _enum_name(value: Any) -> str:
-    return str(getattr(value, "name", value)).split(".")[-1].upper()
-
-
-def instance_ids(handle: Any) -> list[str]:
-    """The cloud instance ids in a SkyPilot cluster handle (``cached_cluster_info.instances``)."""
-    info = _field(handle, "cached_cluster_info")
-    instances = _field(info, "instances") if info is not None else None
-    return sorted(str(k) for k in instances) if isinstance(instances, dict) else []
 
 
 class SkyPilotProvisioner:
@@ -98,13 +59,13 @@ class SkyPilotProvisioner:
         self.options = options or SkyPilotOptions()
         self._sdk = sdk
         self._lock = threading.Lock()
-        self._launches: dict[str, _Request] = {}
-        self._downs: dict[str, _Request] = {}
-        self._execs: dict[tuple[str, str], _Request] = {}
-        self._status: _Request | None = None
+        self._launches: dict[str, Request] = {}
+        self._downs: dict[str, Request] = {}
+        self._execs: dict[tuple[str, str], Request] = {}
+        self._status: Request | None = None
         self._snapshot: dict[str, Any] | None = None  # cluster name -> sky.status record
         self._snapshot_at = 0.0
-        self._queues: dict[str, _Request] = {}
+        self._queues: dict[str, Request] = {}
         self._queue_snapshots: dict[str, tuple[float, dict[str, Any]]] = {}
         self._ever_up: set[str] = set()
         # Clusters whose loss status() has told the engine. run_status reports a job LOST only after
@@ -131,10 +92,10 @@ class SkyPilotProvisioner:
 
         return isinstance(error, (exceptions.ClusterDoesNotExist, exceptions.ClusterNotUpError))
 
-    def _submit(self, what: str, call: Callable[[], Any], request_id: str | None = None) -> _Request:
+    def _submit(self, what: str, call: Callable[[], Any], request_id: str | None = None) -> Request:
         """Run ``call`` (which returns a request id, or None for nothing to wait on) and wait for the
         request's result, off the caller's thread."""
-        request = _Request(what, request_id=request_id)
+        request = Request(what, request_id=request_id)
 
         def work() -> None:
             try:
@@ -143,7 +104,8 @@ class SkyPilotProvisioner:
                 if request.request_id is not None:
                     request.result = self.sdk.get(request.request_id)
             except BaseException as exc:  # the request's failure is its result
-                request.error = exc
+                if request.error is None:  # not past its time limit already (_expired cancels it: keep why)
+                    request.error = exc
             finally:
                 request.finished = time.monotonic()
                 request.done.set()
@@ -151,7 +113,7 @@ class SkyPilotProvisioner:
         threading.Thread(target=work, name=f"sky-{what}", daemon=True).start()
         return request
 
-    def _expired(self, request: _Request, limit: float) -> bool:
+    def _expired(self, request: Request, limit: float) -> bool:
         if request.done.is_set() or time.monotonic() - request.started < limit:
             return False
         request.error = TimeoutError(f"SkyPilot {request.what} took longer than {limit:.0f}s")
@@ -176,7 +138,7 @@ class SkyPilotProvisioner:
                 return
             if request is not None:
                 if request.error is None:
-                    self._snapshot = {str(_field(r, "name")): r for r in request.result or []}
+                    self._snapshot = {str(record_field(r, "name")): r for r in request.result or []}
                     self._snapshot_at = request.started  # it shows everything that finished before then
                 else:
                     log.warning("sky status failed: %s", request.error)
@@ -271,34 +233,49 @@ class SkyPilotProvisioner:
                 return ClusterStatus(ClusterPhase.PROVISIONING, handle=handle)
             return ClusterStatus(ClusterPhase.TERMINATED, reason="reclaimed: the cluster is gone from sky status",
                                  ended_at=datetime.now(UTC), handle=handle)
-        state = _enum_name(_field(record, "status"))
-        ids = instance_ids(_field(record, "handle"))
+        state = enum_name(record_field(record, "status"))
+        ids = instance_ids(record_field(record, "handle"))
         if ids:
             handle["instance_ids"] = ids
-        launched = _field(record, "launched_at")
+        launched = record_field(record, "launched_at")
         up_at = datetime.fromtimestamp(float(launched), UTC) if launched else None
         if state == "UP":
             self._ever_up.add(name)
             return ClusterStatus(ClusterPhase.UP, up_at=up_at, handle=handle)
-        if state == "INIT" and name not in self._ever_up and not _field(record, "cluster_ever_up", False):
+        if state == "INIT" and name not in self._ever_up and not record_field(record, "cluster_ever_up", False):
             return ClusterStatus(ClusterPhase.PROVISIONING, handle=handle)
         # STOPPED, or INIT after having been up: SkyPilot saw a node of the gang go away.
         return ClusterStatus(ClusterPhase.TERMINATED, reason=f"reclaimed: SkyPilot reports the cluster {state}",
                              ended_at=datetime.now(UTC), handle=handle)
 
     def start_job(self, cluster: ClusterInfo, launch: JobLaunch) -> None:
+        launched = self.specs(cluster.id)  # the cluster's own setup ran at its launch
+        setup = None if launch.setup_done or (launched is not None and launched.setup == launch.spec.setup) \
+            else launch.spec.setup
+        self._exec(cluster, job_name(launch.job_id, launch.attempt), job_task(cluster, launch, setup))
+
+    def prepare_job(self, cluster: ClusterInfo, launch: JobLaunch) -> None:
+        if launch.spec.setup:
+            self._exec(cluster, setup_name(launch.job_id, launch.attempt), setup_task(cluster, launch))
+
+    def prepare_status(self, cluster: ClusterInfo, job_id: str, attempt: int) -> RunStatus:
+        return self._run_status(cluster, setup_name(job_id, attempt))
+
+    def stop_prepare(self, cluster: ClusterInfo, job_id: str, attempt: int) -> None:
+        self._cancel_named(cluster, setup_name(job_id, attempt))
+
+    def _exec(self, cluster: ClusterInfo, task_name: str, config: dict[str, Any]) -> None:
         name = self.cluster_name(cluster)
-        key = (name, job_name(launch.job_id, launch.attempt))
+        key = (name, task_name)
         with self._lock:
             if key in self._execs and not self._execs[key].failed:
                 return
-        config = job_task(cluster, launch)
         sdk = self.sdk
 
         def call() -> Any:
             # Started already (by this broker before a restart)? Then find it, do not start it twice.
             queue = sdk.get(sdk.queue(name, skip_finished=False, all_users=True))
-            if any(str(_field(j, "job_name")) == key[1] for j in queue or []):
+            if any(str(record_field(j, "job_name")) == key[1] for j in queue or []):
                 return None
             return sdk.exec(sdk.Task.from_yaml_config(config), cluster_name=name)
 
@@ -306,15 +283,17 @@ class SkyPilotProvisioner:
             self._execs[key] = self._submit("exec", call)
 
     def run_status(self, cluster: ClusterInfo, job_id: str, attempt: int) -> RunStatus:
+        return self._run_status(cluster, job_name(job_id, attempt))
+
+    def _run_status(self, cluster: ClusterInfo, wanted: str) -> RunStatus:
         name = self.cluster_name(cluster)
-        wanted = job_name(job_id, attempt)
         with self._lock:
             started = self._execs.get((name, wanted))
         if started is not None and started.failed and not self._missing_cluster(started.error):  # type: ignore[arg-type]
             return RunStatus(RunPhase.START_FAILED, reason=f"sky exec failed: {started.error}"[:500])
         jobs = self._queue(name)
         if jobs is not None and wanted in jobs:
-            phase = _RUN_PHASES.get(_enum_name(_field(jobs[wanted], "status")), RunPhase.RUNNING)
+            phase = RUN_PHASES.get(enum_name(record_field(jobs[wanted], "status")), RunPhase.RUNNING)
             if phase is RunPhase.SUCCEEDED:
                 return RunStatus(phase, 0)
             if phase in (RunPhase.FAILED, RunPhase.START_FAILED):
@@ -337,7 +316,7 @@ class SkyPilotProvisioner:
             taken = self._queue_snapshots.get(name)
             if request is not None and request.done.is_set():
                 if request.error is None:
-                    taken = (time.monotonic(), {str(_field(j, "job_name")): j for j in request.result or []})
+                    taken = (time.monotonic(), {str(record_field(j, "job_name")): j for j in request.result or []})
                     self._queue_snapshots[name] = taken
                 del self._queues[name]
                 request = None
@@ -352,11 +331,14 @@ class SkyPilotProvisioner:
         self._submit("signal", lambda: sdk.exec(sdk.Task.from_yaml_config(config), cluster_name=name))
 
     def stop_job(self, cluster: ClusterInfo, job_id: str, attempt: int) -> None:
-        name, wanted, sdk = self.cluster_name(cluster), job_name(job_id, attempt), self.sdk
+        self._cancel_named(cluster, job_name(job_id, attempt))
+
+    def _cancel_named(self, cluster: ClusterInfo, wanted: str) -> None:
+        name, sdk = self.cluster_name(cluster), self.sdk
 
         def call() -> Any:
             queue = sdk.get(sdk.queue(name, skip_finished=False, all_users=True))
-            ids = [_field(j, "job_id") for j in queue or [] if str(_field(j, "job_name")) == wanted]
+            ids = [record_field(j, "job_id") for j in queue or [] if str(record_field(j, "job_name")) == wanted]
             return sdk.get(sdk.cancel(name, job_ids=ids)) if ids else None
 
         self._submit("cancel", call)

@@ -202,6 +202,20 @@ class PredictionRow(Base):
     __table_args__ = (Index("ix_predictions_job_made", "job_id", "made_at"),)
 
 
+class EarlySetupRow(Base):
+    """A job's ``setup`` run ahead of its start, on GPUs it reserved (eager allocation); open until used or stopped."""
+
+    __tablename__ = "early_setups"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id"), index=True)
+    cluster_id: Mapped[str] = mapped_column(String(64))
+    attempt: Mapped[int] = mapped_column(Integer)  # the attempt it readies
+    started_at: Mapped[datetime] = mapped_column(UtcDateTime)  # market clock
+    ended_at: Mapped[datetime | None] = mapped_column(UtcDateTime, nullable=True, index=True)
+    outcome: Mapped[str | None] = mapped_column(String(20), nullable=True)  # used | failed | stopped
+
+
 class LedgerRow(Base):
     """One minute of one cluster's GPUs held by one job or idle for one cause.
 

@@ -176,7 +176,28 @@ class FakeSky:
 
         return self._request("queue", cluster_name, jobs)
 
+    def cancel(self, cluster_name: str, job_ids: list[int] | None = None, all: bool = False) -> str:
+        def cancel_jobs() -> None:
+            from sky import exceptions
+
+            with self._lock:
+                cluster = self.clusters.get(cluster_name)
+                if cluster is None:
+                    raise exceptions.ClusterDoesNotExist(f"Cluster {cluster_name!r} does not exist.")
+                for job in cluster.jobs:
+                    if (all or job["job_id"] in (job_ids or [])) and job["status"] in ("PENDING", "RUNNING"):
+                        job["status"] = "CANCELLED"
+
+        return self._request("cancel", cluster_name, cancel_jobs)
+
     # ----------------------------------------------------------------- what the cloud does
+
+    def finish_job(self, job_name: str, status: str) -> None:
+        with self._lock:
+            for cluster in self.clusters.values():
+                for job in cluster.jobs:
+                    if job["job_name"] == job_name:
+                        job["status"] = status
 
     def finish_jobs(self, status: str = "SUCCEEDED") -> None:
         with self._lock:
