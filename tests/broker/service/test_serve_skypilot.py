@@ -153,8 +153,9 @@ def test_a_notice_moves_on_the_checkpoint_reported_after_it(broker_home: Path, d
         with store.transaction() as s:
             (cluster_id,) = s.scalars(select(ClusterRow.id))
         seen = datetime.now(UTC)
-        record_notice(store, service.clock, NoticeReport(cluster_id=cluster_id, kind="terminate", noticed_at=seen,
-                                                         action_time=seen + timedelta(minutes=2)))
+        notice = NoticeReport(cluster_id=cluster_id, node="0", kind="terminate", noticed_at=seen,
+                              action_time=seen + timedelta(minutes=2))
+        record_notice(store, service.clock, notice)
         record(store, ReportedCheckpoint(job_id, cluster_id, "0", "step-000010.npz", seen + timedelta(seconds=1), 10),
                datetime.now(UTC))
 
