@@ -271,7 +271,8 @@ def check_run(store: Any, sky: SkyStandIn, job_id: str, urgent_id: str, final: s
     assert killed_in in ("CHECKPOINTING", "MIGRATING")
     assert job.zones[:3] == ["us-west-2b", "us-east-1a", chosen] and chosen == "us-west-2a"
     reasons = [a.outcome for a in allocations]
-    print("attempts:", [(a.attempt, clusters[a.cluster_id].zone, a.outcome) for a in allocations])
+    print("attempts:", [(a.attempt, clusters[a.cluster_id].zone, "spot" if clusters[a.cluster_id].spot else "on-demand",
+                         a.outcome) for a in allocations])
     assert len(allocations) == 4, reasons
     # The urgent job took the GPUs of the job's third cluster, inside that cluster.
     assert urgent_alloc.cluster_id == allocations[2].cluster_id and allocations[2].outcome == "preempted"
