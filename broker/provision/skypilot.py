@@ -143,7 +143,8 @@ class SkyPilotProvisioner:
                 if request.request_id is not None:
                     request.result = self.sdk.get(request.request_id)
             except BaseException as exc:  # the request's failure is its result
-                request.error = exc
+                if not request.done.is_set():  # a timeout already ended it: its cancellation is not the reason
+                    request.error = exc
             finally:
                 request.finished = time.monotonic()
                 request.done.set()
