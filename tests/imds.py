@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import secrets
 import threading
+import urllib.parse
 from collections.abc import Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -18,6 +19,11 @@ class FakeImds:
         self.rebalance: dict[str, str] | None = None
         self.token_requests = 0
         self.reject_next_get = False
+
+
+def _path(target: str) -> str:
+    """The path of a request target, also in the absolute form a client sends through a proxy."""
+    return urllib.parse.urlsplit(target).path
 
 
 @contextmanager
@@ -34,7 +40,7 @@ def imds_server(state: FakeImds) -> Iterator[str]:
 
         def do_PUT(self) -> None:
             state.token_requests += 1
-            if self.path != "/latest/api/token" or not self.headers.get("X-aws-ec2-metadata-token-ttl-seconds"):
+            if _path(self.path) != "/latest/api/token" or not self.headers.get("X-aws-ec2-metadata-token-ttl-seconds"):
                 self._send(400, b"")
                 return
             token = secrets.token_hex(8)
@@ -48,10 +54,11 @@ def imds_server(state: FakeImds) -> Iterator[str]:
             if self.headers.get("X-aws-ec2-metadata-token") not in state.tokens:
                 self._send(401, b"")
                 return
-            if self.path == "/latest/meta-data/spot/instance-action" and state.action is not None:
+            path = _path(self.path)
+            if path == "/latest/meta-data/spot/instance-action" and state.action is not None:
                 body = state.action if isinstance(state.action, bytes) else json.dumps(state.action).encode()
                 self._send(200, body)
-            elif self.path == "/latest/meta-data/events/recommendations/rebalance" and state.rebalance:
+            elif path == "/latest/meta-data/events/recommendations/rebalance" and state.rebalance:
                 self._send(200, json.dumps(state.rebalance).encode())
             else:
                 self._send(404, b"Not Found")

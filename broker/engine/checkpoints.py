@@ -37,6 +37,16 @@ def grace_over(clock: Clock, spec: JobSpec, requested: datetime) -> bool:
     return clock.now() >= requested + spec.broker.checkpoint.grace
 
 
+def noticed_at(clock: Clock, notice: NoticeRow) -> datetime:
+    """When the job was told to checkpoint for ``notice``: when its agent saw the notice (and signalled
+    the job at once), else when the broker received it."""
+    at = (notice.detail or {}).get("noticed_at")
+    try:
+        return clock.to_clock(datetime.fromisoformat(str(at)).timestamp()) if at else notice.received_at
+    except ValueError:
+        return notice.received_at
+
+
 def record_checkpoint(clock: Clock, job: JobRow, notice: NoticeRow) -> None:
     """Take the checkpoint a notice reports, if it is newer than the one the job has."""
     if notice.checkpoint and notice.checkpoint != job.checkpoint:

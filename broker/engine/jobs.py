@@ -17,6 +17,7 @@ from broker.engine.checkpoints import (
     current_allocation,
     end_allocation,
     grace_over,
+    noticed_at,
     record_checkpoint,
     refresh_checkpoint,
     reported_since,
@@ -200,7 +201,12 @@ class JobStepper:
         if notice is not None:
             record_checkpoint(clock, job, notice)
         now = clock.now()
-        checkpointed = notice is not None and notice.checkpoint is not None
+        # A checkpoint reported since the notice is as good as one the notice carries (a bucket's path on
+        # the node may not be what the notice API takes; the report names it relative to the directory).
+        reported = notice is not None and reported_since(s, job, noticed_at(clock, notice))
+        if reported:
+            refresh_checkpoint(s, clock, job, cluster.id)
+        checkpointed = notice is not None and (notice.checkpoint is not None or reported)
         deadline_passed = notice is not None and notice.action_time is not None and now >= notice.action_time
         gone = cluster.state not in clusters.HOLDING
         if checkpointed or deadline_passed or gone:

@@ -8,6 +8,7 @@ with, and the parsed-spec cache (only a cache: specs are re-read from the store 
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -157,4 +158,7 @@ class Parts:
 
 
 def jsonable(detail: dict[str, object]) -> dict[str, object]:
-    return {k: (v.isoformat() if isinstance(v, datetime) else v) for k, v in detail.items() if v is not None}
+    """An event's detail as JSON holds it: a datetime as ISO 8601, an infinite or NaN float (a preemption's
+    unbounded gain) as its name, since PostgreSQL's json type refuses the bare ``Infinity`` token."""
+    return {k: (v.isoformat() if isinstance(v, datetime) else str(v) if isinstance(v, float) and not math.isfinite(v)
+                else v) for k, v in detail.items() if v is not None}

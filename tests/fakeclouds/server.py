@@ -6,6 +6,7 @@ Each cloud module here gives a ``route(request)`` (which API call is this?), an 
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections import Counter
@@ -140,13 +141,14 @@ class FakeServer:
                     response = serve(request)
                 except Exception as exc:  # a bug in the fake must show, not hang the client
                     response = Response(599, f"fake server error: {exc!r}".encode(), "text/plain")
-                self.send_response(response.status)
-                self.send_header("Content-Type", response.content_type)
-                self.send_header("Content-Length", str(len(response.body)))
-                for name, value in response.headers.items():
-                    self.send_header(name, value)
-                self.end_headers()
-                self.wfile.write(response.body)
+                with contextlib.suppress(OSError):  # a client that went away (a killed broker) hears nothing
+                    self.send_response(response.status)
+                    self.send_header("Content-Type", response.content_type)
+                    self.send_header("Content-Length", str(len(response.body)))
+                    for name, value in response.headers.items():
+                        self.send_header(name, value)
+                    self.end_headers()
+                    self.wfile.write(response.body)
 
             do_GET = do_POST = _handle
 

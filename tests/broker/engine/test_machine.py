@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 from pathlib import Path
 
@@ -61,6 +62,18 @@ def test_checkpointing_records_why_and_leaving_it_clears_the_reason(store: Store
         assert job is not None and job.state == JobState.MIGRATING and job.checkpoint_reason is None
     last = _events(store, job_id)[-2]
     assert (last.to_state, last.detail["checkpoint_reason"]) == ("CHECKPOINTING", "notice")
+
+
+def test_a_preemption_with_unbounded_gain_is_recorded(store: Store, broker_home: Path) -> None:
+    """A preemptor whose wait is unbounded (no running job has a work estimate) gains ``inf`` GPU-seconds:
+    PostgreSQL's json refuses the bare ``Infinity`` token, which stopped every engine step there."""
+    job_id = _submit(store, broker_home)
+    with store.transaction() as s:
+        job = s.get(JobRow, job_id)
+        assert job is not None
+        machine.provisioning(s, MARKET, job, preempting=["j-other"], work_lost_gpu_s=12.5, gain_gpu_s=math.inf)
+    last = _events(store, job_id)[-1]
+    assert (last.to_state, last.detail["gain_gpu_s"], last.detail["work_lost_gpu_s"]) == ("PROVISIONING", "inf", 12.5)
 
 
 def test_an_illegal_transition_is_refused_and_nothing_changes(store: Store, broker_home: Path) -> None:

@@ -123,3 +123,52 @@ def test_a_replica_takes_over_a_dead_leader_and_adopts_its_cluster(broker_home: 
 def test_an_unknown_backend_is_refused_naming_the_setting(broker_home: Path) -> None:
     with pytest.raises(ConfigError, match="backend: expected local or skypilot, got 'nimbus'"):
         Service(load_settings(backend="nimbus", serve_port=0))
+
+
+def test_a_notice_moves_on_the_checkpoint_reported_after_it(broker_home: Path, db_url: str) -> None:
+    """The notice's own report names no checkpoint (a node path the notice API does not take, or a report
+    lost); the checkpoint the agent reported after seeing the notice is enough to move, well before the
+    notice runs out, and the job resumes from it."""
+    from datetime import timedelta
+
+    from broker.api.notices import NoticeReport, record_notice
+    from broker.checkpoint_reports import ReportedCheckpoint, record
+
+    store = open_store(db_url)
+    now = datetime.now(UTC)
+    PriceBook(store).record("aws", [
+        SpotQuote("aws", "us-west-2", "us-west-2b", "p3.2xlarge", "V100", 1, 0.85, 3.06, now, capacity_score=9.0),
+        SpotQuote("aws", "us-east-1", "us-east-1a", "p3.2xlarge", "V100", 1, 0.90, 3.06, now, capacity_score=9.0),
+    ], at=now)
+    settings = load_settings(backend="skypilot", serve_port=0, leader_check_seconds=1.0, poll_seconds=0.2,
+                             db_url=db_url, selection_policy="cheapest_spot", price_poll_seconds={})
+    sky = FakeSky(launch_seconds=0.1)
+    service = Service(settings, store, sdk=sky)
+    spec = JOB.replace("run:", "broker:\n  checkpoint:\n    dir: s3://bucket/train\nrun:")
+    try:
+        threading.Thread(target=service._renew, daemon=True).start()
+        service._campaign()
+        job_id = submit_job(store, service.clock, parse_job_spec(spec, offline=True), broker_home, "skypilot")
+        wait(lambda: (state(store, job_id) or "").startswith("RUNNING"), what=lambda: f"job {state(store, job_id)}")
+        with store.transaction() as s:
+            (cluster_id,) = s.scalars(select(ClusterRow.id))
+        seen = datetime.now(UTC)
+        notice = NoticeReport(cluster_id=cluster_id, node="0", kind="terminate", noticed_at=seen,
+                              action_time=seen + timedelta(minutes=2))
+        record_notice(store, service.clock, notice)
+        record(store, ReportedCheckpoint(job_id, cluster_id, "0", "step-000010.npz", seen + timedelta(seconds=1), 10),
+               datetime.now(UTC))
+
+        def resumed() -> bool:
+            with store.transaction() as s:
+                job = s.get(JobRow, job_id)
+                return job is not None and job.state == "RUNNING" and job.attempt == 2
+
+        wait(resumed, timeout=60, what=lambda: f"job {state(store, job_id)}")
+        assert datetime.now(UTC) < seen + timedelta(minutes=2)
+        with store.transaction() as s:
+            job = s.get(JobRow, job_id)
+            assert job is not None and job.checkpoint == "s3://bucket/train/step-000010.npz"
+            assert job.zones == ["us-west-2b", "us-east-1a"]
+    finally:
+        service.shutdown()
