@@ -14,7 +14,7 @@ import dataclasses
 import json
 import math
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 from rich.table import Table
@@ -33,16 +33,20 @@ from policies import registry
 from policies.selection import IDLE, ON_DEMAND, Location, Plan, ZoneRecord
 from providers.base import SpotQuote
 
+if TYPE_CHECKING:
+    from broker.market import Market
+
 DRYRUN_TIMEOUT_SECONDS = 600.0
 MAX_HISTORIES = 200  # offers whose last day of quotes the plan shows
 
 
 def preview_plan(spec: JobSpec, quotes: list[SpotQuote], policy: str | None,
                  restart_overhead_s: float = CLOUD_RESTART_OVERHEAD_S,
-                 record: dict[str, ZoneRecord] | None = None) -> Plan:
+                 record: dict[str, ZoneRecord] | None = None, past: Market | None = None) -> Plan:
     """The plan the engine would make for ``spec`` if it were submitted now (the engine's own request
-    builder), with the broker's record of preemptions and failed launches per zone."""
-    request = preview_request(spec, quotes, WallClock().now(), restart_overhead_s)
+    builder), with the broker's record of preemptions and failed launches per zone, and the recent
+    past of each offer when ``past`` keeps one (the price book)."""
+    request = preview_request(spec, quotes, WallClock().now(), restart_overhead_s, past)
     return registry.get("selection", policy, live=True)(dataclasses.replace(request, record=record or {}))
 
 
@@ -153,7 +157,7 @@ def dryrun(settings: Settings, spec: JobSpec, catalog: Any = None, as_json: bool
             offers = market.offers(now)
         records = zone_history(store)
         plan = preview_plan(spec, [o.quote for o in offers], settings.selection_policy, restart_overhead(settings),
-                            records)
+                            records, market)
         fit, _ = fitting(spec, [o.quote for o in offers])
         history = {q.key: market.history(q.key, now) for q in fit[:MAX_HISTORIES]}
     finally:
