@@ -26,7 +26,7 @@ from broker.engine.feasibility import never_held
 from broker.engine.machine import cancel_job, submit_job
 from broker.joblogs import read_new
 from broker.service.timepolicy import priority_for, queue_of
-from broker.spec import JobSpec, SpecError, parse_job_spec
+from broker.spec import JobSpec, SpecError, market_offers, parse_job_quoted, parse_job_spec
 from broker.store import Store
 from broker.store.tables import JobRow
 from broker.summary import job_summary
@@ -114,6 +114,17 @@ def _row_problem(spec: JobSpec, now: datetime) -> SpecError | None:
     return None
 
 
+def _read(body: JobSubmission, intake: JobIntake, store: Store) -> JobSpec:
+    """The job file, judged on the SkyPilot backend by the price book's offers first: any instance
+    type or accelerator the clouds quote is accepted, whether or not a catalog knows it."""
+    source = body.source or "job file"
+    if intake.backend != "skypilot":
+        return parse_job_spec(body.spec, source=source, offline=intake.offline)
+    from broker.market import PriceBook
+
+    return parse_job_quoted(body.spec, source, market_offers(PriceBook(store).latest()), offline=intake.offline)
+
+
 def jobs_router(store: Store, clock: Clock, intake: JobIntake, team_of: Any) -> APIRouter:
     router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 
@@ -131,7 +142,7 @@ def jobs_router(store: Store, clock: Clock, intake: JobIntake, team_of: Any) -> 
                body: Annotated[JobSubmission, Depends(submission_body)]) -> Any:
         """Validate a job file and queue it as PENDING for the caller's team."""
         try:
-            spec = parse_job_spec(body.spec, source=body.source or "job file", offline=intake.offline)
+            spec = _read(body, intake, store)
         except SpecError as exc:
             return spec_error_response(exc)
         except Exception as exc:  # whatever the parser trips on is the file's fault, not a 500
