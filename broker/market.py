@@ -96,6 +96,7 @@ class QuoteFilter:
     accelerator: str | None = None
     min_gpus: int | None = None
     regions: tuple[str, ...] | None = None
+    max_gpus: int | None = None  # 0: CPU-only offers
 
     def apply(self, query: Q) -> Q:
         if self.clouds:
@@ -106,6 +107,8 @@ class QuoteFilter:
             query = query.where(PriceQuoteRow.gpus_per_node >= self.min_gpus)
         if self.regions:
             query = query.where(PriceQuoteRow.region.in_(self.regions))
+        if self.max_gpus is not None:
+            query = query.where(PriceQuoteRow.gpus_per_node <= self.max_gpus)
         return query
 
 

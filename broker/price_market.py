@@ -144,6 +144,8 @@ class PriceBookMarket(LiveQuotes):
 
 
 def quote_age_s(book: PriceBook, accelerators: Iterable[str], now: datetime) -> float | None:
-    """Seconds since the newest quote for any of ``accelerators`` (None: never quoted)."""
-    newest = [t for t in (book.newest(QuoteFilter(accelerator=a)) for a in accelerators) if t is not None]
+    """Seconds since the newest quote for any of ``accelerators``, or for none (a CPU task's
+    ``[]``) since the newest CPU-only quote (None: never quoted)."""
+    filters = [QuoteFilter(accelerator=a) for a in accelerators] or [QuoteFilter(max_gpus=0)]
+    newest = [t for t in (book.newest(f) for f in filters) if t is not None]
     return None if not newest else max(0.0, (now - max(newest)).total_seconds())

@@ -75,6 +75,11 @@ def test_a_quote_is_the_one_in_force_at_the_minute_asked(store: Store) -> None:
     assert market.quote(EAST, T0 - timedelta(minutes=1)).spot_price is None  # before the book heard of it
     assert quote_age_s(book, ["v100"], T0 + timedelta(minutes=35)) == pytest.approx(300)
     assert quote_age_s(book, ["H100"], T0) is None
+    assert quote_age_s(book, [], T0) is None  # a CPU task: no CPU-only offer quoted yet
+    book.record("gcp", [SpotQuote("gcp", "us-central1", "us-central1-a", "c2-standard-16", "", 0, 0.25, 0.83,
+                                  T0)], at=T0 + timedelta(minutes=20))
+    assert quote_age_s(book, [], T0 + timedelta(minutes=35)) == pytest.approx(900)
+    assert quote_age_s(book, ["v100"], T0 + timedelta(minutes=35)) == pytest.approx(300)
 
 
 def test_the_catalog_fills_in_only_accelerators_the_book_never_quoted(store: Store) -> None:
