@@ -120,6 +120,8 @@ def _offline(exc: BaseException, said: str) -> bool:
         name = type(seen).__name__
         if isinstance(seen, OSError | TimeoutError) or "Connection" in name or "Timeout" in name:
             return True
+        if type(seen).__name__ == "CloudError" and "ConnectionError" in str(seen):
+            return True  # SkyPilot's catalog download, its requests error wrapped
         seen = seen.__cause__ or seen.__context__
     return "Failed to fetch" in said or "internet connection" in said
 

@@ -92,3 +92,19 @@ def test_the_table_says_in_one_line_that_skypilot_could_not_dry_run(seeded: Path
     assert len(lines) == 1 and "the plan above is the broker's own" in lines[0]
     for said in (done.stdout, done.stderr):
         assert "<sky-payload>" not in said and "Traceback" not in said
+
+
+def test_a_catalog_download_that_cannot_connect_is_offline_not_a_refusal() -> None:
+    """What SkyPilot 0.14 raises when its dry run cannot download its catalog (seen on a machine
+    without network): a CloudError wrapping the requests error, with no exception chained."""
+    from sky import exceptions
+
+    from broker.cli.sky_dryrun import _offline
+
+    download = exceptions.CloudError(
+        "requests error (ConnectionError): HTTPSConnectionPool(host='raw.githubusercontent.com', port=443): "
+        "Max retries exceeded with url: /skypilot-org/skypilot-catalog/master/catalogs/v8/aws/vms.csv",
+        "aws", "requests error")
+    assert _offline(download, "")
+    assert not _offline(exceptions.CloudError("quota exceeded for P instances", "aws", "QuotaError"), "")
+    assert not _offline(exceptions.ResourcesUnavailableError("no resources"), "")
