@@ -168,8 +168,9 @@ class AwsPriceSource:
 
     def __init__(self, regions: Iterable[str] = DEFAULT_REGIONS, ec2_endpoint: str | None = None,
                  pricing_endpoint: str | None = None, backoff: Backoff | None = None,
-                 placement_scores: bool = True, max_workers: int = 16) -> None:
+                 placement_scores: bool = True, max_workers: int = 16, cpu_types: bool = True) -> None:
         self.regions = list(regions)
+        self.cpu_types = cpu_types  # False: GPU types only (the catalog's CPU-only types are left out)
         self.ec2_endpoint = ec2_endpoint
         self.pricing_endpoint = pricing_endpoint
         self.backoff = backoff or Backoff()
@@ -204,9 +205,10 @@ class AwsPriceSource:
 
     def _region_facts(self, region: str) -> RegionFacts:
         ec2 = self._client("ec2", region)
+        families = (*GPU_FAMILIES, *CPU_FAMILIES) if self.cpu_types else GPU_FAMILIES
         records = self._pages(ec2.describe_instance_types, "InstanceTypes", Filters=[
-            {"Name": "instance-type", "Values": [f"{family}.*" for family in (*GPU_FAMILIES, *CPU_FAMILIES)]}])
-        types = {**gpu_types(records), **cpu_types(records)}
+            {"Name": "instance-type", "Values": [f"{family}.*" for family in families]}])
+        types = {**gpu_types(records), **(cpu_types(records) if self.cpu_types else {})}
         if not types:
             return RegionFacts(region, {}, {}, {}, {}, {})
         names = sorted(types)

@@ -216,13 +216,13 @@ def _round(value: float | None) -> float | None:
     return None if value is None else round(value, 6)
 
 
-def machine_type_filter() -> str:
+def machine_type_filter(cpu_types: bool = True) -> str:
     """A Compute Engine list filter (RE2 on the name) for the machine types worth pricing: the GPU
     series, the n1 types GPUs attach to, and the catalog's CPU-only types (by name, so the listing
     stays the size of the catalog)."""
     bundled = [f"{series}-.*" for series in ("a2", "a3", "a4", "g2")]
     named = sorted({t.name for t in catalog.instance_types("gcp") if t.attached}
-                   | {t.name for t in catalog.cpu_instance_types("gcp")})
+                   | ({t.name for t in catalog.cpu_instance_types("gcp")} if cpu_types else set()))
     return f'name eq "({"|".join(bundled + named)})"'
 
 
@@ -245,8 +245,10 @@ class GcpPriceSource:
 
     def __init__(self, project: str | None = None, regions: Iterable[str] | None = None,
                  compute_endpoint: str | None = None, billing_endpoint: str | None = None,
-                 api_key: str | None = None, credentials: Any = None, backoff: Backoff | None = None) -> None:
+                 api_key: str | None = None, credentials: Any = None, backoff: Backoff | None = None,
+                 cpu_types: bool = True) -> None:
         self.project = project
+        self.cpu_types = cpu_types  # False: GPU machine types only
         self.regions = list(regions) if regions else None
         self.compute_endpoint = compute_endpoint
         self.billing_endpoint = (billing_endpoint or DEFAULT_BILLING_ENDPOINT).rstrip("/")
@@ -298,7 +300,8 @@ class GcpPriceSource:
 
         client = compute_v1.MachineTypesClient(credentials=credentials, transport="rest",
                                                client_options=self._client_options())
-        request = compute_v1.AggregatedListMachineTypesRequest(project=project, filter=machine_type_filter(),
+        request = compute_v1.AggregatedListMachineTypesRequest(project=project,
+                                                               filter=machine_type_filter(self.cpu_types),
                                                                max_results=500)
         machines = []
         for scope, listed in self._aggregated(client, request):

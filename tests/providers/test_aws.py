@@ -155,3 +155,9 @@ def test_on_demand_price_reads_linux_shared_from_price_list_strings() -> None:
     entries = [json.dumps(p) for p in _products()]
     assert on_demand_prices(entries) == {"p5.48xlarge": 98.32, "p4d.24xlarge": 32.7726, "g5.xlarge": 1.006,
                                         "m6i.2xlarge": 0.384}
+
+
+def test_gpu_types_only_leaves_the_cpu_types_and_their_listings_out(aws: FakeServer) -> None:
+    quotes = AwsPriceSource(regions=["us-east-1"], backoff=FAST, cpu_types=False).fetch_quotes()
+    assert quotes and all(q.gpus_per_node > 0 for q in quotes)
+    assert aws.requests["GetProducts"] == 2  # the GPU listing's two pages only

@@ -181,6 +181,7 @@ def test_h200_b200_and_cpu_only_machines_are_priced_from_their_own_skus() -> Non
         machine_type("c2-standard-8", "us-central1-a", 8, 32 * 1024),  # not in the catalog: not listed
     ]
     assert "c2-standard-16" in machine_type_filter() and "a4-.*" in machine_type_filter()
+    assert "c2-standard-16" not in machine_type_filter(cpu_types=False)
     with FakeServer(FakeGcp(skus, machines, [], page_size=50)) as server:
         quotes = _by_offer(_source(server).fetch_quotes())
     h200, b200 = quotes[("a3-ultragpu-8g", "us-central1-b")], quotes[("a4-highgpu-8g", "us-central1-b")]
