@@ -50,6 +50,9 @@ def preview_plan(spec: JobSpec, quotes: list[SpotQuote], policy: str | None,
     return registry.get("selection", policy, live=True)(dataclasses.replace(request, record=record or {}))
 
 
+TABLE_ROWS = 20
+
+
 class _TaskDumper(yaml.SafeDumper):
     """Multi-line commands as literal blocks, as they are written in a task file."""
 
@@ -67,10 +70,14 @@ def task_yaml(config: dict[str, Any]) -> str:
 
 
 def _plan_table(ranked: list[dict[str, Any]], reason: str) -> Table:
-    table = Table(title=f"plan: {reason}", header_style="bold", title_justify="left")
+    """The plan's first ``TABLE_ROWS`` offers (a CPU task fits a thousand zone x type offers; --json has all)."""
+    more = len(ranked) - TABLE_ROWS
+    table = Table(title=f"plan: {reason}", header_style="bold", title_justify="left",
+                  caption=f"... and {more} more offers, in order (all of them with --json)" if more > 0 else None,
+                  caption_justify="left")
     for column in ("#", "kind", "where", "instance", "$/node-h", "$/h gang", "quote age", "source"):
         table.add_column(column)
-    for row in ranked:
+    for row in ranked[:TABLE_ROWS]:
         if row["cloud"] is None:
             table.add_row(str(row["rank"]), row["kind"], *["-"] * 6)
             continue

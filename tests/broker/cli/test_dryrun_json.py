@@ -108,3 +108,21 @@ def test_a_catalog_download_that_cannot_connect_is_offline_not_a_refusal() -> No
     assert _offline(download, "")
     assert not _offline(exceptions.CloudError("quota exceeded for P instances", "aws", "QuotaError"), "")
     assert not _offline(exceptions.ResourcesUnavailableError("no resources"), "")
+
+
+def test_the_plan_table_shows_the_first_offers_and_says_how_many_more() -> None:
+    from rich.console import Console
+
+    from broker.cli.sky_dryrun import TABLE_ROWS, _plan_table
+
+    rows = [{"rank": i + 1, "kind": "spot", "cloud": "aws", "zone": f"us-east-1{'abcdef'[i % 6]}",
+             "instance_type": "m6i.2xlarge", "price_per_node_hour": 0.1 + i / 1000, "price_per_hour": 0.1 + i / 1000,
+             "quote_age_s": 60.0, "stale": False, "source": "price-book"} for i in range(TABLE_ROWS + 7)]
+    console = Console(width=200, record=True)
+    console.print(_plan_table(rows, "good spot"))
+    text = console.export_text()
+    assert f"│ {TABLE_ROWS} " in text and f"│ {TABLE_ROWS + 1} " not in text
+    assert "... and 7 more offers, in order (all of them with --json)" in text
+    console = Console(width=200, record=True)
+    console.print(_plan_table(rows[:3], "good spot"))
+    assert "more offers" not in console.export_text()
