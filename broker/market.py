@@ -97,6 +97,7 @@ class QuoteFilter:
     min_gpus: int | None = None
     regions: tuple[str, ...] | None = None
     max_gpus: int | None = None  # 0: CPU-only offers
+    instance_types: tuple[str, ...] | None = None
 
     def apply(self, query: Q) -> Q:
         if self.clouds:
@@ -109,6 +110,8 @@ class QuoteFilter:
             query = query.where(PriceQuoteRow.region.in_(self.regions))
         if self.max_gpus is not None:
             query = query.where(PriceQuoteRow.gpus_per_node <= self.max_gpus)
+        if self.instance_types:
+            query = query.where(PriceQuoteRow.instance_type.in_(self.instance_types))
         return query
 
 
@@ -288,7 +291,8 @@ class PriceBook:
         if not wanted or max_ticks < 1:
             return None
         since = until - timedelta(seconds=tick_seconds * (max_ticks - 1))
-        where = QuoteFilter(clouds=tuple(sorted({cloud for cloud, _, _ in wanted})))
+        where = QuoteFilter(clouds=tuple(sorted({cloud for cloud, _, _ in wanted})),
+                            instance_types=tuple(sorted({kind for _, _, kind in wanted})))
         with self.store.transaction() as s:
             rows = [r for r in self._window_rows(s, where, since, until) if _offer(r) in wanted]
         found = _replayable(rows)

@@ -36,6 +36,7 @@ PRICE_BOOK = "price-book"
 HISTORY_WINDOW = timedelta(hours=24)
 HISTORY_TICK_S = 300.0
 HISTORY_CELLS = 200_000
+HISTORY_REUSE = timedelta(seconds=60)
 # Spot nodes a zone is counted to have when the cloud gives no count (a chance, as in ``spot_ok``).
 UNKNOWN_NODES = 1_000_000
 CATALOG = "skypilot-catalog"
@@ -80,6 +81,9 @@ class PriceBookMarket(LiveQuotes):
         self.history_tick_s = history_tick_s
         self.history_cells = history_cells
         self._failed_at: float | None = None
+        # The last recent past built per set of offers: a pending job is planned every step, and
+        # the book moves only when polled, so a past is reused for HISTORY_REUSE_S of clock time.
+        self._recent: dict[frozenset[tuple[str, str, str]], tuple[datetime, MarketTrace | None]] = {}
 
     def offers(self, when: datetime) -> list[SourcedQuote]:
         """Every offer at ``when``: the price book's, then the catalog's for accelerators it never quoted."""
@@ -131,12 +135,19 @@ class PriceBookMarket(LiveQuotes):
         """The book's recent past of ``offers``, as the policy reads a replayed trace's: spot and
         on-demand prices per tick, and spot capacity (none where the quote was stale or its
         placement score low, unknown counted as ``UNKNOWN_NODES``), its last tick the quotes now."""
-        ids = {(k.cloud, k.zone, k.instance_type) for k in offers}
+        ids = frozenset((k.cloud, k.zone, k.instance_type) for k in offers)
         if not ids:
             return None
+        built = self._recent.get(ids)
+        if built is not None and timedelta(0) <= now - built[0] < HISTORY_REUSE:
+            return built[1]
         ticks = min(int(self.history_window.total_seconds() // self.history_tick_s) + 1,
                     self.history_cells // len(ids))
-        return self.book.recent(ids, now, self.history_tick_s, ticks, UNKNOWN_NODES, self.stale_after_s)
+        past = self.book.recent(ids, now, self.history_tick_s, ticks, UNKNOWN_NODES, self.stale_after_s)
+        if len(self._recent) >= 64:
+            self._recent.clear()
+        self._recent[ids] = (now, past)
+        return past
 
     def history(self, key: OfferKey, now: datetime, window: timedelta = timedelta(hours=24)) -> list[SpotQuote]:
         """The offer's quote changes over ``window`` before ``now``, led by the one in force at its start."""

@@ -172,3 +172,16 @@ def test_a_quote_nobody_confirmed_for_stale_after_s_is_no_capacity_in_the_past_t
     assert past.available_nodes[:, east].tolist() == [1_000_000] * 3 + [0] * 4
     assert market.recent([], T0) is None
     assert market.recent([OfferKey("gcp", "us-central1", "us-central1-a", "a2-highgpu-1g")], T0) is None
+
+
+def test_a_recent_past_is_reused_for_a_minute_then_rebuilt_with_the_new_quotes(store: Store) -> None:
+    book = PriceBook(store)
+    book.record("aws", [aws(EAST, 0.92)], at=T0)
+    market = PriceBookMarket(book)
+    first = market.recent([EAST], T0 + timedelta(minutes=10))
+    book.record("aws", [aws(EAST, 1.50)], at=T0 + timedelta(minutes=10, seconds=20))
+    again = market.recent([EAST], T0 + timedelta(minutes=10, seconds=30))
+    assert again is first  # within a minute: the same past, not a new query
+    later = market.recent([EAST], T0 + timedelta(minutes=11, seconds=5))
+    assert first is not None and later is not None
+    assert first.spot_price[-1, 0] == 0.92 and later.spot_price[-1, 0] == 1.50
