@@ -1,4 +1,4 @@
-"""Full refresh of every GPU offer on the three clouds, against local servers adding latency.
+"""Full refresh of every GPU and CPU-only offer on the three clouds, against local servers adding latency.
 
     python benchmarks/prices.py [--latency 0.1] [--no-baseline]
 
@@ -6,7 +6,8 @@ The fake clouds serve a whole market shaped like the real one (moto's EC2 catalo
 six AWS regions, a 24k-SKU GCP billing catalog over 22 zones, Azure's GPU sizes in ten regions);
 every request waits ``--latency`` seconds first. The refresh polls and records into a SQLite price
 book, as `broker prices --refresh` does. Prints seconds and requests per cloud against the 30 s
-target, and a sequential refresh (one region, one cloud at a time) measured in the same run.
+target, a refresh of GPU types only (what CPU-only offers cost) and a sequential refresh (one
+region, one cloud at a time), measured in the same run.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ class StaticToken:
         return AccessToken("benchmark-token", int(time.time()) + 3600)
 
 
-def sources(env: dict[str, str], workers: int) -> dict[str, Any]:
+def sources(env: dict[str, str], workers: int, cpu_types: bool = True) -> dict[str, Any]:
     from google.auth.credentials import AnonymousCredentials
 
     from providers.aws import AwsPriceSource
@@ -42,10 +43,11 @@ def sources(env: dict[str, str], workers: int) -> dict[str, Any]:
 
     return {
         "aws": AwsPriceSource(ec2_endpoint=env["AWS_ENDPOINT_URL_EC2"],
-                              pricing_endpoint=env["AWS_ENDPOINT_URL_PRICING"], max_workers=workers),
+                              pricing_endpoint=env["AWS_ENDPOINT_URL_PRICING"], max_workers=workers,
+                              cpu_types=cpu_types),
         "gcp": GcpPriceSource(project="benchmark", compute_endpoint=env["BROKER_GCP_COMPUTE_ENDPOINT"],
                               billing_endpoint=env["BROKER_GCP_BILLING_ENDPOINT"], api_key="benchmark",
-                              credentials=AnonymousCredentials()),
+                              credentials=AnonymousCredentials(), cpu_types=cpu_types),
         "azure": AzurePriceSource(prices_url=env["BROKER_AZURE_PRICES_URL"],
                                   rm_endpoint=env["BROKER_AZURE_RM_ENDPOINT"],
                                   subscription_id="00000000-0000-0000-0000-000000000000", credential=StaticToken(),
@@ -53,13 +55,14 @@ def sources(env: dict[str, str], workers: int) -> dict[str, Any]:
     }
 
 
-def refresh(book: Any, clouds: Any, concurrent: bool) -> tuple[float, list[Any], dict[str, int]]:
+def refresh(book: Any, clouds: Any, concurrent: bool,
+            cpu_types: bool = True) -> tuple[float, list[Any], dict[str, int]]:
     from broker.pricing import poll_prices
 
     before = clouds.requests()
     started = time.perf_counter()
     if concurrent:
-        polls = poll_prices(book, sources(clouds.environment(), workers=16))
+        polls = poll_prices(book, sources(clouds.environment(), workers=16, cpu_types=cpu_types))
     else:
         polls = [p for name, source in sources(clouds.environment(), workers=1).items()
                  for p in poll_prices(book, {name: source})]
@@ -88,7 +91,8 @@ def main() -> None:
         if failed:
             sys.exit("refresh failed: " + "; ".join(failed))
         warm, polls, warm_requests = refresh(book, clouds, concurrent=True)
-        print(f"Prices refresh: every GPU offer on three clouds, {args.latency * 1000:.0f} ms added per request")
+        print(f"Prices refresh: every GPU and CPU-only offer on three clouds, {args.latency * 1000:.0f} ms added "
+              "per request")
         print(f"{'cloud':<6} {'quotes':>7} {'requests':>9} {'seconds':>8}")
         for p in polls:
             print(f"{p.cloud:<6} {p.quotes:>7} {warm_requests[p.cloud]:>9} {p.seconds:>8.2f}")
@@ -97,6 +101,10 @@ def main() -> None:
         print(f"full refresh, first in the process (SDK imports included): {cold:.2f} s "
               f"({sum(requests.values())} requests)")
         print(f"full refresh, warm: {warm:.2f} s = {warm / TARGET_SECONDS:.2f} x the {TARGET_SECONDS:.0f} s target")
+        gpu_only, gpu_polls, gpu_requests = refresh(book, clouds, concurrent=True, cpu_types=False)
+        print(f"GPU types only (the catalog's CPU-only types left out): {gpu_only:.2f} s, "
+              f"{sum(p.quotes for p in gpu_polls)} quotes, {sum(gpu_requests.values())} requests "
+              f"(aws {gpu_requests['aws']}, gcp {gpu_requests['gcp']}, azure {gpu_requests['azure']})")
         if not args.no_baseline:
             sequential, _, seq_requests = refresh(book, clouds, concurrent=False)
             print(f"sequential baseline (one region, one cloud at a time): {sequential:.2f} s "

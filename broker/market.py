@@ -6,12 +6,13 @@ the latest quote per offer, the quote in force at a time, the series of changes 
 a window exported as a market trace (evenly spaced ticks, forward-filled) for ``broker simulate``.
 
 ``Market`` is what the engine asks of any market (a replayed trace, the price book): quotes
-now, one offer's quote at a time, and, where the market moves in ticks, its ticks and its past.
+now, one offer's quote at a time, and, where the market moves in ticks, its ticks and its past;
+where it is quoted live and keeps its quotes (the price book), the recent past of some offers.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterator, Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -23,7 +24,7 @@ from sqlalchemy.orm import Session
 from broker.store import Store
 from broker.store.tables import PriceQuoteRow
 from providers.base import OfferKey, SpotQuote
-from providers.trace import MarketTrace, write_trace
+from providers.trace import MarketTrace, TraceZone, write_trace
 
 if TYPE_CHECKING:
     import numpy as np
@@ -63,6 +64,10 @@ class Market(Protocol):
         """The market's whole history for one kind of node, where it has one (a replayed trace)."""
         ...
 
+    def recent(self, offers: Sequence[OfferKey], now: datetime) -> MarketTrace | None:
+        """A market quoted live: the recent past of ``offers``, its last tick ``now`` (None: no past kept)."""
+        ...
+
 
 class LiveQuotes:
     """The tick and history abilities of a market quoted as it is asked (a catalog, a cloud's API):
@@ -79,6 +84,9 @@ class LiveQuotes:
     def past(self, accelerator: str, gpus_per_node: int) -> MarketTrace | None:
         return None
 
+    def recent(self, offers: Sequence[OfferKey], now: datetime) -> MarketTrace | None:
+        return None
+
 
 @dataclass(frozen=True, slots=True)
 class QuoteFilter:
@@ -88,6 +96,8 @@ class QuoteFilter:
     accelerator: str | None = None
     min_gpus: int | None = None
     regions: tuple[str, ...] | None = None
+    max_gpus: int | None = None  # 0: CPU-only offers
+    instance_types: tuple[str, ...] | None = None
 
     def apply(self, query: Q) -> Q:
         if self.clouds:
@@ -98,6 +108,10 @@ class QuoteFilter:
             query = query.where(PriceQuoteRow.gpus_per_node >= self.min_gpus)
         if self.regions:
             query = query.where(PriceQuoteRow.region.in_(self.regions))
+        if self.max_gpus is not None:
+            query = query.where(PriceQuoteRow.gpus_per_node <= self.max_gpus)
+        if self.instance_types:
+            query = query.where(PriceQuoteRow.instance_type.in_(self.instance_types))
         return query
 
 
@@ -255,11 +269,7 @@ class PriceBook:
         until = until or datetime.now(UTC)
         with self.store.transaction() as s:
             rows = self._window_rows(s, where, since, until)
-        by_offer: dict[OfferId, list[PriceQuoteRow]] = {}
-        for row in rows:
-            by_offer.setdefault(_offer(row), []).append(row)
-        # An offer never quoted on-demand cannot be replayed (the fallback price is unknown).
-        offers = {k: v for k, v in by_offer.items() if any(r.on_demand_price is not None for r in v)}
+        offers = _replayable(rows)
         if not offers:
             raise NoQuotes(f"no quotes with an on-demand price between {since:%Y-%m-%d %H:%M} and "
                            f"{until:%Y-%m-%d %H:%M} UTC")
@@ -268,50 +278,30 @@ class PriceBook:
         start = max(since, first_seen)
         end = min(until, last_seen)
         ticks = int((end - start).total_seconds() // tick_seconds) + 1 if end >= start else 1
-        tick_times = [start + timedelta(seconds=tick_seconds * i) for i in range(ticks)]
-        import numpy as np
-
-        tick_epochs = np.array([t.timestamp() for t in tick_times])
-        columns = [self._column(rows, tick_epochs, nodes_when_offered) for rows in offers.values()]
-        keys = [rows[0] for rows in offers.values()]
-
-        def quotes() -> Iterator[SpotQuote]:
-            for t, when in enumerate(tick_times):
-                for head, (spot, on_demand, nodes) in zip(keys, columns, strict=True):
-                    yield SpotQuote(
-                        cloud=head.cloud, region=head.region, zone=head.zone, instance_type=head.instance_type,
-                        accelerator=head.accelerator, gpus_per_node=head.gpus_per_node,
-                        spot_price=float(spot[t]), on_demand_price=float(on_demand[t]), observed_at=when,
-                        available_nodes=int(nodes[t]),
-                    )
-
-        written = write_trace(path, quotes())
+        trace = _as_trace(offers, start, tick_seconds, ticks, nodes_when_offered)
+        written = write_trace(path, (q for t in range(trace.num_ticks) for q in trace.quotes_at(t)))
         return TraceExport(Path(path), written, len(offers), ticks, start, tick_seconds)
 
-    @staticmethod
-    def _column(rows: list[PriceQuoteRow], ticks: np.ndarray,
-                nodes_when_offered: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Spot price, on-demand price and spot nodes of one offer at every tick."""
-        import numpy as np
-
-        first_on_demand = next(r.on_demand_price for r in rows if r.on_demand_price is not None)
-        spot, on_demand, nodes, confirmed = [], [], [], []
-        last_on_demand = first_on_demand
-        for r in rows:
-            last_on_demand = r.on_demand_price if r.on_demand_price is not None else last_on_demand
-            on_demand.append(last_on_demand)
-            spot.append(r.spot_price if r.spot_price is not None else last_on_demand)
-            offered = r.spot_price is not None and (r.capacity_score is None or r.capacity_score >= LIKELY_SCORE)
-            nodes.append(r.available_nodes if r.available_nodes is not None else
-                         (nodes_when_offered if offered else 0))
-            confirmed.append(r.confirmed_at.timestamp() if r.stale else np.inf)
-        starts = np.array([r.observed_at.timestamp() for r in rows])
-        index = np.searchsorted(starts, ticks, side="right") - 1
-        seen = index >= 0
-        index = np.maximum(index, 0)
-        spot_at, on_demand_at = np.array(spot)[index], np.array(on_demand)[index]
-        nodes_at = np.where(seen & (ticks <= np.array(confirmed)[index]), np.array(nodes)[index], 0)
-        return spot_at, on_demand_at, nodes_at
+    def recent(self, offers: Collection[OfferId], until: datetime, tick_seconds: float, max_ticks: int,
+               nodes_when_offered: int, fresh_for_s: float | None = None) -> MarketTrace | None:
+        """The recent past of ``offers`` as a trace whose last tick is ``until``: at most ``max_ticks``
+        ticks, none before the first quote of any of them (None: none was ever quoted). Past a
+        quote's last confirmation by ``fresh_for_s`` its zone has no spot capacity, as past a stale one."""
+        wanted = set(offers)
+        if not wanted or max_ticks < 1:
+            return None
+        since = until - timedelta(seconds=tick_seconds * (max_ticks - 1))
+        where = QuoteFilter(clouds=tuple(sorted({cloud for cloud, _, _ in wanted})),
+                            instance_types=tuple(sorted({kind for _, _, kind in wanted})))
+        with self.store.transaction() as s:
+            rows = [r for r in self._window_rows(s, where, since, until) if _offer(r) in wanted]
+        found = _replayable(rows)
+        if not found:
+            return None
+        first_seen = max(since, min(r[0].observed_at for r in found.values()))
+        ticks = int((until - first_seen).total_seconds() // tick_seconds) + 1
+        start = until - timedelta(seconds=tick_seconds * (ticks - 1))
+        return _as_trace(found, start, tick_seconds, ticks, nodes_when_offered, fresh_for_s)
 
     # -- queries -----------------------------------------------------------------------------------
 
@@ -346,3 +336,49 @@ class PriceBook:
         rows.extend(r for r in before.values() if r.id not in ids)
         rows.sort(key=lambda r: (r.cloud, r.zone, r.instance_type, r.observed_at, r.id))
         return rows
+
+
+def _replayable(rows: list[PriceQuoteRow]) -> dict[OfferId, list[PriceQuoteRow]]:
+    """Rows by offer, in time order; an offer never quoted on-demand cannot be replayed (its fallback is unknown)."""
+    by_offer: dict[OfferId, list[PriceQuoteRow]] = {}
+    for row in rows:
+        by_offer.setdefault(_offer(row), []).append(row)
+    return {k: v for k, v in by_offer.items() if any(r.on_demand_price is not None for r in v)}
+
+
+def _as_trace(offers: dict[OfferId, list[PriceQuoteRow]], start: datetime, tick_seconds: float, ticks: int,
+              nodes_when_offered: int, fresh_for_s: float | None = None) -> MarketTrace:
+    import numpy as np
+
+    tick_epochs = np.array([(start + timedelta(seconds=tick_seconds * i)).timestamp() for i in range(ticks)])
+    columns = [_column(rows, tick_epochs, nodes_when_offered, fresh_for_s) for rows in offers.values()]
+    zones = tuple(TraceZone(OfferKey(rows[-1].cloud, rows[-1].region, rows[-1].zone, rows[-1].instance_type),
+                            rows[-1].accelerator, rows[-1].gpus_per_node) for rows in offers.values())
+    spot, on_demand, nodes = (np.stack([c[i] for c in columns], axis=1) for i in range(3))
+    return MarketTrace(start, tick_seconds, zones, spot, on_demand, nodes.astype(np.int64))
+
+
+def _column(rows: list[PriceQuoteRow], ticks: np.ndarray, nodes_when_offered: int,
+            fresh_for_s: float | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Spot price, on-demand price and spot nodes of one offer at every tick."""
+    import numpy as np
+
+    first_on_demand = next(r.on_demand_price for r in rows if r.on_demand_price is not None)
+    spot, on_demand, nodes, confirmed = [], [], [], []
+    last_on_demand = first_on_demand
+    for r in rows:
+        last_on_demand = r.on_demand_price if r.on_demand_price is not None else last_on_demand
+        on_demand.append(last_on_demand)
+        spot.append(r.spot_price if r.spot_price is not None else last_on_demand)
+        offered = r.spot_price is not None and (r.capacity_score is None or r.capacity_score >= LIKELY_SCORE)
+        nodes.append(r.available_nodes if r.available_nodes is not None else
+                     (nodes_when_offered if offered else 0))
+        held = r.confirmed_at.timestamp() + (fresh_for_s if fresh_for_s is not None else np.inf)
+        confirmed.append(r.confirmed_at.timestamp() if r.stale else held)
+    starts = np.array([r.observed_at.timestamp() for r in rows])
+    index = np.searchsorted(starts, ticks, side="right") - 1
+    seen = index >= 0
+    index = np.maximum(index, 0)
+    spot_at, on_demand_at = np.array(spot)[index], np.array(on_demand)[index]
+    nodes_at = np.where(seen & (ticks <= np.array(confirmed)[index]), np.array(nodes)[index], 0)
+    return spot_at, on_demand_at, nodes_at

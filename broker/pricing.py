@@ -119,11 +119,11 @@ def _summary(exc: BaseException) -> str:
 
 
 def refresh_if_old(book: PriceBook, settings: Settings, accelerators: Sequence[str]) -> list[CloudPoll] | None:
-    """Poll every cloud first when the newest quote for ``accelerators`` is older than
-    ``price_max_age_seconds`` (or there is none); None when the book was fresh enough."""
+    """Poll every cloud first when the newest quote for ``accelerators`` (none: CPU-only offers) is
+    older than ``price_max_age_seconds`` (or there is none); None when the book was fresh enough."""
     from broker.price_market import quote_age_s
 
-    age = quote_age_s(book, accelerators, datetime.now(UTC)) if accelerators else None
+    age = quote_age_s(book, accelerators, datetime.now(UTC))
     if age is not None and age <= settings.price_max_age_seconds:
         return None
     return poll_prices(book, price_sources(settings))

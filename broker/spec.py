@@ -49,6 +49,7 @@ __all__ = [
     "market_offers",
     "parse_duration",
     "parse_job_file",
+    "parse_job_quoted",
     "parse_job_spec",
     "sky_task_config",
 ]
@@ -133,6 +134,19 @@ def parse_job_file(text: str, source: str = "job file", *, now: datetime | None 
     if len(documents) == 1:
         return build_task(documents[0], source, when, offline, catalog_timeout, market=market)
     return build_pipeline(documents, source, when, offline, catalog_timeout)
+
+
+def parse_job_quoted(text: str, source: str, offers: tuple[MarketOffer, ...], *, offline: bool = False,
+                     catalog_timeout: float = CATALOG_TIMEOUT_SECONDS) -> JobSpec | Pipeline:
+    """A job file judged first by what the clouds quote (``offers``: the price book's): one task asking
+    for an instance type or accelerator they quote is accepted, whether or not a catalog knows it.
+    Any other, and a pipeline's stages, are judged by the catalogs, which word the refusal."""
+    if offers:
+        try:
+            return parse_job_file(text, source=source, market=offers)
+        except SpecError:
+            pass
+    return parse_job_file(text, source=source, offline=offline, catalog_timeout=catalog_timeout)
 
 
 def job_spec_from_data(data: dict[str, Any], source: str | None = None, *, offline: bool = False,

@@ -1,5 +1,5 @@
-"""AWS: the GPU catalog, spot and on-demand prices and spot placement scores (and, below, room for
-the node-side preemption-notice reader).
+"""AWS: the GPU catalog, spot and on-demand prices of GPU and the catalog's CPU-only types, and spot
+placement scores of GPU types (and, below, room for the node-side preemption-notice reader).
 
 Sources: EC2 ``DescribeInstanceTypes`` (``GpuInfo``) and ``DescribeInstanceTypeOfferings`` (which
 zones sell a type), ``DescribeSpotPriceHistory`` (Linux/UNIX, the price in force now per zone),
@@ -35,6 +35,12 @@ DEFAULT_REGIONS: tuple[str, ...] = (
 # Instance families that carry NVIDIA GPUs; types found there without GpuInfo are completed from
 # the built-in catalog.
 GPU_FAMILIES: tuple[str, ...] = ("p3", "p3dn", "p4d", "p4de", "p5", "p5e", "p5en", "g4dn", "g5", "g6", "g6e")
+# The CPU-only types quoted are the built-in catalog's (its families: c5, c6i, c7i, m5, m6i, m7i, r5,
+# r6i, t3); the Price List files them under these instance families, one GetProducts listing each.
+CPU_TYPES: frozenset[str] = frozenset(t.name for t in catalog.cpu_instance_types("aws"))
+CPU_FAMILIES: tuple[str, ...] = tuple(sorted({name.split(".")[0] for name in CPU_TYPES}))
+PRICE_LIST_FAMILIES = {"c": "Compute optimized", "m": "General purpose", "t": "General purpose",
+                       "r": "Memory optimized"}
 THROTTLING_CODES = frozenset({
     "RequestLimitExceeded", "Throttling", "ThrottlingException", "TooManyRequestsException",
     "RequestThrottled", "RequestThrottledException", "InternalError", "InternalFailure",
@@ -68,6 +74,19 @@ def gpu_types(instance_types: Iterable[dict[str, Any]]) -> dict[str, AwsGpuType]
             found[name] = AwsGpuType(name, str(gpu.get("Name", "?")), int(gpu.get("Count", 0)),
                                      round(memory_mib / 1024, 1) if memory_mib else None)
     return {k: v for k, v in found.items() if v.gpus > 0}
+
+
+def cpu_types(instance_types: Iterable[dict[str, Any]]) -> dict[str, AwsGpuType]:
+    """The catalog's CPU-only types among ``DescribeInstanceTypes`` records (no GPU: accelerator "", 0)."""
+    return {name: AwsGpuType(name, "", 0, None) for record in instance_types
+            if (name := record.get("InstanceType", "")) in CPU_TYPES and not (record.get("GpuInfo") or {}).get("Gpus")}
+
+
+def price_list_family(instance_type: str) -> str:
+    """The Price List's ``instanceFamily`` of a type the poller quotes."""
+    if instance_type in CPU_TYPES:
+        return PRICE_LIST_FAMILIES[instance_type[0]]
+    return "GPU instance"
 
 
 def latest_spot_prices(history: Iterable[dict[str, Any]]) -> dict[tuple[str, str], float]:
@@ -149,8 +168,9 @@ class AwsPriceSource:
 
     def __init__(self, regions: Iterable[str] = DEFAULT_REGIONS, ec2_endpoint: str | None = None,
                  pricing_endpoint: str | None = None, backoff: Backoff | None = None,
-                 placement_scores: bool = True, max_workers: int = 16) -> None:
+                 placement_scores: bool = True, max_workers: int = 16, cpu_types: bool = True) -> None:
         self.regions = list(regions)
+        self.cpu_types = cpu_types  # False: GPU types only (the catalog's CPU-only types are left out)
         self.ec2_endpoint = ec2_endpoint
         self.pricing_endpoint = pricing_endpoint
         self.backoff = backoff or Backoff()
@@ -185,8 +205,10 @@ class AwsPriceSource:
 
     def _region_facts(self, region: str) -> RegionFacts:
         ec2 = self._client("ec2", region)
-        types = gpu_types(self._pages(ec2.describe_instance_types, "InstanceTypes", Filters=[
-            {"Name": "instance-type", "Values": [f"{family}.*" for family in GPU_FAMILIES]}]))
+        families = (*GPU_FAMILIES, *CPU_FAMILIES) if self.cpu_types else GPU_FAMILIES
+        records = self._pages(ec2.describe_instance_types, "InstanceTypes", Filters=[
+            {"Name": "instance-type", "Values": [f"{family}.*" for family in families]}])
+        types = {**gpu_types(records), **(cpu_types(records) if self.cpu_types else {})}
         if not types:
             return RegionFacts(region, {}, {}, {}, {}, {})
         names = sorted(types)
@@ -203,12 +225,15 @@ class AwsPriceSource:
                            self._on_demand(region, names), zone_names)
 
     def _on_demand(self, region: str, names: list[str]) -> dict[str, float]:
+        """One Price List listing per instance family the types fall in (GPU instance, and the CPU families')."""
         pricing = self._client("pricing", PRICING_REGION)
-        filters = [{"Type": "TERM_MATCH", "Field": k, "Value": v} for k, v in (
-            ("regionCode", region), ("operatingSystem", "Linux"), ("tenancy", "Shared"),
-            ("preInstalledSw", "NA"), ("capacitystatus", "Used"), ("instanceFamily", "GPU instance"))]
-        entries = self._pages(pricing.get_products, "PriceList", ServiceCode="AmazonEC2", Filters=filters,
-                              FormatVersion="aws_v1", MaxResults=100)
+        entries: list[Any] = []
+        for family in sorted({price_list_family(name) for name in names}):
+            filters = [{"Type": "TERM_MATCH", "Field": k, "Value": v} for k, v in (
+                ("regionCode", region), ("operatingSystem", "Linux"), ("tenancy", "Shared"),
+                ("preInstalledSw", "NA"), ("capacitystatus", "Used"), ("instanceFamily", family))]
+            entries += self._pages(pricing.get_products, "PriceList", ServiceCode="AmazonEC2", Filters=filters,
+                                   FormatVersion="aws_v1", MaxResults=100)
         wanted = set(names)
         return {k: v for k, v in on_demand_prices(entries).items() if k in wanted}
 
@@ -217,12 +242,13 @@ class AwsPriceSource:
     def _add_placement_scores(self, facts: list[RegionFacts]) -> None:
         from botocore.exceptions import ClientError
 
-        # Only types with a spot market somewhere are worth a score (and a request).
+        # Only GPU types with a spot market somewhere are worth a score (and a request: one per type).
+        # CPU-only types get none: their spot pools are deep, and a request each would double the poll.
         regions_of: dict[str, list[str]] = {}
         for f in facts:
             priced = {name for name, _ in f.spot}
-            for name in f.types:
-                if f.zones_of.get(name) and name in priced:
+            for name, kind in f.types.items():
+                if kind.gpus and f.zones_of.get(name) and name in priced:
                     regions_of.setdefault(name, []).append(f.region)
         if not regions_of:
             return

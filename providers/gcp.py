@@ -4,7 +4,7 @@ preemption-notice reader).
 Sources: the Cloud Billing Catalog (``services/6F81-5844-456A/skus``: GPU, vCPU and RAM SKUs per
 region, ``usageType`` ``OnDemand`` and ``Preemptible`` = spot, price ``units + nanos/1e9``) and
 Compute Engine ``machineTypes``/``acceleratorTypes`` aggregated lists (which zone has what). A GPU
-machine type costs its GPUs plus its vCPUs plus its memory: a2, a3 and g2 types bundle their GPUs,
+machine type costs its GPUs plus its vCPUs plus its memory: a2, a3, a4 and g2 types bundle their GPUs,
 n1 types take attached GPUs. google-cloud-compute and google-auth are imported only inside functions.
 """
 
@@ -35,7 +35,12 @@ DEFAULT_BILLING_ENDPOINT = "https://cloudbilling.googleapis.com"
 SPOT, ON_DEMAND = "Preemptible", "OnDemand"
 
 # Compute Engine accelerator type -> (catalog name, GPU memory GB, words naming it in SKU descriptions).
+# H200 and B200: the type names of Compute Engine's GPU docs (A3 Ultra, A4), the SKU words and GPU
+# memory of SkyPilot's catalog fetcher (sky/catalog/data_fetchers/fetch_gcp.py, Apache-2.0):
+# "H200 141GB GPU running in ..." and "A4 Nvidia B200 (1 gpu slice) running in ...".
 ACCELERATORS: dict[str, tuple[str, float, str]] = {
+    "nvidia-b200": ("B200", 180, "Nvidia B200 (1 gpu slice)"),
+    "nvidia-h200-141gb": ("H200", 141, "H200 141GB GPU"),
     "nvidia-h100-80gb": ("H100", 80, "H100 80GB GPU"),
     "nvidia-h100-mega-80gb": ("H100-MEGA", 80, "H100 80GB Mega GPU"),
     "nvidia-a100-80gb": ("A100-80GB", 80, "A100 80GB GPU"),
@@ -45,13 +50,18 @@ ACCELERATORS: dict[str, tuple[str, float, str]] = {
     "nvidia-tesla-t4": ("T4", 16, "Tesla T4 GPU"),
     "nvidia-tesla-p100": ("P100", 16, "Tesla P100 GPU"),
 }
-# Machine series -> the words naming its vCPU ("... Core") and memory ("... Ram") SKUs.
+# Machine series -> the words naming its vCPU ("... Core") and memory ("... Ram") SKUs: SkyPilot's
+# SERIES_TO_DESCRIPTION (fetch_gcp.py) for a4 and c2 ("Compute optimized"), the billing catalog's
+# "A3Ultra Instance Core/Ram" for a3-ultragpu as "A3Plus" names a3-megagpu's. Longest prefixes first.
 SERIES: dict[str, str] = {
     "a3-megagpu": "A3Plus Instance",
+    "a3-ultragpu": "A3Ultra Instance",
     "a3": "A3 Instance",
+    "a4": "A4 Instance",
     "a2": "A2 Instance",
     "g2": "G2 Instance",
     "n1": "N1 Predefined Instance",
+    "c2": "Compute optimized",
 }
 # Words that mark a SKU for another way of buying the same resource (commitments, sole tenancy,
 # Dynamic Workload Scheduler, workstation licences): not the spot or on-demand list price.
@@ -153,7 +163,7 @@ def node_price(prices: SkuPrices, usage: str, machine: MachineType, accelerator:
     series = series_of(machine.name)
     if series is None:
         return None
-    gpu = prices.get(usage, machine.region, "gpu", accelerator)
+    gpu = prices.get(usage, machine.region, "gpu", accelerator) if gpus else 0.0
     core = prices.get(usage, machine.region, "core", series)
     ram = prices.get(usage, machine.region, "ram", series)
     if gpu is None or core is None or ram is None:
@@ -163,13 +173,17 @@ def node_price(prices: SkuPrices, usage: str, machine: MachineType, accelerator:
 
 def gcp_quotes(prices: SkuPrices, machines: Iterable[MachineType], zone_accelerators: dict[str, dict[str, int]],
                observed_at: datetime) -> list[SpotQuote]:
-    """One quote per GPU offer in each zone: bundled a2/a3/g2 types, and n1 types with the GPUs the
-    built-in catalog attaches to them where the zone has that accelerator."""
+    """One quote per offer in each zone: bundled a2/a3/a4/g2 types, n1 types with the GPUs the
+    built-in catalog attaches to them where the zone has that accelerator, and the catalog's
+    CPU-only types (no GPU: accelerator "", 0 per node)."""
+    cpu_only = {t.name for t in catalog.cpu_instance_types("gcp")}
     quotes = []
     for machine in machines:
         offers: list[tuple[str, int]] = []
         if machine.accelerator and machine.gpus:
             offers.append((machine.accelerator, machine.gpus))
+        elif machine.name in cpu_only:
+            offers.append(("", 0))
         else:
             for entry in catalog.instance_types("gcp"):
                 if entry.name != machine.name or not entry.attached:
@@ -202,11 +216,14 @@ def _round(value: float | None) -> float | None:
     return None if value is None else round(value, 6)
 
 
-def machine_type_filter() -> str:
-    """A Compute Engine list filter (RE2 on the name) for the GPU machine types worth pricing."""
-    bundled = [f"{series}-.*" for series in ("a2", "a3", "g2")]
-    attached = sorted({t.name for t in catalog.instance_types("gcp") if t.attached})
-    return f'name eq "({"|".join(bundled + attached)})"'
+def machine_type_filter(cpu_types: bool = True) -> str:
+    """A Compute Engine list filter (RE2 on the name) for the machine types worth pricing: the GPU
+    series, the n1 types GPUs attach to, and the catalog's CPU-only types (by name, so the listing
+    stays the size of the catalog)."""
+    bundled = [f"{series}-.*" for series in ("a2", "a3", "a4", "g2")]
+    named = sorted({t.name for t in catalog.instance_types("gcp") if t.attached}
+                   | ({t.name for t in catalog.cpu_instance_types("gcp")} if cpu_types else set()))
+    return f'name eq "({"|".join(bundled + named)})"'
 
 
 def gcp_retryable(exc: BaseException) -> bool:
@@ -228,8 +245,10 @@ class GcpPriceSource:
 
     def __init__(self, project: str | None = None, regions: Iterable[str] | None = None,
                  compute_endpoint: str | None = None, billing_endpoint: str | None = None,
-                 api_key: str | None = None, credentials: Any = None, backoff: Backoff | None = None) -> None:
+                 api_key: str | None = None, credentials: Any = None, backoff: Backoff | None = None,
+                 cpu_types: bool = True) -> None:
         self.project = project
+        self.cpu_types = cpu_types  # False: GPU machine types only
         self.regions = list(regions) if regions else None
         self.compute_endpoint = compute_endpoint
         self.billing_endpoint = (billing_endpoint or DEFAULT_BILLING_ENDPOINT).rstrip("/")
@@ -281,7 +300,8 @@ class GcpPriceSource:
 
         client = compute_v1.MachineTypesClient(credentials=credentials, transport="rest",
                                                client_options=self._client_options())
-        request = compute_v1.AggregatedListMachineTypesRequest(project=project, filter=machine_type_filter(),
+        request = compute_v1.AggregatedListMachineTypesRequest(project=project,
+                                                               filter=machine_type_filter(self.cpu_types),
                                                                max_results=500)
         machines = []
         for scope, listed in self._aggregated(client, request):

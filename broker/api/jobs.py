@@ -27,7 +27,7 @@ from broker.engine.feasibility import never_held
 from broker.engine.machine import cancel_job, submit_job
 from broker.joblogs import read_new
 from broker.service.timepolicy import priority_for, queue_of
-from broker.spec import JobSpec, Pipeline, SpecError, parse_job_file
+from broker.spec import JobSpec, Pipeline, SpecError, market_offers, parse_job_file, parse_job_quoted
 from broker.store import Store
 from broker.store.tables import JobRow
 from broker.summary import job_summary
@@ -124,12 +124,15 @@ def _row_problem(spec: JobSpec, now: datetime) -> SpecError | None:
     return None
 
 
-def read_submission(body: JobSubmission, intake: JobIntake, *, pipeline: bool) -> JobSpec | Pipeline | JSONResponse:
+def read_submission(body: JobSubmission, intake: JobIntake, store: Store, *,
+                    pipeline: bool) -> JobSpec | Pipeline | JSONResponse:
     """The submitted job file, read as ``broker launch`` reads it; a 422 naming the field if it cannot be.
-    ``pipeline``: a multi-document file is what is wanted (else one task is)."""
+    ``pipeline``: a multi-document file is what is wanted (else one task is). On the SkyPilot backend
+    a task is judged by the price book's offers first: any instance type or accelerator the clouds
+    quote is accepted, whether or not a catalog knows it."""
     source = body.source or "job file"
     try:
-        loaded = parse_job_file(body.spec, source=source, offline=intake.offline)
+        loaded = _parse(body.spec, source, intake, store)
     except SpecError as exc:
         return spec_error_response(exc)
     except Exception as exc:  # whatever the parser trips on is the file's fault, not a 500
@@ -146,6 +149,14 @@ def read_submission(body: JobSubmission, intake: JobIntake, *, pipeline: bool) -
         return spec_error_response(SpecError(
             "one task, not a pipeline (a file of several YAML documents); POST /v1/jobs takes it", source=source))
     return loaded
+
+
+def _parse(text: str, source: str, intake: JobIntake, store: Store) -> JobSpec | Pipeline:
+    if intake.backend != "skypilot":
+        return parse_job_file(text, source=source, offline=intake.offline)
+    from broker.market import PriceBook
+
+    return parse_job_quoted(text, source, market_offers(PriceBook(store).latest()), offline=intake.offline)
 
 
 def refusal(spec: JobSpec, team: str, clock: Clock, intake: JobIntake, stage: int | None = None) -> JSONResponse | None:
@@ -193,7 +204,7 @@ def jobs_router(store: Store, clock: Clock, intake: JobIntake, team_of: Any) -> 
     def submit(request: Request, *, team: str = Depends(team_of),
                body: Annotated[JobSubmission, Depends(submission_body)]) -> Any:
         """Validate a job file and queue it as PENDING for the caller's team."""
-        loaded = read_submission(body, intake, pipeline=False)
+        loaded = read_submission(body, intake, store, pipeline=False)
         if isinstance(loaded, JSONResponse):
             return loaded
         assert isinstance(loaded, JobSpec)

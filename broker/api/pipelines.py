@@ -43,7 +43,7 @@ def pipelines_router(store: Store, clock: Clock, intake: JobIntake, team_of: Any
                body: Annotated[JobSubmission, Depends(submission_body)]) -> Any:
         """Validate a pipeline or job group and queue its stages as PENDING jobs of the caller's team:
         201 with ``pipeline_id``, ``name``, ``kind`` (chain or group), ``job_ids`` and each stage's summary."""
-        loaded = read_submission(body, intake, pipeline=True)
+        loaded = read_submission(body, intake, store, pipeline=True)
         if isinstance(loaded, JSONResponse):
             return loaded
         assert isinstance(loaded, Pipeline)

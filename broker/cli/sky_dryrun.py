@@ -14,7 +14,7 @@ import dataclasses
 import json
 import math
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 from rich.table import Table
@@ -33,17 +33,24 @@ from policies import registry
 from policies.selection import IDLE, ON_DEMAND, Location, Plan, ZoneRecord
 from providers.base import SpotQuote
 
+if TYPE_CHECKING:
+    from broker.market import Market
+
 DRYRUN_TIMEOUT_SECONDS = 600.0
 MAX_HISTORIES = 200  # offers whose last day of quotes the plan shows
 
 
 def preview_plan(spec: JobSpec, quotes: list[SpotQuote], policy: str | None,
                  restart_overhead_s: float = CLOUD_RESTART_OVERHEAD_S,
-                 record: dict[str, ZoneRecord] | None = None) -> Plan:
+                 record: dict[str, ZoneRecord] | None = None, past: Market | None = None) -> Plan:
     """The plan the engine would make for ``spec`` if it were submitted now (the engine's own request
-    builder), with the broker's record of preemptions and failed launches per zone."""
-    request = preview_request(spec, quotes, WallClock().now(), restart_overhead_s)
+    builder), with the broker's record of preemptions and failed launches per zone, and the recent
+    past of each offer when ``past`` keeps one (the price book)."""
+    request = preview_request(spec, quotes, WallClock().now(), restart_overhead_s, past)
     return registry.get("selection", policy, live=True)(dataclasses.replace(request, record=record or {}))
+
+
+TABLE_ROWS = 20
 
 
 class _TaskDumper(yaml.SafeDumper):
@@ -63,10 +70,14 @@ def task_yaml(config: dict[str, Any]) -> str:
 
 
 def _plan_table(ranked: list[dict[str, Any]], reason: str) -> Table:
-    table = Table(title=f"plan: {reason}", header_style="bold", title_justify="left")
+    """The plan's first ``TABLE_ROWS`` offers (a CPU task fits a thousand zone x type offers; --json has all)."""
+    more = len(ranked) - TABLE_ROWS
+    table = Table(title=f"plan: {reason}", header_style="bold", title_justify="left",
+                  caption=f"... and {more} more offers, in order (all of them with --json)" if more > 0 else None,
+                  caption_justify="left")
     for column in ("#", "kind", "where", "instance", "$/node-h", "$/h gang", "quote age", "source"):
         table.add_column(column)
-    for row in ranked:
+    for row in ranked[:TABLE_ROWS]:
         if row["cloud"] is None:
             table.add_row(str(row["rank"]), row["kind"], *["-"] * 6)
             continue
@@ -116,6 +127,8 @@ def _offline(exc: BaseException, said: str) -> bool:
         name = type(seen).__name__
         if isinstance(seen, OSError | TimeoutError) or "Connection" in name or "Timeout" in name:
             return True
+        if type(seen).__name__ == "CloudError" and "ConnectionError" in str(seen):
+            return True  # SkyPilot's catalog download, its requests error wrapped
         seen = seen.__cause__ or seen.__context__
     return "Failed to fetch" in said or "internet connection" in said
 
@@ -153,7 +166,7 @@ def dryrun(settings: Settings, spec: JobSpec, catalog: Any = None, as_json: bool
             offers = market.offers(now)
         records = zone_history(store)
         plan = preview_plan(spec, [o.quote for o in offers], settings.selection_policy, restart_overhead(settings),
-                            records)
+                            records, market)
         fit, _ = fitting(spec, [o.quote for o in offers])
         history = {q.key: market.history(q.key, now) for q in fit[:MAX_HISTORIES]}
     finally:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import TYPE_CHECKING
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -25,6 +26,9 @@ from policies.history import MarketHistory, MarketSeries
 from policies.selection import IDLE, ON_DEMAND, JobView, Location, Plan, SelectionRequest, ZoneOffer, ZoneRecord
 from policies.work_estimate import MAX_PAST_RUNS, WorkEstimate, estimate_work
 from providers.base import OfferKey, SpotQuote
+
+if TYPE_CHECKING:
+    from broker.market import Market
 
 # How long a zone that preempted or refused a job stays off that job's plans.
 AVOID_ZONE_FOR = timedelta(hours=1)
@@ -101,16 +105,20 @@ def job_view(limits: JobLimits, num_nodes: int, gpus_per_node: int, accelerator:
     )
 
 
-def preview_request(spec: JobSpec, quotes: list[SpotQuote], now: datetime,
-                    restart_overhead_s: float) -> SelectionRequest:
-    """The request for a job file not yet submitted, placed nowhere, with no history of its own."""
+def preview_request(spec: JobSpec, quotes: list[SpotQuote], now: datetime, restart_overhead_s: float,
+                    past: Market | None = None) -> SelectionRequest:
+    """The request for a job file not yet submitted, placed nowhere, with no history of its own
+    (but, from a live ``past`` market, the recent past of its offers, as the engine would see it)."""
     offers, _ = fitting(spec, quotes)
+    recent = past.recent([q.key for q in offers], now) if past is not None and offers else None
+    history = MarketHistory(MarketSeries.from_trace(recent), recent.num_ticks - 1) if recent is not None else None
     work = spec.broker.work
     view = job_view(JobLimits.of(spec), spec.num_nodes, spec.gpus_per_node, spec.accelerator,
                     work.total_seconds() if work is not None else None, spec.broker.deadline_at(now),
                     restart_overhead_s)
     return SelectionRequest(now=now, job=view, offers=tuple(offer_of(q) for q in offers), current=Location(IDLE),
-                            record={}, excluded=frozenset())
+                            record={}, excluded=frozenset(), history=history,
+                            step_s=recent.tick_seconds if recent is not None else None)
 
 
 class Planner:
@@ -133,7 +141,7 @@ class Planner:
         alloc = current_allocation(s, job)
         in_location = (now - (alloc.running_at or alloc.started_at)).total_seconds() \
             if alloc is not None and alloc.ended_at is None and current.kind != IDLE else 0.0
-        history, step_s = self._history(now, quotes[0] if exact and quotes else None)
+        history, step_s = self._history(now, quotes, exact)
         options = parts.options
         view = job_view(JobLimits.of(spec), job.num_nodes, job.gpus_per_node, job.accelerator, work.remaining_s,
                         job.deadline, options.restart_overhead_s, options.checkpoint_gb, work.total_s, job.created_at)
@@ -152,11 +160,19 @@ class Planner:
         """How often a running job's place is reviewed: once per market tick."""
         return self.parts.market.tick_seconds or REVIEW_SECONDS
 
-    def _history(self, now: datetime, like: SpotQuote | None) -> tuple[MarketHistory | None, float | None]:
-        """The market's past for the policy, where the market has one (a replayed trace)."""
+    def _history(self, now: datetime, quotes: list[SpotQuote],
+                 exact: bool) -> tuple[MarketHistory | None, float | None]:
+        """The market's past for the policy: a replayed trace's whole past of the job's kind of node
+        (when its nodes fit exactly), or a live market's recent past of the offers asked about."""
         market = self.parts.market
-        if like is None or market.tick_seconds is None:
+        if market.tick_seconds is None:
+            recent = market.recent([q.key for q in quotes], now) if quotes else None
+            if recent is None:
+                return None, None
+            return MarketHistory(MarketSeries.from_trace(recent), recent.num_ticks - 1), recent.tick_seconds
+        if not exact or not quotes:
             return None, None
+        like = quotes[0]
         key = (like.accelerator, like.gpus_per_node)
         if key not in self._series:
             past = market.past(like.accelerator, like.gpus_per_node)

@@ -77,7 +77,7 @@ def build_task(doc: LoadedYaml, source: str, now: datetime | None, offline: bool
                       timeout=catalog_timeout)
     accelerators: list[AcceleratorChoice] = []
     for alt in alternatives:
-        requests = [(r.name, r.count) for r in alt.accelerators] or _inferred(alt.instance_type, alt.cloud)
+        requests = [(r.name, r.count) for r in alt.accelerators] or _inferred(alt.instance_type, alt.cloud, market)
         for acc_name, count in requests:
             fraction = None if float(count).is_integer() else float(count)
             choice = AcceleratorChoice(_canonical(acc_name), 1 if fraction else int(count), fraction)
@@ -109,23 +109,26 @@ def _check_market(alternatives: list[ResourceAlternative], market: tuple[MarketO
                   source: str) -> None:
     """Refuse a job no alternative of which the market offers (an accelerator at a count a node of
     the market has, or an instance type it sells); a job it offers passes whatever the catalogs say."""
-    sold = {(o.accelerator.lower(), o.gpus) for o in market}
-    types = {o.instance_type for o in market}
     for alt in alternatives:
-        if alt.instance_type and alt.instance_type in types:
-            return
-        if not alt.accelerators and not alt.instance_type:
+        offers = [o for o in market if alt.cloud is None or o.cloud == alt.cloud]
+        if alt.instance_type:  # a named type is offered only where it is sold, whatever its GPUs
+            if any(o.instance_type == alt.instance_type for o in offers):
+                return
+            continue
+        if not alt.accelerators:
             return  # a CPU task: no accelerator to match
+        sold = {(o.accelerator.lower(), o.gpus) for o in offers}
         for request in alt.accelerators:
             count = 1 if request.fraction is not None else int(request.count)
             if any(name == request.name.lower() and count <= gpus for name, gpus in sold):
                 return
     first = alternatives[0]
-    path = first.accelerators[0].path if first.accelerators else (*first.path, "instance_type")
-    wanted = ", ".join(f"{r.name}:{r.count:g}" for a in alternatives for r in a.accelerators) or \
-        ", ".join(a.instance_type for a in alternatives if a.instance_type)
+    path = (*first.path, "instance_type") if first.instance_type else first.accelerators[0].path
+    types = ", ".join(a.instance_type for a in alternatives if a.instance_type)
+    wanted = f"instance type {types}" if types else \
+        "accelerators " + ", ".join(f"{r.name}:{r.count:g}" for a in alternatives for r in a.accelerators)
     have = ", ".join(sorted({f"{o.accelerator}:{o.gpus} ({o.instance_type})" for o in market}))
-    raise SpecError(f"the market has no rows for accelerators {wanted}; it has {have or 'nothing'}",
+    raise SpecError(f"the market has no rows for {wanted}; it has {have or 'nothing'}",
                     field=format_path(path),
                     line=doc.line_of(path), source=source)
 
@@ -134,14 +137,20 @@ def _has_text(value: Any) -> bool:
     return value is not None and (not isinstance(value, str) or bool(value.strip()))
 
 
-def _inferred(instance_type: str | None, cloud: str | None) -> list[tuple[str, float]]:
-    """The GPUs an instance type carries (``a3-highgpu-8g`` -> H100 x 8), as SkyPilot resolves them."""
+def _inferred(instance_type: str | None, cloud: str | None,
+              market: tuple[MarketOffer, ...] | None = None) -> list[tuple[str, float]]:
+    """The GPUs an instance type carries (``a3-highgpu-8g`` -> H100 x 8), as SkyPilot resolves them;
+    for a type the catalog lacks, as the market quotes it."""
     if not instance_type:
         return []
+    quoted = [(o.accelerator, float(o.gpus)) for o in market or ()
+              if o.instance_type == instance_type and o.gpus > 0 and (cloud is None or o.cloud == cloud)]
     from providers.catalog import find_any
 
     entry = find_any(instance_type, cloud)
-    return [(entry.accelerator, entry.gpus)] if entry is not None and entry.gpus > 0 else []
+    if entry is None:
+        return quoted[:1]
+    return [(entry.accelerator, entry.gpus)] if entry.gpus > 0 else []
 
 
 def _canonical(name: str) -> str:

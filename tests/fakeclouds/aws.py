@@ -27,8 +27,10 @@ def spot_record(instance_type: str, zone: str, zone_id: str, price: float, at: d
 
 
 def price_list_product(instance_type: str, region: str, usd: float, gpus: int, operating_system: str = "Linux",
-                       tenancy: str = "Shared", pre_installed: str = "NA", capacity: str = "Used") -> dict[str, Any]:
-    """One Price List ``GetProducts`` entry as AWS publishes it (product + OnDemand and Reserved terms)."""
+                       tenancy: str = "Shared", pre_installed: str = "NA", capacity: str = "Used",
+                       family: str = "GPU instance") -> dict[str, Any]:
+    """One Price List ``GetProducts`` entry as AWS publishes it (product + OnDemand and Reserved terms);
+    ``family`` is its ``instanceFamily`` (GPU instance, General purpose, Compute or Memory optimized)."""
     sku = uuid.uuid5(uuid.NAMESPACE_URL, f"{instance_type}/{region}/{operating_system}/{tenancy}/"
                      f"{pre_installed}/{capacity}").hex[:16].upper()
     return {
@@ -37,7 +39,7 @@ def price_list_product(instance_type: str, region: str, usd: float, gpus: int, o
             "attributes": {
                 "instanceType": instance_type, "regionCode": region, "operatingSystem": operating_system,
                 "tenancy": tenancy, "preInstalledSw": pre_installed, "capacitystatus": capacity,
-                "licenseModel": "No License required", "instanceFamily": "GPU instance", "gpu": str(gpus),
+                "licenseModel": "No License required", "instanceFamily": family, **({"gpu": str(gpus)} if gpus else {}),
                 "usagetype": f"BoxUsage:{instance_type}", "operation": "RunInstances",
                 "servicecode": "AmazonEC2", "location": region,
             },

@@ -53,7 +53,8 @@ def aws_market(moto_url: str, regions: tuple[str, ...] = aws_provider.DEFAULT_RE
 
     now = datetime.now(UTC).replace(microsecond=0)
     families = tuple(f"{f}." for f in aws_provider.GPU_FAMILIES)
-    gpu_types = {name: info for name, info in INSTANCE_TYPES.items() if name.startswith(families)}
+    gpu_types = {name: info for name, info in INSTANCE_TYPES.items()
+                 if name.startswith(families) or name in aws_provider.CPU_TYPES}
     history, scores, products = [], [], []
     for region in regions:
         zone_ids = {z.name: z.zone_id for z in RegionsAndZonesBackend.zones.get(region, [])}
@@ -63,8 +64,11 @@ def aws_market(moto_url: str, regions: tuple[str, ...] = aws_provider.DEFAULT_RE
                 offered.setdefault(offering["InstanceType"], []).append(offering["Location"])
         for name, zones in offered.items():
             on_demand = _aws_on_demand(name, gpu_types[name])
-            products.append(price_list_product(name, region, on_demand, 1))
-            products.append(price_list_product(name, region, on_demand * 1.4, 1, operating_system="Windows"))
+            gpus, family = (0, aws_provider.price_list_family(name)) if name in aws_provider.CPU_TYPES else \
+                (1, "GPU instance")
+            products.append(price_list_product(name, region, on_demand, gpus, family=family))
+            products.append(price_list_product(name, region, on_demand * 1.4, gpus, operating_system="Windows",
+                                               family=family))
             for zone in zones:
                 if zone not in zone_ids:
                     continue
@@ -78,6 +82,10 @@ def aws_market(moto_url: str, regions: tuple[str, ...] = aws_provider.DEFAULT_RE
 
 
 def _aws_on_demand(name: str, info: dict[str, Any]) -> float:
+    if name in aws_provider.CPU_TYPES:  # about what AWS asks: vCPUs, memory and the family's premium
+        cpu = catalog.find_any(name, "aws")
+        assert cpu is not None
+        return round(cpu.vcpus * 0.034 + cpu.memory_gb * 0.0045 + 0.01 * _unit("cpu", name), 4)
     known = catalog.find("aws", name)
     if known is not None:
         gpus, accelerator, vcpus = known.gpus, known.accelerator, known.vcpus
@@ -90,35 +98,33 @@ def _aws_on_demand(name: str, info: dict[str, Any]) -> float:
 
 # -- GCP ------------------------------------------------------------------------------------------
 
-# The GPUs of GCP's bundled series this stand-in sells (by the built-in catalog's names).
-SOLD_BUNDLED = frozenset({"A100", "A100-80GB", "H100", "H100-MEGA", "L4"})
+# How the billing catalog words a GPU SKU where it is not "Nvidia <words>" (SkyPilot's fetch_gcp.py).
+GCP_GPU_SKU = {"H200": "H200 141GB GPU", "B200": "A4 Nvidia B200 (1 gpu slice)"}
 
 
 def gcp_market() -> FakeGcp:
     machines, accelerators, skus = [], [], []
     regions = sorted({z.rsplit("-", 1)[0] for z in GCP_ZONES})
-    bundled = {"a2": "nvidia-tesla-a100", "a3": "nvidia-h100-80gb", "g2": "nvidia-l4"}
+    type_of = {label: name for name, (label, _, _) in GCP_ACCELERATORS.items()}  # H200 -> nvidia-h200-141gb
     for zone in GCP_ZONES:
-        for entry in catalog.instance_types("gcp"):
+        for entry in (*catalog.instance_types("gcp"), *catalog.cpu_instance_types("gcp")):
             if _unit("offered", entry.name, zone) > 0.7:
                 continue
-            if not entry.attached and entry.accelerator not in SOLD_BUNDLED:
-                continue  # a series this stand-in does not sell (H200's a3-ultragpu, B200's a4)
-            accelerator = None if entry.attached else bundled[entry.name[:2]]
-            if entry.name.startswith("a2-ultragpu"):
-                accelerator = "nvidia-a100-80gb"
+            bundled = not entry.attached and entry.gpus > 0
             machines.append(machine_type(entry.name, zone, entry.vcpus, int(entry.memory_gb * 1024),
-                                         accelerator, 0 if entry.attached else entry.gpus))
+                                         type_of[entry.accelerator] if bundled else None,
+                                         entry.gpus if bundled else 0))
         for name in ("nvidia-tesla-v100", "nvidia-tesla-t4", "nvidia-l4", "nvidia-h100-80gb", "nvidia-tesla-a100"):
             if _unit("accelerator", name, zone) < 0.8:
                 accelerators.append(accelerator_type(name, zone, 8))
     for region in regions:
         for name, (label, _, words) in GCP_ACCELERATORS.items():
             price = PER_GPU.get(label, 2.0)
-            skus.append(sku(f"Nvidia {words} running in {region}", "GPU", "OnDemand", [region], price))
-            skus.append(sku(f"Nvidia {words} attached to Spot Preemptible VMs running in {region}", "GPU",
+            words = GCP_GPU_SKU.get(label, f"Nvidia {words}")
+            skus.append(sku(f"{words} running in {region}", "GPU", "OnDemand", [region], price))
+            skus.append(sku(f"{words} attached to Spot Preemptible VMs running in {region}", "GPU",
                             "Preemptible", [region], round(price * _spot_fraction(name, region), 6)))
-            skus.append(sku(f"Commitment v1: Nvidia {words} running in {region}", "GPU", "Commit1Yr", [region],
+            skus.append(sku(f"Commitment v1: {words} running in {region}", "GPU", "Commit1Yr", [region],
                             price * 0.63))
         for series, words in GCP_SERIES.items():
             core, ram = 0.031611 * (1.2 if series.startswith("a") else 1.0), 0.004237

@@ -26,6 +26,7 @@ def _history() -> list[dict]:
         # an older price in force before: must lose to the newer one
         records.append(spot_record("p5.48xlarge", zone, ZONE_IDS[zone], price * 1.5, NOW - timedelta(days=2)))
     records.append(spot_record("p4d.24xlarge", "us-east-1a", ZONE_IDS["us-east-1a"], 8.7781, NOW))
+    records.append(spot_record("m6i.2xlarge", "us-east-1b", ZONE_IDS["us-east-1b"], 0.1412, NOW))  # CPU-only
     # another region's record in the same history store: never returned for us-east-1
     records.append(spot_record("p5.48xlarge", "us-west-2a", "usw2-az1", 1.0, NOW))
     return records
@@ -39,6 +40,8 @@ def _products() -> list[dict]:
         price_list_product("p5.48xlarge", "us-east-1", 99.00, 8, capacity="UnusedCapacityReservation"),
         price_list_product("p4d.24xlarge", "us-east-1", 32.7726, 8),
         price_list_product("g5.xlarge", "us-east-1", 1.006, 1),
+        price_list_product("m6i.2xlarge", "us-east-1", 0.384, 0, family="General purpose"),
+        price_list_product("m6i.2xlarge", "us-east-1", 0.752, 0, family="General purpose", operating_system="Windows"),
     ]
 
 
@@ -74,9 +77,22 @@ def test_p5_48xlarge_is_quoted_in_every_zone_that_offers_it(aws: FakeServer) -> 
     assert [p5[z].capacity_score for z in ("us-east-1a", "us-east-1b", "us-east-1c", "us-east-1d")] == \
         [3.0, 9.0, 7.0, None]
     assert quotes[("p4d.24xlarge", "us-east-1a")].spot_price == 8.7781
-    # three pages of two history records each, and pages of price-list entries too
+    # pages of two history records each, and pages of price-list entries too: the GPU listing's
+    # two, then one listing for each CPU family's instanceFamily (Compute optimized, General
+    # purpose, Memory optimized), one page each
     assert aws.requests["DescribeSpotPriceHistory"] == 4
-    assert aws.requests["GetProducts"] == 2
+    assert aws.requests["GetProducts"] == 2 + 3
+
+
+def test_the_catalogs_cpu_only_types_are_quoted_spot_and_on_demand_without_a_score(aws: FakeServer) -> None:
+    quotes = _poll()
+    m6i = quotes[("m6i.2xlarge", "us-east-1b")]
+    assert (m6i.accelerator, m6i.gpus_per_node, m6i.spot_price, m6i.on_demand_price) == ("", 0, 0.1412, 0.384)
+    assert m6i.capacity_score is None  # placement scores are asked for GPU types only
+    spot_cpu = {key for key, q in quotes.items() if q.gpus_per_node == 0 and q.spot_price}
+    assert spot_cpu == {("m6i.2xlarge", "us-east-1b")}
+    # p5.48xlarge's scores in two pages, p4d.24xlarge's in one: none asked for the CPU type
+    assert aws.requests["GetSpotPlacementScores"] == 3
 
 
 def test_throttled_calls_are_retried(aws: FakeServer) -> None:
@@ -88,7 +104,7 @@ def test_throttled_calls_are_retried(aws: FakeServer) -> None:
     aws.fail("GetSpotPlacementScores", 400, times=1, code="Throttling")
     assert _prices(_poll()) == _prices(baseline)
     assert aws.requests["DescribeSpotPriceHistory"] == 4 + 2
-    assert aws.requests["GetProducts"] == 2 + 1
+    assert aws.requests["GetProducts"] == 5 + 1
     assert aws.requests["GetSpotPlacementScores"] == baseline_scores + 1
 
 
@@ -137,4 +153,11 @@ def test_on_demand_price_reads_linux_shared_from_price_list_strings() -> None:
     import json
 
     entries = [json.dumps(p) for p in _products()]
-    assert on_demand_prices(entries) == {"p5.48xlarge": 98.32, "p4d.24xlarge": 32.7726, "g5.xlarge": 1.006}
+    assert on_demand_prices(entries) == {"p5.48xlarge": 98.32, "p4d.24xlarge": 32.7726, "g5.xlarge": 1.006,
+                                        "m6i.2xlarge": 0.384}
+
+
+def test_gpu_types_only_leaves_the_cpu_types_and_their_listings_out(aws: FakeServer) -> None:
+    quotes = AwsPriceSource(regions=["us-east-1"], backoff=FAST, cpu_types=False).fetch_quotes()
+    assert quotes and all(q.gpus_per_node > 0 for q in quotes)
+    assert aws.requests["GetProducts"] == 2  # the GPU listing's two pages only

@@ -156,3 +156,42 @@ def test_machine_type_filter_is_a_compute_regex_over_gpu_families() -> None:
     pattern = re.compile(expression.group(1))
     assert pattern.fullmatch("a3-highgpu-8g") and pattern.fullmatch("g2-standard-4")
     assert pattern.fullmatch("n1-highmem-8") and not pattern.fullmatch("e2-standard-8")
+
+
+def test_h200_b200_and_cpu_only_machines_are_priced_from_their_own_skus() -> None:
+    """a3-ultragpu-8g (8 x H200), a4-highgpu-8g (8 x B200) and the catalog's c2-standard-16 (no GPU),
+    with the SKU descriptions the billing catalog gives them."""
+    skus = [
+        sku("H200 141GB GPU running in Americas", "GPU", "OnDemand", US, 10.0),
+        sku("H200 141GB GPU attached to Spot Preemptible VMs running in Americas", "GPU", "Preemptible", US, 3.0),
+        sku("A4 Nvidia B200 (1 gpu slice) running in Americas", "GPU", "OnDemand", US, 16.11),
+        sku("A4 Nvidia B200 (1 gpu slice) attached to Spot Preemptible VMs running in Americas", "GPU",
+            "Preemptible", US, 5.0),
+        *(sku(f"{prefix}{words} {kind} running in Americas", group, usage, US, price,
+              unit="GiBy.h" if kind == "Ram" else "h")
+          for words, core, ram in (("A3Ultra Instance", 0.03, 0.004), ("A4 Instance", 0.04, 0.005),
+                                   ("Compute optimized", 0.0339, 0.00454))
+          for prefix, usage, factor in (("", "OnDemand", 1.0), ("Spot Preemptible ", "Preemptible", 0.3))
+          for kind, group, price in (("Core", "CPU", round(core * factor, 6)), ("Ram", "RAM", round(ram * factor, 6)))),
+    ]
+    machines = [
+        machine_type("a3-ultragpu-8g", "us-central1-b", 224, 2952 * 1024, "nvidia-h200-141gb", 8),
+        machine_type("a4-highgpu-8g", "us-central1-b", 224, 3968 * 1024, "nvidia-b200", 8),
+        machine_type("c2-standard-16", "us-central1-a", 16, 64 * 1024),
+        machine_type("c2-standard-8", "us-central1-a", 8, 32 * 1024),  # not in the catalog: not listed
+    ]
+    assert "c2-standard-16" in machine_type_filter() and "a4-.*" in machine_type_filter()
+    assert "c2-standard-16" not in machine_type_filter(cpu_types=False)
+    with FakeServer(FakeGcp(skus, machines, [], page_size=50)) as server:
+        quotes = _by_offer(_source(server).fetch_quotes())
+    h200, b200 = quotes[("a3-ultragpu-8g", "us-central1-b")], quotes[("a4-highgpu-8g", "us-central1-b")]
+    assert (h200.accelerator, h200.gpus_per_node, h200.gpu_memory_gb) == ("H200", 8, 141)
+    assert h200.on_demand_price == pytest.approx(8 * 10.0 + 224 * 0.03 + 2952 * 0.004, abs=1e-5)
+    assert h200.spot_price == pytest.approx(8 * 3.0 + 224 * 0.009 + 2952 * 0.0012, abs=1e-5)
+    assert (b200.accelerator, b200.gpus_per_node, b200.gpu_memory_gb) == ("B200", 8, 180)
+    assert b200.on_demand_price == pytest.approx(8 * 16.11 + 224 * 0.04 + 3968 * 0.005, abs=1e-5)
+    c2 = quotes[("c2-standard-16", "us-central1-a")]
+    assert (c2.accelerator, c2.gpus_per_node) == ("", 0)
+    assert c2.on_demand_price == pytest.approx(16 * 0.0339 + 64 * 0.00454, abs=1e-5)
+    assert c2.spot_price == pytest.approx(16 * 0.01017 + 64 * 0.001362, abs=1e-5)
+    assert ("c2-standard-8", "us-central1-a") not in quotes

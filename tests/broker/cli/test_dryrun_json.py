@@ -92,3 +92,37 @@ def test_the_table_says_in_one_line_that_skypilot_could_not_dry_run(seeded: Path
     assert len(lines) == 1 and "the plan above is the broker's own" in lines[0]
     for said in (done.stdout, done.stderr):
         assert "<sky-payload>" not in said and "Traceback" not in said
+
+
+def test_a_catalog_download_that_cannot_connect_is_offline_not_a_refusal() -> None:
+    """What SkyPilot 0.14 raises when its dry run cannot download its catalog (seen on a machine
+    without network): a CloudError wrapping the requests error, with no exception chained."""
+    from sky import exceptions
+
+    from broker.cli.sky_dryrun import _offline
+
+    download = exceptions.CloudError(
+        "requests error (ConnectionError): HTTPSConnectionPool(host='raw.githubusercontent.com', port=443): "
+        "Max retries exceeded with url: /skypilot-org/skypilot-catalog/master/catalogs/v8/aws/vms.csv",
+        "aws", "requests error")
+    assert _offline(download, "")
+    assert not _offline(exceptions.CloudError("quota exceeded for P instances", "aws", "QuotaError"), "")
+    assert not _offline(exceptions.ResourcesUnavailableError("no resources"), "")
+
+
+def test_the_plan_table_shows_the_first_offers_and_says_how_many_more() -> None:
+    from rich.console import Console
+
+    from broker.cli.sky_dryrun import TABLE_ROWS, _plan_table
+
+    rows = [{"rank": i + 1, "kind": "spot", "cloud": "aws", "zone": f"us-east-1{'abcdef'[i % 6]}",
+             "instance_type": "m6i.2xlarge", "price_per_node_hour": 0.1 + i / 1000, "price_per_hour": 0.1 + i / 1000,
+             "quote_age_s": 60.0, "stale": False, "source": "price-book"} for i in range(TABLE_ROWS + 7)]
+    console = Console(width=200, record=True)
+    console.print(_plan_table(rows, "good spot"))
+    text = console.export_text()
+    assert f"│ {TABLE_ROWS} " in text and f"│ {TABLE_ROWS + 1} " not in text
+    assert "... and 7 more offers, in order (all of them with --json)" in text
+    console = Console(width=200, record=True)
+    console.print(_plan_table(rows[:3], "good spot"))
+    assert "more offers" not in console.export_text()

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from datetime import datetime, timedelta
 from pathlib import Path
 
+import pytest
 from sqlalchemy import select
 
 from broker.clock import AcceleratedClock
@@ -93,3 +94,71 @@ def engine_done(store: Store, job_id: str) -> bool:
     with store.transaction() as s:
         job = s.get(JobRow, job_id)
         return job is not None and job.state == "SUCCEEDED"
+
+
+CPU_JOB = "name: etl\nresources:\n  cpus: 8+\n  memory: 32+\nrun: python etl.py\n"
+
+
+@pytest.mark.slow
+def test_a_cpu_task_goes_to_the_cheapest_spot_cpu_instance_the_pollers_quoted(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The real AWS and GCP pollers, against the stand-in clouds in their wire formats, bring back
+    the catalog's CPU-only types spot and on-demand; a `cpus: 8+ memory: 32+` task is launched on
+    the cheapest spot one of them that holds it, as the task SkyPilot is handed says."""
+    from google.auth.credentials import AnonymousCredentials
+
+    from broker.pricing import poll_prices
+    from providers import catalog
+    from providers.aws import AwsPriceSource
+    from providers.fetching import Backoff
+    from providers.gcp import GcpPriceSource
+    from tests.fakeclouds.market import fake_clouds
+
+    fast = Backoff(attempts=3, base_seconds=0.01, max_seconds=0.02)
+    store = open_store(f"sqlite:///{tmp_path / 'broker.db'}")
+    book = PriceBook(store)
+    with fake_clouds() as clouds:
+        env = clouds.environment()
+        for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+            monkeypatch.setenv(name, env[name])
+        monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+        polls = poll_prices(book, {
+            "aws": AwsPriceSource(regions=["us-east-1", "us-west-2"], ec2_endpoint=env["AWS_ENDPOINT_URL_EC2"],
+                                  pricing_endpoint=env["AWS_ENDPOINT_URL_PRICING"], backoff=fast),
+            "gcp": GcpPriceSource(project="p", regions=["us-central1"],
+                                  compute_endpoint=env["BROKER_GCP_COMPUTE_ENDPOINT"],
+                                  billing_endpoint=env["BROKER_GCP_BILLING_ENDPOINT"],
+                                  credentials=AnonymousCredentials(), backoff=fast),
+        })
+    assert [p.status for p in polls] == ["ok", "ok"]
+    cpu = [q for q in book.latest() if q.gpus_per_node == 0]
+    assert {q.cloud for q in cpu} == {"aws", "gcp"}
+    assert all(q.spot_price and q.on_demand_price and q.spot_price < q.on_demand_price for q in cpu)
+    assert {q.instance_type for q in cpu} <= {t.name for t in catalog.cpu_instance_types()}
+
+    def holds(q: SpotQuote) -> bool:
+        shape = catalog.find_any(q.instance_type, q.cloud)
+        return shape is not None and shape.vcpus >= 8 and shape.memory_gb >= 32
+
+    cheapest = min((q for q in cpu if holds(q)), key=lambda q: q.spot_price or 0.0)
+    # smaller types are cheaper still: the shape decides, not the price alone
+    assert any(not holds(q) and (q.spot_price or 0.0) < (cheapest.spot_price or 0.0) for q in cpu)
+    clock = AcceleratedClock.starting_now(60.0)
+    sky = FakeSky(launch_seconds=0.1)
+    provisioner = SkyPilotProvisioner(tmp_path, store_specs(store), SkyPilotOptions(refresh_s=0.05), sdk=sky)
+    engine = Engine(store, clock, PriceBookMarket(book), provisioner,
+                    EngineOptions(home=tmp_path, broker_url="http://broker.example:8080"),
+                    tokens=SharedAgentTokens(store, tmp_path))
+    try:
+        submit_job(store, clock, parse_job_spec(CPU_JOB, offline=True), tmp_path, "skypilot")
+        until(engine, lambda: any(c.state == "UP" for c in clusters(store)))
+        (first,) = clusters(store)
+        assert (first.cloud, first.zone, first.instance_type, first.spot) == \
+            (cheapest.cloud, cheapest.zone, cheapest.instance_type, True)
+        assert first.price_per_node_hour == cheapest.spot_price
+        (launched,) = sky.clusters.values()
+        resources = launched.task["resources"]
+        assert resources["instance_type"] == cheapest.instance_type and resources["use_spot"] is True
+        assert "accelerators" not in resources
+    finally:
+        store.dispose()
