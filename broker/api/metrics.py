@@ -31,7 +31,7 @@ class StoreCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         with self.store.transaction() as s:
-            by_state = dict(s.execute(select(JobRow.state, func.count()).group_by(JobRow.state)).tuples().all())
+            by_state = dict(s.execute(select(JobRow.state, func.count()).group_by(JobRow.state)).all())
             preemptions, migrations = s.execute(select(func.coalesce(func.sum(JobRow.preemptions), 0),
                                                        func.coalesce(func.sum(JobRow.migrations), 0))).one()
             spend, on_demand = s.execute(select(func.coalesce(func.sum(LedgerRow.cost), 0.0),
@@ -43,9 +43,9 @@ class StoreCollector(Collector):
             gpus = dict(s.execute(
                 select(LedgerRow.usage, func.sum(LedgerRow.gpus))
                 .join(latest, and_(LedgerRow.cluster_id == latest.c.cluster_id, LedgerRow.minute == latest.c.minute))
-                .group_by(LedgerRow.usage)).tuples().all())
+                .group_by(LedgerRow.usage)).all())
             live = dict(s.execute(select(ClusterRow.state, func.count()).where(
-                ClusterRow.state.in_(LIVE_CLUSTER_STATES)).group_by(ClusterRow.state)).tuples().all())
+                ClusterRow.state.in_(LIVE_CLUSTER_STATES)).group_by(ClusterRow.state)).all())
             quotes = self._quotes(s)
             ages = self._ages(s)
         jobs = GaugeMetricFamily("broker_jobs", "Jobs by state", labels=["state"])
@@ -100,7 +100,7 @@ class StoreCollector(Collector):
     def _quotes(self, s: Any) -> dict[str, int]:
         if not inspect(s.get_bind()).has_table("price_quotes"):
             return {}
-        return dict(s.execute(text("SELECT cloud, count(*) FROM price_quotes GROUP BY cloud")).tuples().all())
+        return dict(s.execute(text("SELECT cloud, count(*) FROM price_quotes GROUP BY cloud")).all())
 
 
 def _age(now: datetime, then: datetime | None) -> float:
