@@ -202,7 +202,7 @@ def store_url(config: Path | None) -> str:
 
 def _local_summaries(config: Path | None, job_id: str | None) -> list[dict[str, Any]]:
     """The summaries ``status`` prints, read without SQLAlchemy when the store allows (``broker.store.readonly``)."""
-    from broker.store.readonly import open_readonly
+    from broker.store.readonly import READ_ERRORS, open_readonly
     from broker.summary import summaries
 
     url = store_url(config)
@@ -212,7 +212,9 @@ def _local_summaries(config: Path | None, job_id: str | None) -> list[dict[str, 
     try:
         with fast.snapshot():
             found = summaries(fast, job_id)
-        idle = fast.unattended()
+            idle = fast.unattended()
+    except READ_ERRORS:  # a store sqlite3 cannot read as it stands: SQLAlchemy's path says why, as it always did
+        return _orm_summaries(config, url, job_id)
     finally:
         fast.close()
     if found is None:
@@ -223,14 +225,20 @@ def _local_summaries(config: Path | None, job_id: str | None) -> list[dict[str, 
 
 def _orm_summaries(config: Path | None, url: str, job_id: str | None) -> list[dict[str, Any]]:
     """The same through SQLAlchemy: PostgreSQL, or a SQLite store not there yet or behind a migration."""
+    from sqlalchemy.exc import DBAPIError
+
     from broker.store import open_store
+    from broker.store.db import store_error
     from broker.store.orm_source import SessionSource
     from broker.summary import summaries
 
     store = open_store(url)
     try:
-        with store.transaction() as s:
-            found = summaries(SessionSource(s), job_id)
+        try:
+            with store.transaction() as s:
+                found = summaries(SessionSource(s), job_id)
+        except (DBAPIError, ValueError, TypeError) as exc:  # a value no column type reads: not as migrations left it
+            raise store_error("read", url, exc) from exc
         if found is None:
             raise UsageError(f"no job {job_id!r}")
         revive(config, store)

@@ -228,9 +228,14 @@ def open_store(url: str, migrate: bool = True) -> Store:
             store.migrate()
     except Exception as exc:
         store.dispose()
-        said = next((line for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
-        raise StoreError(f"cannot open the store at {_redact(url)}: {said}") from exc
+        raise store_error("open", url, exc) from exc
     return store
+
+
+def store_error(doing: str, url: str, exc: BaseException) -> StoreError:
+    """One line saying what could not be done with the store at ``url`` (credentials left out), and why."""
+    said = next((line for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
+    return StoreError(f"cannot {doing} the store at {_redact(url)}: {said}")
 
 
 def _redact(url: str) -> str:

@@ -27,6 +27,8 @@ if TYPE_CHECKING:
     from broker.summary import Allocation, Cluster, Job, Prediction, Progress
 
 _PREFIX = "sqlite:///"
+# What reading a store that is not as the migrations left it raises (a value no column type reads).
+READ_ERRORS = (sqlite3.Error, ValueError, TypeError)
 
 
 def _utc(value: str) -> datetime:
