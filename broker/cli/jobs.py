@@ -209,14 +209,16 @@ def _local_summaries(config: Path | None, job_id: str | None) -> list[dict[str, 
     fast = open_readonly(url)
     if fast is None:
         return _orm_summaries(config, url, job_id)
+    idle: tuple[int, int] | None = None
     try:
         with fast.snapshot():
-            found = summaries(fast, job_id)
-            idle = fast.unattended()
-    except READ_ERRORS:  # a store sqlite3 cannot read as it stands: SQLAlchemy's path says why, as it always did
-        return _orm_summaries(config, url, job_id)
+            found, idle = summaries(fast, job_id), fast.unattended()
+    except READ_ERRORS:
+        pass
     finally:
         fast.close()
+    if idle is None:  # a store sqlite3 cannot read as it stands: SQLAlchemy's path says why, as it always did
+        return _orm_summaries(config, url, job_id)
     if found is None:
         raise UsageError(f"no job {job_id!r}")
     revive_if(config, *idle)

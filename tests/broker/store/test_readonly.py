@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +21,8 @@ from broker.store.readonly import open_readonly
 from broker.store.tables import LeaderLeaseRow
 from broker.summary import summaries
 from tests.status_stores import NOW, T0, store_with_every_kind_of_job
+
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def _orm(url: str, job_id: str | None) -> list[dict[str, Any]] | None:
@@ -138,3 +143,78 @@ def test_json_of_both_readers_is_plain_json(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'store.db'}"
     store_with_every_kind_of_job(url)
     assert json.loads(json.dumps(_fast(url, None))) == _orm(url, None)
+
+
+CHAIN = """\
+name: prep
+resources:
+  accelerators: V100:1
+run: sleep 1
+---
+name: fit
+resources:
+  accelerators: V100:1
+run: sleep 1
+"""
+FAILS = "name: broken\nresources:\n  accelerators: V100:1\nrun: exit 3\n"
+LONG = "name: long\nresources:\n  accelerators: V100:1\nrun: sleep 600\n"
+
+
+def _broker(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    done = subprocess.run([sys.executable, "-m", "broker", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120)
+    assert not check or done.returncode == 0, done.stderr
+    return done
+
+
+@pytest.mark.slow
+def test_both_readers_agree_at_every_moment_of_real_jobs(broker_home: Path, tmp_path: Path) -> None:
+    """The engine drives the quickstart (a preemption, a migration), a chain, a failing job and a
+    cancelled one; copies of the store taken while they run are read both ways."""
+    for name, text in (("chain.yaml", CHAIN), ("fails.yaml", FAILS), ("long.yaml", LONG)):
+        (tmp_path / name).write_text(text)
+    quickstart = subprocess.Popen([sys.executable, "-m", "broker", "launch", "examples/quickstart.yaml", "--json"],
+                                  cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    store = broker_home / "broker.db"
+    seen: set[str] = set()
+    compared, cancelled = 0, False
+    try:
+        _wait(lambda: store.exists() and open_readonly(f"sqlite:///{store}") is not None)
+        for name in ("chain.yaml", "fails.yaml", "long.yaml"):
+            _broker("launch", str(tmp_path / name), "--detach", "--market-clock", "shared")
+        long_id = next(x["job_id"] for x in _fast(f"sqlite:///{store}", None) or [] if x["name"] == "long")
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline:
+            copy = tmp_path / f"copy-{compared}.db"
+            with sqlite3.connect(f"{store.resolve().as_uri()}?mode=ro", uri=True) as live, \
+                    sqlite3.connect(copy) as snapshot:
+                live.backup(snapshot)
+            listed = _fast(f"sqlite:///{copy}", None)
+            assert listed == _orm(f"sqlite:///{copy}", None)
+            compared += 1
+            seen |= {x["state"] for x in listed or []}
+            copy.unlink()
+            if not cancelled and any(x["job_id"] == long_id and x["state"] == "RUNNING" for x in listed or []):
+                cancelled = _broker("cancel", long_id).returncode == 0
+            if quickstart.poll() is not None and not {x["state"] for x in listed or []} & {
+                    "PENDING", "PROVISIONING", "RUNNING", "CHECKPOINTING", "MIGRATING"}:
+                break
+            time.sleep(0.3)
+    finally:
+        if quickstart.poll() is None:
+            quickstart.terminate()
+        quickstart.communicate(timeout=60)
+    final = {x["name"]: x for x in _fast(f"sqlite:///{store}", None) or []}
+    assert final["quickstart"]["state"] == "SUCCEEDED" and final["quickstart"]["migrations"] >= 1
+    assert final["broken"]["state"] == "FAILED" and final["long"]["state"] == "CANCELLED"
+    assert final["fit"]["stage"] == 2 and final["fit"]["state"] == "SUCCEEDED"
+    assert {"RUNNING", "SUCCEEDED", "FAILED", "CANCELLED"} <= seen and compared >= 10
+
+
+def _wait(what: Any, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if what():
+            return
+        time.sleep(0.2)
+    raise AssertionError("timed out")
