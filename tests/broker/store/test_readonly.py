@@ -173,37 +173,40 @@ def test_both_readers_agree_at_every_moment_of_real_jobs(broker_home: Path, tmp_
     cancelled one; copies of the store taken while they run are read both ways."""
     for name, text in (("chain.yaml", CHAIN), ("fails.yaml", FAILS), ("long.yaml", LONG)):
         (tmp_path / name).write_text(text)
-    quickstart = subprocess.Popen([sys.executable, "-m", "broker", "launch", "examples/quickstart.yaml", "--json"],
-                                  cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # All launched at once, so copies are taken while every one of them is on its way.
+    launches = [subprocess.Popen([sys.executable, "-m", "broker", "launch", *args], cwd=ROOT, stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, text=True)
+                for args in (["examples/quickstart.yaml", "--json"],
+                             *([str(tmp_path / name), "--detach", "--market-clock", "shared"]
+                               for name in ("chain.yaml", "fails.yaml", "long.yaml")))]
     store = broker_home / "broker.db"
     seen: set[str] = set()
     compared, cancelled = 0, False
     try:
         _wait(lambda: store.exists() and open_readonly(f"sqlite:///{store}") is not None)
-        for name in ("chain.yaml", "fails.yaml", "long.yaml"):
-            _broker("launch", str(tmp_path / name), "--detach", "--market-clock", "shared")
-        long_id = next(x["job_id"] for x in _fast(f"sqlite:///{store}", None) or [] if x["name"] == "long")
-        deadline = time.monotonic() + 240
+        deadline = time.monotonic() + 300
         while time.monotonic() < deadline:
             copy = tmp_path / f"copy-{compared}.db"
             with sqlite3.connect(f"{store.resolve().as_uri()}?mode=ro", uri=True) as live, \
                     sqlite3.connect(copy) as snapshot:
                 live.backup(snapshot)
-            listed = _fast(f"sqlite:///{copy}", None)
+            listed = _fast(f"sqlite:///{copy}", None) or []
             assert listed == _orm(f"sqlite:///{copy}", None)
             compared += 1
-            seen |= {x["state"] for x in listed or []}
+            seen |= {x["state"] for x in listed}
             copy.unlink()
-            if not cancelled and any(x["job_id"] == long_id and x["state"] == "RUNNING" for x in listed or []):
-                cancelled = _broker("cancel", long_id).returncode == 0
-            if quickstart.poll() is not None and not {x["state"] for x in listed or []} & {
-                    "PENDING", "PROVISIONING", "RUNNING", "CHECKPOINTING", "MIGRATING"}:
+            running = [x["job_id"] for x in listed if x["name"] == "long" and x["state"] == "RUNNING"]
+            if running and not cancelled:
+                cancelled = _broker("cancel", running[0]).returncode == 0
+            if all(p.poll() is not None for p in launches) and len(listed) == 5 and not {
+                    x["state"] for x in listed} & {"PENDING", "PROVISIONING", "RUNNING", "CHECKPOINTING", "MIGRATING"}:
                 break
-            time.sleep(0.3)
+            time.sleep(0.2)
     finally:
-        if quickstart.poll() is None:
-            quickstart.terminate()
-        quickstart.communicate(timeout=60)
+        for launch in launches:
+            if launch.poll() is None:
+                launch.terminate()
+            launch.communicate(timeout=60)
     final = {x["name"]: x for x in _fast(f"sqlite:///{store}", None) or []}
     assert final["quickstart"]["state"] == "SUCCEEDED" and final["quickstart"]["migrations"] >= 1
     assert final["broken"]["state"] == "FAILED" and final["long"]["state"] == "CANCELLED"
