@@ -6,7 +6,8 @@ printed first as the baseline; the CPU seconds (user + system) of each process a
 since on a shared machine wall time mostly measures the others' load. Commands:
 
 - `broker --help` and `broker COMMAND --help` for the main commands;
-- `broker status` on the embedded store (a SQLite store in a fresh broker home, migrated once first);
+- `broker status` on the embedded store (a SQLite store in a fresh broker home, migrated once first),
+  and again on the store the launches below leave (their jobs finished);
 - `broker status --server URL` against a real `broker serve` started here on a free port;
 - `broker launch JOB --backend local --detach` (a one-line job), fewer times (default 3): it reads
   the job file, so it includes SkyPilot's import and its catalog look-up, offline here.
@@ -136,6 +137,9 @@ def main() -> None:
                 if all(s not in listed.stdout for s in ("PENDING", "PROVISIONING", "RUNNING")):
                     break
                 time.sleep(2)
+            # The same command on a store with jobs: a summary per job (ledger, clusters, predictions).
+            rows.append((f"broker status (embedded, {args.launch_runs} finished jobs)",
+                         timed(broker_command("status"), launch_env, args.runs), "status"))
 
     baseline = statistics.median(rows[0][1])
     base_cpu = statistics.median(CPU[id(rows[0][1])])

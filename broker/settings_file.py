@@ -58,6 +58,10 @@ def check_db_url(value: str) -> str:
     """``db_url`` must be a SQLAlchemy URL of a database the broker supports (ValueError otherwise)."""
     if "\x00" in value:
         raise ValueError("contains a NUL byte")
+    from broker.store.readonly import sqlite_path
+
+    if sqlite_path(value) is not None:  # a plain sqlite:///PATH: valid, and `broker status` needs no SQLAlchemy
+        return value
     from sqlalchemy.engine import make_url
     from sqlalchemy.exc import ArgumentError
 

@@ -77,7 +77,11 @@ def unattended(store: Store) -> tuple[int, int]:
 
 def revive(config: Path | None, store: Store) -> None:
     """Restart the background engine when jobs are active (or clusters up) and no engine drives the home."""
-    jobs, clusters = unattended(store)
+    revive_if(config, *unattended(store))
+
+
+def revive_if(config: Path | None, jobs: int, clusters: int) -> None:
+    """``revive`` given what ``unattended`` found (``broker.store.readonly`` counts them without SQLAlchemy)."""
     if not (jobs or clusters):
         return
     home = broker_home(config)

@@ -11,7 +11,7 @@ import typer
 from broker.cli import remote
 from broker.cli.app import ConfigOption, JsonOption, UsageError, app
 from broker.cli.driving import drive, job_summary_of
-from broker.cli.engine import revive, spawn_engine
+from broker.cli.engine import revive, revive_if, spawn_engine
 from broker.cli.job_output import announce, announce_pipeline, finish, print_status
 
 if TYPE_CHECKING:
@@ -202,19 +202,48 @@ def store_url(config: Path | None) -> str:
 
 
 def _local_summaries(config: Path | None, job_id: str | None) -> list[dict[str, Any]]:
-    from sqlalchemy import select
+    """The summaries ``status`` prints, read without SQLAlchemy when the store allows (``broker.store.readonly``)."""
+    from broker.store.readonly import READ_ERRORS, open_readonly
+    from broker.summary import summaries
+
+    url = store_url(config)
+    fast = open_readonly(url)
+    if fast is None:
+        return _orm_summaries(config, url, job_id)
+    idle: tuple[int, int] | None = None
+    try:
+        with fast.snapshot():
+            found, idle = summaries(fast, job_id), fast.unattended()
+    except READ_ERRORS:
+        pass
+    finally:
+        fast.close()
+    if idle is None:  # a store sqlite3 cannot read as it stands: SQLAlchemy's path says why, as it always did
+        return _orm_summaries(config, url, job_id)
+    if found is None:
+        raise UsageError(f"no job {job_id!r}")
+    revive_if(config, *idle)
+    return found
+
+
+def _orm_summaries(config: Path | None, url: str, job_id: str | None) -> list[dict[str, Any]]:
+    """The same through SQLAlchemy: PostgreSQL, or a SQLite store not there yet or behind a migration."""
+    from sqlalchemy.exc import DBAPIError
 
     from broker.store import open_store
-    from broker.store.tables import JobRow
-    from broker.summary import job_summary
+    from broker.store.db import store_error
+    from broker.store.orm_source import SessionSource
+    from broker.summary import summaries
 
-    store = open_store(store_url(config))
+    store = open_store(url)
     try:
-        if job_id is not None:
-            found = [job_summary_of(store, job_id)]
-        else:
+        try:
             with store.transaction() as s:
-                found = [job_summary(s, j) for j in s.scalars(select(JobRow).order_by(JobRow.created_at))]
+                found = summaries(SessionSource(s), job_id)
+        except (DBAPIError, ValueError, TypeError) as exc:  # a value no column type reads: not as migrations left it
+            raise store_error("read", url, exc) from exc
+        if found is None:
+            raise UsageError(f"no job {job_id!r}")
         revive(config, store)
         return found
     finally:

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import fcntl
-import functools
 import logging
-import re
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -18,13 +16,11 @@ from sqlalchemy import Engine, create_engine, event, select, update
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session, sessionmaker
 
+from broker.store.revision import MIGRATIONS, head_revision
 from broker.store.tables import LeaderLeaseRow
 
 if TYPE_CHECKING:
     from alembic.config import Config
-
-MIGRATIONS = Path(__file__).parent / "migrations"
-_REVISION = re.compile(r'^(revision|down_revision)\s*(?::[^=]*)?=\s*["\']([^"\']+)["\']', re.M)
 
 _migrate_lock = threading.Lock()
 
@@ -57,21 +53,6 @@ class Fence:
     def ensure(self) -> None:
         if not self.held():
             raise Fenced(f"leader lease {self.lease!r} epoch {self.epoch} is no longer held by {self.holder}")
-
-
-@functools.cache
-def head_revision() -> str | None:
-    """The newest migration, read from the files' ``revision``/``down_revision`` lines without Alembic.
-
-    None when the files do not name exactly one head (then Alembic itself decides).
-    """
-    revisions: set[str] = set()
-    parents: set[str] = set()
-    for path in (MIGRATIONS / "versions").glob("*.py"):
-        for name, value in _REVISION.findall(path.read_text()):
-            (revisions if name == "revision" else parents).add(value)
-    heads = revisions - parents
-    return heads.pop() if len(heads) == 1 else None
 
 
 def alembic_config(url: str) -> Config:
@@ -247,9 +228,14 @@ def open_store(url: str, migrate: bool = True) -> Store:
             store.migrate()
     except Exception as exc:
         store.dispose()
-        said = next((line for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
-        raise StoreError(f"cannot open the store at {_redact(url)}: {said}") from exc
+        raise store_error("open", url, exc) from exc
     return store
+
+
+def store_error(doing: str, url: str, exc: BaseException) -> StoreError:
+    """One line saying what could not be done with the store at ``url`` (credentials left out), and why."""
+    said = next((line for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
+    return StoreError(f"cannot {doing} the store at {_redact(url)}: {said}")
 
 
 def _redact(url: str) -> str:

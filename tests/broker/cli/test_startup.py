@@ -74,13 +74,53 @@ def test_status_against_a_server_imports_no_store_and_no_http_library(tmp_path: 
                          "sky"}, sorted(loaded)
 
 
-def test_a_migrated_stores_status_does_not_import_alembic(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from broker.store import open_store
+_MODULES_PROBE = """
+import json, sys
+sys.argv = ["broker", *json.loads(sys.argv[1])]
+from broker.cli import main
+try:
+    main()
+except SystemExit:
+    pass
+print("MODULES=" + json.dumps(sorted(sys.modules)))
+"""
 
-    open_store(f"sqlite:///{tmp_path / 'store.db'}").dispose()  # migrated once, as the first command does
-    monkeypatch.setenv("BROKER_DB_URL", f"sqlite:///{tmp_path / 'store.db'}")
-    loaded = _top_level_modules("status")
-    assert "sqlalchemy" in loaded and "alembic" not in loaded
+
+def _modules(*args: str) -> set[str]:
+    """Every module (not only the top-level package) a fresh `broker ARGS` imported."""
+    done = subprocess.run([sys.executable, "-c", _MODULES_PROBE, json.dumps(list(args))], capture_output=True,
+                          text=True, timeout=120)
+    line = next(ln for ln in done.stdout.splitlines() if ln.startswith("MODULES="))
+    return set(json.loads(line.removeprefix("MODULES=")))
+
+
+@pytest.mark.parametrize("by_url", [False, True])
+def test_embedded_status_imports_no_sqlalchemy_alembic_or_engine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                by_url: bool) -> None:
+    """On a migrated embedded store, `status` (table, JSON, one job) reads it with sqlite3: SQLAlchemy's
+    import alone takes longer than the whole command may; nor does it import the engine."""
+    import fcntl
+
+    from tests.status_stores import store_with_every_kind_of_job
+
+    home = tmp_path / "home"
+    url = f"sqlite:///{tmp_path / 'elsewhere' / 'store.db'}" if by_url else f"sqlite:///{home / 'broker.db'}"
+    store_with_every_kind_of_job(url)
+    home.mkdir(exist_ok=True)
+    monkeypatch.setenv("BROKER_HOME", str(home))
+    if by_url:
+        monkeypatch.setenv("BROKER_DB_URL", url)
+    heavy = {"sqlalchemy", "alembic", "broker.engine", "broker.runtime", "broker.store.db", "broker.config",
+             "pydantic", "numpy", "sky", "fastapi"}
+    # An engine drives the home (this test holds its lock), so `status` starts none on these made-up jobs.
+    (home / "engine.lock").touch()
+    with open(home / "engine.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        for args in (["status"], ["status", "--json"], ["status", "j-running"], ["status", "j-running", "--json"]):
+            loaded = _modules(*args)
+            assert "broker.store.readonly" in loaded and "broker.summary" in loaded, args  # it did read the store
+            assert "--json" in args or "rich.table" in loaded, args
+            assert not {m for m in loaded if m.split(".")[0] in heavy or m in heavy}, args
 
 
 def test_a_store_behind_the_newest_migration_is_still_migrated(tmp_path: Path) -> None:
