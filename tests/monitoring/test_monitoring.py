@@ -1,13 +1,16 @@
-"""The Prometheus rules and the Grafana dashboard, checked by promtool and against a real /metrics scrape."""
+"""The Prometheus rules and the Grafana dashboard, checked by promtool, Grafana's schema and a real /metrics scrape."""
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import re
 import shutil
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -18,6 +21,7 @@ from broker.api.jobs import JobIntake
 from broker.clock import WallClock
 from broker.store import open_store
 from tests.broker.web.seed import seed_fleet
+from tests.monitoring.grafana_schema import dashboard_errors
 
 MONITORING = Path(__file__).resolve().parents[2] / "monitoring"
 DASHBOARD = MONITORING / "grafana" / "dashboards" / "spot-broker.json"
@@ -69,6 +73,60 @@ def test_every_dashboard_panel_queries_metrics_the_service_exports(exported: set
             assert names, f"{panel['title']}: {target['expr']} names no broker metric"
             missing = set(names) - exported
             assert not missing, f"{panel['title']}: {sorted(missing)} not in /metrics"
+
+
+def test_the_dashboard_fits_grafanas_dashboard_schema() -> None:
+    assert dashboard_errors(json.loads(DASHBOARD.read_text())) == []
+
+
+def _rename(panel: dict[str, Any], old: str, new: str) -> None:
+    panel[new] = panel.pop(old)
+
+
+BREAKAGES: dict[str, tuple[Callable[[dict[str, Any]], None], str]] = {
+    "misspelt panel field": (lambda p: _rename(p, "gridPos", "gridPosition"), "panels[0].gridPosition: not a field"),
+    "misspelt option": (lambda p: _rename(p["options"]["legend"], "showLegend", "showLegnd"),
+                        "panels[0].options.legend.showLegnd: not a field"),
+    "misspelt query field": (lambda p: _rename(p["targets"][0], "legendFormat", "legend"),
+                             "panels[0].targets[0].legend: not a field"),
+    "width as a string": (lambda p: p["gridPos"].update(w="12"), "panels[0].grid_pos.w: '12' is not of type int"),
+    "legend placed nowhere": (lambda p: p["options"]["legend"].update(placement="middle"),
+                              "panels[0].options.legend.placement: 'middle' is not one of ['bottom', 'right']"),
+    "panel type with no schema": (lambda p: p.update(type="graph"), "panels[0].type: 'graph' is a panel type"),
+}
+
+
+@pytest.mark.parametrize("breakage", sorted(BREAKAGES))
+def test_a_broken_copy_of_the_dashboard_fails_the_schema(breakage: str) -> None:
+    dashboard = json.loads(DASHBOARD.read_text())
+    broken = copy.deepcopy(dashboard)
+    breaks, expected = BREAKAGES[breakage]
+    breaks(broken["panels"][0])
+    assert broken != dashboard
+    assert [f"dashboard.{expected}" in line for line in dashboard_errors(broken)] == [True]
+
+
+def _promtool_parses(expressions: dict[str, str], tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    """`promtool check rules` on one recording rule per expression: it parses each as PromQL."""
+    rules = {"groups": [{"name": "dashboard", "rules": [{"record": name, "expr": expr}
+                                                         for name, expr in expressions.items()]}]}
+    (tmp_path / "dashboard_rules.yml").write_text(yaml.safe_dump(rules))
+    return subprocess.run([_promtool(), "check", "rules", "dashboard_rules.yml"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_every_dashboard_expression_is_promql_that_parses(tmp_path: Path) -> None:
+    panels = json.loads(DASHBOARD.read_text())["panels"]
+    expressions = {f"panel_{p['id']}_{t['refId']}": t["expr"] for p in panels for t in p["targets"]}
+    done = _promtool_parses(expressions, tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"SUCCESS: {len(expressions)} rules found" in done.stdout
+
+
+def test_promtool_refuses_an_expression_that_does_not_parse(tmp_path: Path) -> None:
+    done = _promtool_parses({"panel_1_A": "rate(broker_spend_dollars_total[1h] * 3600"}, tmp_path)
+    assert done.returncode != 0
+    assert "panel_1_A" in done.stdout + done.stderr
 
 
 def test_every_alert_watches_metrics_the_service_exports(exported: set[str]) -> None:
