@@ -56,8 +56,8 @@ COUNT_FIXES: dict[tuple[str, str], int] = {("azure", "Standard_ND96isr_H100_v5")
 NOMINAL_GPU_GB: dict[str, float] = {
     "A10": 24, "A10G": 24, "L40S": 48, "T4g": 16, "V100-32GB": 32, "M60": 8, "Radeon MI25": 16,
     "Radeon Pro V520": 8, "RTX PRO Server 6000": 96, "B300": 288, "H100-MEGA": 80,
-    # Microsoft Learn's ND MI300X v5 and ND GB200 v6 size pages (GB per GPU; see msdocs_azure_vms.csv).
-    "MI300X": 192, "GB200": 192,
+    # Microsoft Learn's ND MI300X v5, ND GB200 v6 and ND GB300 v6 size pages (GB per GPU; msdocs_azure_vms.csv).
+    "MI300X": 192, "GB200": 192, "GB300": 288,
 }
 MAX_GPUS_PER_NODE = 64  # above any node a cloud sells (16 today): a bigger count is garbage
 OUT = Path(__file__).resolve().parent.parent / "providers" / "catalog_data.csv"
@@ -74,7 +74,7 @@ def interconnect(cloud: str, name: str, gpus: int) -> str:
     """How a node's GPUs reach each other: nvswitch (all-to-all NVLink), nvlink (direct links), pcie, or
     none (one GPU). From the clouds' instance pages: AWS P3 (NVLink), P4/P5/P6 (NVSwitch); GCP A2/A3/A4
     (NVSwitch, HGX boards); Azure ND A100 v4 / ND H100 v5 (NVSwitch), ND40rs_v2 (NVLink), NC H100 v5
-    (NVLink bridge between the two H100 NVL); ND GB200 v6 (NVLink switch tray, 72 GPUs a domain); ND MI300X v5
+    (NVLink bridge between the two H100 NVL); ND GB200/GB300 v6 (NVLink switch trays, 72 GPUs a domain); ND MI300X v5
     (Infinity Fabric, every GPU linked to every other: all-to-all, as nvswitch); every other family: PCIe."""
     if gpus <= 1:
         return "none"

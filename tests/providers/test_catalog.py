@@ -83,6 +83,7 @@ def test_fractional_gpu_types_are_not_whole_gpu_offers() -> None:
     ("Standard_ND96isr_H200_v5", "H200", 8, 141, "nvswitch"),
     ("Standard_ND96isr_MI300X_v5", "MI300X", 8, 192, "nvswitch"),
     ("Standard_ND128isr_NDR_GB200_v6", "GB200", 4, 192, "nvswitch"),
+    ("Standard_ND128isr_GB300_v6", "GB300", 4, 288, "nvswitch"),
 ])
 def test_gpu_memory_and_interconnect_of_the_new_models(name: str, accelerator: str, gpus: int, gb: float,
                                                        link: str) -> None:
@@ -107,7 +108,7 @@ def vendor_rows() -> list[dict[str, str]]:
 
 def test_every_azure_size_of_the_microsoft_learn_excerpt_resolves_with_its_shape() -> None:
     rows = vendor_rows()
-    assert len(rows) == 37
+    assert len(rows) == 39
     for row in rows:
         entry = catalog.find_any(row["InstanceType"], "azure")
         assert entry is not None, row["InstanceType"]

@@ -31,6 +31,7 @@ def _placed(task: str) -> tuple[str, str, str, int]:
     ("H200:8", "Standard_ND96isr_H200_v5"),
     ("MI300X:8", "Standard_ND96isr_MI300X_v5"),
     ("GB200:4", "Standard_ND128isr_NDR_GB200_v6"),
+    ("GB300:4", "Standard_ND128isr_GB300_v6"),
 ])
 def test_an_azure_gpu_task_of_the_new_sizes_is_placed_on_the_bundled_market(accelerators: str,
                                                                             instance_type: str) -> None:
