@@ -51,7 +51,7 @@ def sources(env: dict[str, str], workers: int, cpu_types: bool = True) -> dict[s
         "azure": AzurePriceSource(prices_url=env["BROKER_AZURE_PRICES_URL"],
                                   rm_endpoint=env["BROKER_AZURE_RM_ENDPOINT"],
                                   subscription_id="00000000-0000-0000-0000-000000000000", credential=StaticToken(),
-                                  max_workers=workers),
+                                  max_workers=workers, cpu_types=cpu_types),
     }
 
 

@@ -1,4 +1,4 @@
-"""Azure: GPU VM sizes and spot/on-demand prices per region and zone (and, below, room for the
+"""Azure: GPU and CPU-only VM sizes and spot/on-demand prices per region and zone (and, below, room for the
 node-side preemption-notice reader).
 
 Sources: the Retail Prices API (public, no credentials: ``serviceName eq 'Virtual Machines'`` per
@@ -112,12 +112,19 @@ def _get(obj: Any, *names: str) -> Any:
     return None
 
 
+def quoted_sizes(cpu_types: bool = True) -> list[catalog.InstanceType]:
+    """The catalog's Azure sizes the poller prices: the GPU sizes, then (unless ``cpu_types`` is False) the
+    CPU-only ones."""
+    return [*catalog.instance_types("azure"), *(catalog.cpu_instance_types("azure") if cpu_types else [])]
+
+
 def azure_quotes(region: str, prices: dict[tuple[str, str], RetailPrices],
-                 sizes: dict[str, SizeAvailability] | None, observed_at: datetime) -> list[SpotQuote]:
-    """One quote per catalog GPU size priced in ``region``: per zone where the resource SKUs say so,
-    region-wide (zone = region) without them."""
+                 sizes: dict[str, SizeAvailability] | None, observed_at: datetime,
+                 cpu_types: bool = True) -> list[SpotQuote]:
+    """One quote per catalog size priced in ``region`` (GPU sizes, and CPU-only ones with no accelerator):
+    per zone where the resource SKUs say so, region-wide (zone = region) without them."""
     quotes = []
-    for size in catalog.instance_types("azure"):
+    for size in quoted_sizes(cpu_types):
         price = prices.get((region, size.name))
         if price is None:
             continue
@@ -130,15 +137,26 @@ def azure_quotes(region: str, prices: dict[tuple[str, str], RetailPrices],
         for zone in zones:
             quotes.append(SpotQuote(
                 cloud="azure", region=region, zone=zone, instance_type=size.name, accelerator=size.accelerator,
-                gpus_per_node=size.gpus, gpu_memory_gb=size.gpu_memory_gb, spot_price=price.spot,
+                gpus_per_node=size.gpus, gpu_memory_gb=size.gpu_memory_gb if size.gpus else None,
+                spot_price=price.spot,
                 on_demand_price=price.on_demand, observed_at=observed_at,
             ))
     return quotes
 
 
+# Sizes named in one Retail Prices filter: with the CPU-only sizes the catalog's Azure list is ~75 names,
+# and one filter naming them all makes a ~4 KB query string; batches keep each request's URL short.
+FILTER_SIZES = 40
+
+
 def retail_filter(region: str, sizes: Iterable[str]) -> str:
     names = " or ".join(f"armSkuName eq '{s}'" for s in sizes)
     return f"serviceName eq 'Virtual Machines' and armRegionName eq '{region}' and ({names})"
+
+
+def retail_filters(region: str, sizes: list[str], batch: int = FILTER_SIZES) -> list[str]:
+    """``retail_filter`` over ``sizes`` in batches of at most ``batch`` names."""
+    return [retail_filter(region, sizes[start:start + batch]) for start in range(0, len(sizes), batch)]
 
 
 def azure_retryable(exc: BaseException) -> bool:
@@ -156,8 +174,9 @@ class AzurePriceSource:
 
     def __init__(self, regions: Iterable[str] = DEFAULT_REGIONS, prices_url: str = DEFAULT_PRICES_URL,
                  rm_endpoint: str | None = None, subscription_id: str | None = None, credential: Any = None,
-                 backoff: Backoff | None = None, max_workers: int = 16) -> None:
+                 backoff: Backoff | None = None, max_workers: int = 16, cpu_types: bool = True) -> None:
         self.regions = list(regions)
+        self.cpu_types = cpu_types  # False: GPU sizes only (the catalog's CPU-only sizes are left out)
         self.prices_url = prices_url
         self.rm_endpoint = rm_endpoint
         self.subscription_id = subscription_id
@@ -173,20 +192,21 @@ class AzurePriceSource:
         compute = self._compute_client()
         http = JsonHttp(self.backoff)
         try:
-            sizes = [t.name for t in catalog.instance_types("azure")]
+            sizes = [t.name for t in quoted_sizes(self.cpu_types)]
 
             def one_region(region: str) -> list[SpotQuote]:
-                prices = retail_prices(self._retail_items(http, region, sizes))
+                items = [item for expression in retail_filters(region, sizes)
+                         for item in self._retail_items(http, expression)]
                 available = self._availability(compute, region) if compute is not None else None
-                return azure_quotes(region, prices, available, observed_at)
+                return azure_quotes(region, retail_prices(items), available, observed_at, self.cpu_types)
 
             return [q for quotes in fan_out(one_region, wanted, self.max_workers, progress) for q in quotes]
         finally:
             http.close()
 
-    def _retail_items(self, http: JsonHttp, region: str, sizes: list[str]) -> list[dict[str, Any]]:
+    def _retail_items(self, http: JsonHttp, expression: str) -> list[dict[str, Any]]:
         items: list[dict[str, Any]] = []
-        page = http.get(self.prices_url, params={"$filter": retail_filter(region, sizes)})
+        page = http.get(self.prices_url, params={"$filter": expression})
         while True:
             items.extend(page.get("Items", []))
             next_link = page.get("NextPageLink")

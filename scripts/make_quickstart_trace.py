@@ -49,6 +49,9 @@ PER_GPU = {
     # USD/h), or the instance price less its vCPUs where one GPU type has no H100 counterpart.
     "H200": 12.76, "B200": 22.98, "B300": 28.72, "H100-MEGA": 11.10, "L40S": 2.05, "T4g": 0.23,
     "RTX PRO Server 6000": 2.98, "K80": 0.60, "M60": 0.84, "Radeon MI25": 0.26,
+    # Azure's ND GB200 v6 and GB300 v6 (4 Blackwell GPUs on a Grace host) at the B200 and B300 GPU-hours; ND
+    # MI300X v5 at about half the H100 GPU-hour, where the clouds and neoclouds that sell both price the MI300X.
+    "GB200": 22.98, "GB300": 28.72, "MI300X": 6.00,
 }
 UNKNOWN_GPU = 2.0  # an accelerator added to the catalog before it is added here
 PER_VCPU = {"aws": 0.048, "gcp": 0.047, "azure": 0.050}

@@ -146,10 +146,12 @@ def gcp_market() -> FakeGcp:
 def azure_market(regions: tuple[str, ...] = azure_provider.DEFAULT_REGIONS) -> FakeAzure:
     items, skus = [], []
     for region in regions:
-        for size in catalog.instance_types("azure"):
+        for size in (*catalog.instance_types("azure"), *catalog.cpu_instance_types("azure")):
             if _unit("azure", size.name, region) > 0.75:
                 continue
-            on_demand = round(size.gpus * PER_GPU.get(size.accelerator, 2.0) * 0.85 + size.vcpus * 0.01, 4)
+            # a CPU-only size at Dsv5's list price per vCPU (Standard_D8s_v5: 0.384 USD/h in eastus)
+            per_vcpu = 0.01 if size.gpus else 0.048
+            on_demand = round(size.gpus * PER_GPU.get(size.accelerator, 2.0) * 0.85 + size.vcpus * per_vcpu, 4)
             spot = round(on_demand * _spot_fraction(size.name, region), 4)
             items += [
                 retail_item(size.name, region, on_demand),

@@ -6,7 +6,8 @@ from typing import Any
 
 import pytest
 
-from providers.azure import AzurePriceSource, retail_prices
+from providers import catalog
+from providers.azure import FILTER_SIZES, AzurePriceSource, quoted_sizes, retail_filters, retail_prices
 from providers.base import SpotQuote
 from providers.fetching import HttpStatusError
 from tests.fakeclouds.azure import FakeAzure, resource_sku, retail_item
@@ -77,8 +78,9 @@ def test_nd96asr_v4_spot_and_on_demand_without_credentials(azure: FakeServer) ->
     assert (quotes[(NC, "westus2")].spot_price, quotes[(NC, "westus2")].on_demand_price) == (0.81, 3.673)
     assert len(quotes) == 3
     assert source.notes == ["azure: no subscription set; public list prices, region-wide, zones not checked"]
-    # eastus has 10 matching items in pages of 2, westus2 two: NextPageLink followed to the end
-    assert azure.requests["retail"] == 5 + 1
+    # Two filters per region (the GPU sizes and the first CPU-only ones, then the other CPU-only ones):
+    # eastus's first has 10 matching items in pages of 2, westus2's two: NextPageLink followed to the end
+    assert azure.requests["retail"] == (5 + 1) + (1 + 1)
     assert azure.requests["resourceSkus"] == 0
 
 
@@ -98,7 +100,7 @@ def test_throttled_and_failing_calls_are_retried(azure: FakeServer) -> None:
     source = _source(azure, subscription_id="sub", rm_endpoint=azure.url, credential=StaticToken())
     quotes = _by_offer(source.fetch_quotes())
     assert quotes[(ND, "eastus-1")].on_demand_price == 27.197
-    assert azure.requests["retail"] == 6 + 2
+    assert azure.requests["retail"] == 8 + 2
     assert azure.requests["resourceSkus"] == 2 + 1
 
 
@@ -114,3 +116,78 @@ def test_retail_prices_keep_linux_consumption_meters_only() -> None:
     assert prices[("eastus", ND)].spot == 10.8788
     assert prices[("eastus", ND)].on_demand == 27.197
     assert prices[("eastus", NC)].spot == 0.7346
+
+
+H200 = "Standard_ND96isr_H200_v5"
+MI300X = "Standard_ND96isr_MI300X_v5"
+GB200 = "Standard_ND128isr_NDR_GB200_v6"
+D8 = "Standard_D8s_v5"
+F4 = "Standard_F4s_v2"
+
+
+def _new_size_items() -> list[dict[str, Any]]:
+    return [
+        retail_item(H200, "eastus", 84.80, series="NDisr H200 v5"),
+        retail_item(H200, "eastus", 25.44, variant="Spot", series="NDisr H200 v5"),
+        retail_item(MI300X, "eastus", 48.0, series="NDisr MI300X v5"),
+        retail_item(MI300X, "eastus", 14.4, variant="Spot", series="NDisr MI300X v5"),
+        retail_item(GB200, "eastus", 108.0, series="ND GB200 v6"),
+        retail_item(D8, "eastus", 0.384, series="Dsv5"),
+        retail_item(D8, "eastus", 0.0768, variant="Spot", series="Dsv5"),
+        retail_item(D8, "eastus", 0.752, windows=True, series="Dsv5"),
+        retail_item(F4, "eastus", 0.169, series="Fsv2"),
+        retail_item(F4, "eastus", 0.0338, variant="Spot", series="Fsv2"),
+        retail_item(F4, "eastus", 0.0169, variant="Low Priority", series="Fsv2"),
+    ]
+
+
+@pytest.fixture
+def azure_new() -> Iterator[FakeServer]:
+    skus = [resource_sku(H200, "eastus", 8, ["1", "3"]), resource_sku(D8, "eastus", 0, ["1", "2", "3"],
+                                                                      restricted_zones=["2"])]
+    with FakeServer(FakeAzure(_new_size_items(), skus, page_size=3)) as server:
+        yield server
+
+
+def test_h200_mi300x_gb200_and_cpu_only_sizes_are_quoted(azure_new: FakeServer) -> None:
+    quotes = _by_offer(_source(azure_new).fetch_quotes(regions=["eastus"]))
+    h200 = quotes[(H200, "eastus")]
+    assert (h200.accelerator, h200.gpus_per_node, h200.gpu_memory_gb) == ("H200", 8, 141)
+    assert (h200.spot_price, h200.on_demand_price) == (25.44, 84.80)
+    mi = quotes[(MI300X, "eastus")]
+    assert (mi.accelerator, mi.gpus_per_node, mi.gpu_memory_gb, mi.spot_price) == ("MI300X", 8, 192, 14.4)
+    gb = quotes[(GB200, "eastus")]
+    assert (gb.accelerator, gb.gpus_per_node, gb.spot_price, gb.on_demand_price) == ("GB200", 4, None, 108.0)
+    d8, f4 = quotes[(D8, "eastus")], quotes[(F4, "eastus")]
+    assert (d8.accelerator, d8.gpus_per_node, d8.gpu_memory_gb) == ("", 0, None)
+    assert (d8.spot_price, d8.on_demand_price) == (0.0768, 0.384)  # the Windows meter is not Linux's price
+    assert (f4.spot_price, f4.on_demand_price) == (0.0338, 0.169)  # nor Low Priority the spot price
+    assert sorted(quotes) == sorted([(H200, "eastus"), (MI300X, "eastus"), (GB200, "eastus"), (D8, "eastus"),
+                                     (F4, "eastus")])
+    # the GPU filter's 5 items in two pages of 3, the second filter's 6 CPU items (Windows, Low Priority too) in two
+    assert azure_new.requests["retail"] == 2 + 2
+
+
+def test_cpu_only_sizes_take_their_zones_from_the_resource_skus(azure_new: FakeServer) -> None:
+    source = _source(azure_new, subscription_id="sub", rm_endpoint=azure_new.url, credential=StaticToken())
+    quotes = _by_offer(source.fetch_quotes(regions=["eastus"]))
+    assert sorted(quotes) == [(D8, "eastus-1"), (D8, "eastus-3"), (H200, "eastus-1"), (H200, "eastus-3")]
+    assert quotes[(D8, "eastus-3")].spot_price == 0.0768
+
+
+def test_gpu_sizes_only_leaves_the_cpu_only_sizes_and_their_filter_out(azure_new: FakeServer) -> None:
+    quotes = _source(azure_new, cpu_types=False).fetch_quotes(regions=["eastus"])
+    assert {q.instance_type for q in quotes} == {H200, MI300X, GB200}
+    # the catalog's Azure GPU sizes fit one filter: its 5 GPU items in two pages of 3, no CPU items asked for
+    assert len(catalog.instance_types("azure")) <= FILTER_SIZES
+    assert azure_new.requests["retail"] == 2
+
+
+def test_retail_filters_name_every_quoted_size_once_in_bounded_batches() -> None:
+    sizes = [t.name for t in quoted_sizes()]
+    assert {H200, MI300X, GB200, D8, F4} <= set(sizes) and len(sizes) == len(set(sizes))
+    filters = retail_filters("eastus", sizes)
+    named = [name for f in filters for name in f.split("armSkuName eq '")[1:]]
+    assert [n.split("'")[0] for n in named] == sizes
+    assert all(f.count("armSkuName eq") <= FILTER_SIZES and len(f) < 2000 for f in filters)
+    assert len(filters) == -(-len(sizes) // FILTER_SIZES)

@@ -80,6 +80,10 @@ def test_fractional_gpu_types_are_not_whole_gpu_offers() -> None:
     ("p4d.24xlarge", "A100", 8, 40, "nvswitch"),
     ("Standard_NC80adis_H100_v5", "H100", 2, 80, "nvlink"),
     ("Standard_NC64as_T4_v3", "T4", 4, 16, "pcie"),
+    ("Standard_ND96isr_H200_v5", "H200", 8, 141, "nvswitch"),
+    ("Standard_ND96isr_MI300X_v5", "MI300X", 8, 192, "nvswitch"),
+    ("Standard_ND128isr_NDR_GB200_v6", "GB200", 4, 192, "nvswitch"),
+    ("Standard_ND128isr_GB300_v6", "GB300", 4, 288, "nvswitch"),
 ])
 def test_gpu_memory_and_interconnect_of_the_new_models(name: str, accelerator: str, gpus: int, gb: float,
                                                        link: str) -> None:
@@ -94,3 +98,30 @@ def test_cpu_only_types_fit_cpus_and_memory_smallest_first() -> None:
     assert (fits[0].vcpus, fits[0].memory_gb) == (8, 32)
     assert catalog.find_any("m5.2xlarge") == fits[[t.name for t in fits].index("m5.2xlarge")]
     assert catalog.find_any("t3.small") is not None and catalog.find_any("t3.small").interconnect == ""  # type: ignore[union-attr]
+
+
+def vendor_rows() -> list[dict[str, str]]:
+    text = (SOURCES / "msdocs_azure_vms.csv").read_text()
+    return list(csv.DictReader(io.StringIO("".join(line for line in text.splitlines(keepends=True)
+                                                    if not line.startswith("#")))))
+
+
+def test_every_azure_size_of_the_microsoft_learn_excerpt_resolves_with_its_shape() -> None:
+    rows = vendor_rows()
+    assert len(rows) == 39
+    for row in rows:
+        entry = catalog.find_any(row["InstanceType"], "azure")
+        assert entry is not None, row["InstanceType"]
+        assert entry.accelerator == row["AcceleratorName"]
+        assert entry.gpus == int(row["AcceleratorCount"] or 0)
+        assert (entry.vcpus, entry.memory_gb) == (int(row["vCPUs"]), float(row["MemoryGiB"]))
+        assert row["Source"].startswith("msdocs:")
+
+
+def test_azure_cpu_only_sizes_fit_cpus_and_memory() -> None:
+    fits = catalog.cpu_instance_types(cloud="azure", min_cpus=8, min_memory_gb=32)
+    assert [(t.vcpus, t.memory_gb) for t in fits[:3]] == [(8, 32), (8, 32), (8, 64)]
+    assert {t.name for t in fits[:2]} == {"Standard_D8s_v5", "Standard_D8as_v5"}
+    assert all(t.gpus == 0 and t.interconnect == "" for t in fits)
+    assert {t.name[:10] for t in catalog.cpu_instance_types(cloud="azure")} >= {"Standard_D", "Standard_E",
+                                                                                 "Standard_F"}

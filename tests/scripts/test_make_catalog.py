@@ -35,14 +35,15 @@ def test_the_committed_catalog_is_the_scripts_output_from_the_excerpts(tmp_path:
     assert done.returncode == 0, done.stderr
     assert body(tmp_path / "catalog_data.csv") == body(CATALOG)
     assert body(tmp_path / "catalog_accelerators.csv") == body(ACCELERATORS)
-    assert "120 GPU (aws 57, gcp 29, azure 34)" in done.stderr
+    assert "125 GPU (aws 57, gcp 29, azure 39) and 113 CPU-only" in done.stderr
 
 
 def _full_cache(root: Path) -> None:
-    """A SkyPilot-style cache built from the excerpts: several zones per type, prices, SkyPilot's header."""
+    """A SkyPilot-style cache built from the excerpts: several zones per type, prices, SkyPilot's header.
+    Without the Microsoft Learn rows, which SkyPilot's files lack."""
     for cloud in ("aws", "gcp", "azure"):
         rows = []
-        for path in sorted(SOURCES.glob(f"*{cloud}_*vms.csv")):
+        for path in sorted(p for p in SOURCES.glob(f"*{cloud}_*vms.csv") if not p.name.startswith("msdocs_")):
             text = "".join(line for line in path.read_text().splitlines(keepends=True) if not line.startswith("#"))
             rows.extend(csv.DictReader(io.StringIO(text)))
         out = io.StringIO()
@@ -73,6 +74,10 @@ def test_a_full_cache_regenerates_the_same_catalog_and_excerpts(tmp_path: Path) 
     aws = body(excerpts / "skypilot_aws_gpu_vms.csv")
     assert aws[0] == "InstanceType,AcceleratorName,AcceleratorCount,vCPUs,MemoryGiB,GpuInfo"
     assert len(aws) - 1 == len({line.split(",")[0] for line in aws[1:]})  # one row per type
+    # SkyPilot's excerpt stays SkyPilot's: the Microsoft Learn sizes are read from their own file.
+    azure = body(excerpts / "skypilot_azure_gpu_vms.csv")
+    assert not [line for line in azure if line.startswith(("Standard_ND96isr_H200_v5,", "Standard_D8s_v5,"))]
+    assert [line for line in azure if line.startswith("Standard_ND96isr_H100_v5,")]
     shutil.copy(SOURCES / "skypilot_accelerators.csv", excerpts)
     done = run("--from", str(excerpts), "--out", str(tmp_path / "again.csv"))
     assert done.returncode == 0, done.stderr
@@ -91,18 +96,43 @@ def test_missing_inputs_are_one_line_and_exit_2(args: list[str], message: str, t
     assert not (tmp_path / "out.csv").exists()
 
 
-@pytest.mark.parametrize("garbage", [
+GARBAGE = [
     b"\x00\x00\x00",
     b"InstanceType,AcceleratorName,AcceleratorCount\n" + b"p5.48xlarge,H100,\xff\xfe\n",
     b"\"" + b"x" * 200_000,
     b"InstanceType,AcceleratorName,AcceleratorCount,vCPUs\n" + b"p5.48xlarge,H100,-1e308,nan\n" * 1000,
+]
+
+
+@pytest.mark.parametrize("garbage", [
+    *GARBAGE,
+    b"InstanceType,AcceleratorName,AcceleratorCount,vCPUs,MemoryGiB,GpuInfo\n"
+    b"Standard_ND96isr_H200_v5,H200,8,96,1850,\"{'Gpus': [{'MemoryInfo': {'SizeInMiB': 1e400}}]}\"\n"
+    b"Standard_D8s_v5,,,8,-32,\n" + b"Standard_X,H200,1e9,96,1850,\n",
 ])
+def test_a_garbage_vendor_excerpt_is_refused_in_one_line_or_adds_nothing(garbage: bytes, tmp_path: Path) -> None:
+    (tmp_path / "msdocs_azure_vms.csv").write_bytes(garbage)
+    done = run("--vendor", str(tmp_path), "--out", str(tmp_path / "out.csv"), "--extra", "")
+    assert "Traceback" not in done.stderr
+    if done.returncode == 2:
+        assert len(done.stderr.strip().splitlines()) == 1 and not (tmp_path / "out.csv").exists()
+    else:
+        assert done.returncode == 0
+        rows = body(tmp_path / "out.csv")
+        assert not [r for r in rows if r.startswith(("azure,Standard_D8s_v5", "azure,Standard_X"))]
+        # an unreadable GpuInfo is no figure: the GB per GPU is the vendor's, as for any H200
+        assert [r for r in rows if r.startswith("azure,Standard_ND96isr_H200")] in (
+            [], ["azure,Standard_ND96isr_H200_v5,H200,8,141,96,1850,0,nvswitch"])
+        assert any(r.startswith("azure,Standard_ND96isr_H100_v5,H100,8,") for r in rows)  # SkyPilot's rows stay
+
+
+@pytest.mark.parametrize("garbage", GARBAGE)
 def test_garbage_cache_files_are_refused_in_one_line_or_add_nothing(garbage: bytes, tmp_path: Path) -> None:
     (tmp_path / "aws").mkdir()
     (tmp_path / "aws" / "vms.csv").write_bytes(garbage)
     (tmp_path / "common").mkdir()
     shutil.copy(SOURCES / "skypilot_accelerators.csv", tmp_path / "common" / "accelerators.csv")
-    done = run("--from", str(tmp_path), "--out", str(tmp_path / "out.csv"), "--extra", "")
+    done = run("--from", str(tmp_path), "--out", str(tmp_path / "out.csv"), "--extra", "", "--vendor", "")
     assert "Traceback" not in done.stderr
     if done.returncode == 2:
         assert len(done.stderr.strip().splitlines()) == 1 and not (tmp_path / "out.csv").exists()

@@ -23,9 +23,10 @@ from broker.tokens import create_api_token
 from providers.base import SpotQuote
 
 NOW = datetime.now(UTC)
-# Offers the built-in catalog lacks: Azure's ND H200 v5 (H200 on Azure) and ND MI300X v5.
+# Offers the price book quotes: Azure's ND H200 v5, and a size the built-in catalog lacks (no catalog names
+# an MI355X: a size Azure may sell later).
 H200 = SpotQuote("azure", "eastus", "eastus-1", "Standard_ND96isr_H200_v5", "H200", 8, 38.0, 110.0, NOW, 141.0)
-MI300X = SpotQuote("azure", "eastus", "eastus-2", "Standard_ND96isr_MI300X_v5", "MI300X", 8, 20.0, 55.0, NOW, 192.0)
+MI355X = SpotQuote("azure", "eastus", "eastus-2", "Standard_ND96isr_MI355X_v6", "MI355X", 8, 24.0, 64.0, NOW, 288.0)
 CPU = SpotQuote("aws", "us-east-1", "us-east-1a", "m6i.2xlarge", "", 0, 0.12, 0.384, NOW)
 
 
@@ -54,7 +55,7 @@ class Service:
 @pytest.fixture
 def service(tmp_path: Path) -> Iterator[Service]:
     store = open_store(f"sqlite:///{tmp_path / 'broker.db'}")
-    PriceBook(store).record("azure", [H200, MI300X], at=NOW)
+    PriceBook(store).record("azure", [H200, MI355X], at=NOW)
     PriceBook(store).record("aws", [CPU], at=NOW)
     app = create_app(store, WallClock(), JobIntake(tmp_path, "skypilot", None, offline=True))
     token = create_api_token(store, "alpha").token
@@ -67,7 +68,7 @@ def task(resources: str) -> str:
 
 
 @pytest.mark.parametrize(("resources", "gpus"), [
-    ("  accelerators: MI300X:8\n", "MI300X:8"),
+    ("  accelerators: MI355X:8\n", "MI355X:8"),
     ("  cloud: azure\n  accelerators: H200:8\n", "H200:8"),
     ("  cloud: azure\n  instance_type: Standard_ND96isr_H200_v5\n", "H200:8"),  # GPUs as the book quotes them
 ], ids=["accelerator", "accelerator-on-a-cloud", "instance-type-alone"])
@@ -81,7 +82,7 @@ def test_the_same_jobs_are_refused_by_the_catalog_without_the_price_book(tmp_pat
     store = open_store(f"sqlite:///{tmp_path / 'broker.db'}")
     client = TestClient(create_app(store, WallClock(), JobIntake(tmp_path, "skypilot", None, offline=True)))
     headers = {"Authorization": f"Bearer {create_api_token(store, 'alpha').token}"}
-    response = client.post("/v1/jobs", json={"spec": task("  accelerators: MI300X:8\n")}, headers=headers)
+    response = client.post("/v1/jobs", json={"spec": task("  accelerators: MI355X:8\n")}, headers=headers)
     assert response.status_code == 422
     assert response.json()["detail"][0]["loc"] == ["body", "spec", "resources", "accelerators"]
     store.dispose()
@@ -89,12 +90,12 @@ def test_the_same_jobs_are_refused_by_the_catalog_without_the_price_book(tmp_pat
 
 @pytest.mark.parametrize(("resources", "loc", "words"), [
     ("  accelerators: H900:8\n", ["resources", "accelerators"], "unknown accelerator 'H900'"),
-    ("  cloud: azure\n  accelerators: MI300X:16\n", ["resources", "accelerators"], "MI300X"),
+    ("  cloud: azure\n  accelerators: MI355X:16\n", ["resources", "accelerators"], "MI355X"),
     ("  cloud: aws\n  accelerators: H200:8\n  instance_type: not_a_type\n", ["resources", "instance_type"],
      "unknown instance type"),
-    ("  accelerators: \"MI300X\\0:8\"\n", ["resources", "accelerators"], ""),
+    ("  accelerators: \"MI355X\\0:8\"\n", ["resources", "accelerators"], ""),
     (f"  accelerators: {'H' * 100_000}:8\n", ["resources", "accelerators"], ""),
-    ("  accelerators: MI300X:99999999999999999999\n", ["resources", "accelerators"], ""),
+    ("  accelerators: MI355X:99999999999999999999\n", ["resources", "accelerators"], ""),
     ("  instance_type: " + "[" * 40 + "]" * 40 + "\n", ["resources", "instance_type"], ""),
 ], ids=["unknown-name", "more-gpus-than-quoted", "unknown-type", "nul", "huge-name", "huge-count", "deep"])
 def test_what_nobody_quotes_is_still_a_422_naming_the_field(service: Service, resources: str, loc: list[str],
