@@ -179,7 +179,7 @@ def dryrun(settings: Settings, spec: JobSpec, catalog: Any = None, as_json: bool
     if cluster is None:
         wanted = ", ".join(f"{a.name}:{a.count}" for a in spec.accelerators) or "any"
         raise UsageError(f"resources.accelerators: no offer in the price book or SkyPilot's catalog for {wanted} "
-                         f"per node on {', '.join(c.cloud for c in spec.broker.clouds) or 'aws, gcp, azure'}")
+                         f"per node on {', '.join(sorted(spec.allowed_clouds)) or 'aws, gcp, azure'}")
     name, config = dryrun_task(spec, cluster, settings)
     with captured() as sky_said:
         try:

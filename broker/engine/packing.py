@@ -78,7 +78,7 @@ def hosts(row: ClusterRow, spec: JobSpec, job: JobRow) -> int | None:
     """GPUs per node the job would take on this cluster's hardware, or None if it cannot run there."""
     if row.state != ClusterState.UP.value or row.num_nodes < job.num_nodes:
         return None
-    if spec.broker.clouds and row.cloud not in {c.cloud for c in spec.broker.clouds}:
+    if spec.allowed_clouds and row.cloud not in spec.allowed_clouds:
         return None
     if not spec.accelerators:
         return row.gpus_per_node if row.gpus_per_node == 0 else None

@@ -89,7 +89,7 @@ class JobLimits:
 
     @classmethod
     def of(cls, spec: JobSpec) -> JobLimits:
-        return cls(spec.broker.max_price, frozenset(c.cloud for c in spec.broker.clouds), spec.broker.speed)
+        return cls(spec.broker.max_price, spec.allowed_clouds, spec.broker.speed)
 
 
 def job_view(limits: JobLimits, num_nodes: int, gpus_per_node: int, accelerator: str | None,

@@ -80,6 +80,15 @@ class JobSpec:
     cpus: str | None = None  # as SkyPilot writes them: "8" or "8+" vCPUs per node
     memory: str | None = None  # GB per node: "32" or "32+"
     instance_types: tuple[str, ...] = ()  # every alternative's instance_type, in the file's order
+    resource_clouds: tuple[str, ...] = ()  # the clouds `resources` names when every alternative names one
+
+    @property
+    def allowed_clouds(self) -> frozenset[str]:
+        """The clouds the job may run on (empty: any): `broker.clouds`, narrowed by `resources.cloud`."""
+        named = frozenset(c.cloud for c in self.broker.clouds)
+        if self.resource_clouds:
+            return named & frozenset(self.resource_clouds) if named else frozenset(self.resource_clouds)
+        return named
 
     @property
     def gpu_fraction(self) -> float | None:

@@ -102,7 +102,22 @@ def build_task(doc: LoadedYaml, source: str, now: datetime | None, offline: bool
         cpus=first.cpus,
         memory=first.memory,
         instance_types=tuple(dict.fromkeys(a.instance_type for a in alternatives if a.instance_type)),
+        resource_clouds=_resource_clouds(alternatives, section, doc, source),
     )
+
+
+def _resource_clouds(alternatives: list[ResourceAlternative], section: BrokerModel, doc: LoadedYaml,
+                     source: str) -> tuple[str, ...]:
+    """The clouds `resources` pins the job to (every alternative names one), checked against `broker.clouds`."""
+    if any(alt.cloud is None for alt in alternatives):
+        return ()
+    named = tuple(dict.fromkeys(str(alt.cloud).lower() for alt in alternatives))
+    scoped = {cloud for cloud, _ in section.clouds}
+    if scoped and not scoped & set(named):
+        path = (*alternatives[0].path, "cloud")
+        raise SpecError(f"resources name {', '.join(named)} but broker.clouds allows only {', '.join(sorted(scoped))}: "
+                        "the job could run nowhere", field=format_path(path), line=doc.line_of(path), source=source)
+    return named
 
 
 def _check_market(alternatives: list[ResourceAlternative], market: tuple[MarketOffer, ...], doc: LoadedYaml,

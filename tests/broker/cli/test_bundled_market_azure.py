@@ -1,6 +1,6 @@
 """Azure's newer sizes run on the embedded default: a task file asking for H200:8 on Azure, or for CPUs only
-on Azure, is accepted offline (judged against Azure's built-in catalog: ``resources.cloud``) and the
-selection policy places it on the bundled market's Azure offer (``broker.clouds`` is what limits placement)."""
+on Azure, is accepted offline (judged against Azure's built-in catalog) and the selection policy places
+it on the bundled market's Azure offer: ``resources.cloud`` limits placement as ``broker.clouds`` does."""
 
 from __future__ import annotations
 
@@ -35,8 +35,7 @@ def _placed(task: str) -> tuple[str, str, str, int]:
 ])
 def test_an_azure_gpu_task_of_the_new_sizes_is_placed_on_the_bundled_market(accelerators: str,
                                                                             instance_type: str) -> None:
-    task = (f"name: big\nresources:\n  cloud: azure\n  accelerators: {accelerators}\nrun: python train.py\n"
-            "broker:\n  clouds: [azure]\n")
+    task = f"name: big\nresources:\n  cloud: azure\n  accelerators: {accelerators}\nrun: python train.py\n"
     gpus = int(accelerators.split(":")[1])
     assert _placed(task) == ("azure", "eastus-1", instance_type, gpus)
 
@@ -44,8 +43,7 @@ def test_an_azure_gpu_task_of_the_new_sizes_is_placed_on_the_bundled_market(acce
 def test_a_cpu_only_azure_task_is_placed_on_a_fitting_azure_size() -> None:
     from providers.catalog import find_any
 
-    task = ("name: etl\nresources:\n  cloud: azure\n  cpus: 8+\n  memory: 32+\nrun: python etl.py\n"
-            "broker:\n  clouds: [azure]\n")
+    task = "name: etl\nresources:\n  cloud: azure\n  cpus: 8+\n  memory: 32+\nrun: python etl.py\n"
     cloud, zone, instance_type, gpus = _placed(task)
     size = find_any(instance_type, "azure")
     assert (cloud, zone, gpus) == ("azure", "eastus-1", 0)
