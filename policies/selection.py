@@ -74,7 +74,7 @@ class JobView:
     restart_overhead_s: float = 720.0
     checkpoint_gb: float = 0.0
     max_price_per_hour: float | None = None  # for the whole gang
-    allowed_clouds: frozenset[str] = frozenset()
+    allowed_places: frozenset[tuple[str, str | None]] = frozenset()  # (cloud, region or None for any); empty: any
     total_work_s: float | None = None  # the whole job's work, for policies that pace progress
     started_at: datetime | None = None  # when the job was submitted (the deadline counts from it)
     speed: tuple[tuple[str, float], ...] = ()  # stated relative speed per accelerator (policies.speed)
@@ -159,8 +159,9 @@ def spot_ok(offer: ZoneOffer, num_nodes: int) -> bool:
 
 def on_demand_plan(request: SelectionRequest, reason: str) -> Plan:
     offers = sorted(_eligible(request), key=lambda o: (o.on_demand_price / max(o.gpus_per_node, 1), o.location))
-    if not offers:
-        offers = sorted(request.offers, key=lambda o: (o.on_demand_price, o.location))
+    if not offers:  # every allowed zone is one to leave: on-demand in one of them beats none
+        offers = sorted((o for o in request.offers if _allowed(request.job, o)),
+                        key=lambda o: (o.on_demand_price, o.location))
     return Plan((Location(ON_DEMAND, offers[0]),) if offers else (), reason=reason)
 
 
@@ -185,13 +186,13 @@ def _affordable(request: SelectionRequest, price_per_node: float) -> bool:
     return cap is None or price_per_node * request.job.num_nodes <= cap + 1e-9
 
 
+def _allowed(job: JobView, offer: ZoneOffer) -> bool:
+    places = job.allowed_places
+    return not places or (offer.cloud, None) in places or (offer.cloud, offer.region) in places
+
+
 def _eligible(request: SelectionRequest) -> list[ZoneOffer]:
-    clouds = request.job.allowed_clouds
-    return [
-        o
-        for o in request.offers
-        if o.location not in request.excluded and (not clouds or o.cloud in clouds)
-    ]
+    return [o for o in request.offers if o.location not in request.excluded and _allowed(request.job, o)]
 
 
 @register("selection", "cheapest_spot")

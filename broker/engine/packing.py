@@ -20,6 +20,7 @@ from broker.engine.notices import open_notice
 from broker.engine.parts import AfterCommit, Parts, cluster_info
 from broker.model import ACTIVE_STATES, CheckpointReason, ClusterState, JobState
 from broker.spec import JobSpec
+from broker.specfile.model import place_allowed
 from broker.store.tables import AllocationRow, ClusterRow, JobRow
 from policies.gang import GangPlacement
 from policies.placement import ClusterSnapshot, PlacementRequest
@@ -78,7 +79,7 @@ def hosts(row: ClusterRow, spec: JobSpec, job: JobRow) -> int | None:
     """GPUs per node the job would take on this cluster's hardware, or None if it cannot run there."""
     if row.state != ClusterState.UP.value or row.num_nodes < job.num_nodes:
         return None
-    if spec.allowed_clouds and row.cloud not in spec.allowed_clouds:
+    if not place_allowed(spec.allowed_regions, row.cloud, row.region):
         return None
     if not spec.accelerators:
         return row.gpus_per_node if row.gpus_per_node == 0 else None

@@ -84,12 +84,12 @@ class JobLimits:
     """What a job file limits its placement to: a price cap for the gang, clouds, stated speeds."""
 
     max_price_per_hour: float | None = None
-    allowed_clouds: frozenset[str] = frozenset()
+    allowed_places: frozenset[tuple[str, str | None]] = frozenset()  # (cloud, region or None); empty: any
     speed: tuple[tuple[str, float], ...] = ()
 
     @classmethod
     def of(cls, spec: JobSpec) -> JobLimits:
-        return cls(spec.broker.max_price, spec.allowed_clouds, spec.broker.speed)
+        return cls(spec.broker.max_price, spec.allowed_regions, spec.broker.speed)
 
 
 def job_view(limits: JobLimits, num_nodes: int, gpus_per_node: int, accelerator: str | None,
@@ -101,7 +101,7 @@ def job_view(limits: JobLimits, num_nodes: int, gpus_per_node: int, accelerator:
         num_nodes=num_nodes, gpus_per_node=gpus_per_node, accelerator=accelerator,
         remaining_work_s=remaining_work_s, deadline=deadline, restart_overhead_s=restart_overhead_s,
         checkpoint_gb=checkpoint_gb, max_price_per_hour=limits.max_price_per_hour,
-        allowed_clouds=limits.allowed_clouds, total_work_s=total_work_s, started_at=started_at, speed=limits.speed,
+        allowed_places=limits.allowed_places, total_work_s=total_work_s, started_at=started_at, speed=limits.speed,
     )
 
 

@@ -80,15 +80,19 @@ class JobSpec:
     cpus: str | None = None  # as SkyPilot writes them: "8" or "8+" vCPUs per node
     memory: str | None = None  # GB per node: "32" or "32+"
     instance_types: tuple[str, ...] = ()  # every alternative's instance_type, in the file's order
-    resource_clouds: tuple[str, ...] = ()  # the clouds `resources` names when every alternative names one
+    resource_places: tuple[CloudScope, ...] = ()  # where `resources` pins the job (every alternative names a cloud)
 
     @property
     def allowed_clouds(self) -> frozenset[str]:
-        """The clouds the job may run on (empty: any): `broker.clouds`, narrowed by `resources.cloud`."""
-        named = frozenset(c.cloud for c in self.broker.clouds)
-        if self.resource_clouds:
-            return named & frozenset(self.resource_clouds) if named else frozenset(self.resource_clouds)
-        return named
+        """The clouds the job may run on (empty: any): `broker.clouds`, narrowed by `resources`."""
+        return frozenset(cloud for cloud, _ in self.allowed_regions)
+
+    @property
+    def allowed_regions(self) -> frozenset[tuple[str, str | None]]:
+        """(cloud, region) pairs the job may run in, region None for any of the cloud's; empty: anywhere.
+        `broker.clouds` and `resources` both limit it: a place must be allowed by each that names any."""
+        return narrow(frozenset((c.cloud, c.region) for c in self.broker.clouds),
+                      frozenset((c.cloud, c.region) for c in self.resource_places))
 
     @property
     def gpu_fraction(self) -> float | None:
@@ -123,6 +127,23 @@ class JobSpec:
         if self.broker_config:
             data["broker"] = copy.deepcopy(self.broker_config)
         return data
+
+
+def narrow(first: frozenset[tuple[str, str | None]],
+           second: frozenset[tuple[str, str | None]]) -> frozenset[tuple[str, str | None]]:
+    """The places both scopes allow; an empty scope allows everywhere, a region None all of a cloud's."""
+    if not first or not second:
+        return first or second
+    both: set[tuple[str, str | None]] = set()
+    for cloud, region in first:
+        for other_cloud, other_region in second:
+            if cloud == other_cloud and (region is None or other_region is None or region == other_region):
+                both.add((cloud, region if region is not None else other_region))
+    return frozenset(both)
+
+
+def place_allowed(scope: frozenset[tuple[str, str | None]], cloud: str, region: str) -> bool:
+    return not scope or (cloud, None) in scope or (cloud, region) in scope
 
 
 def _minimum(value: str | None) -> float | None:

@@ -19,6 +19,7 @@ from broker.specfile.model import (
     JobSpec,
     MarketOffer,
     TopologySpec,
+    narrow,
 )
 from broker.specfile.resources import ResourceAlternative, ResourceError, resource_alternatives
 from broker.specfile.skypilot import validate_task
@@ -102,22 +103,26 @@ def build_task(doc: LoadedYaml, source: str, now: datetime | None, offline: bool
         cpus=first.cpus,
         memory=first.memory,
         instance_types=tuple(dict.fromkeys(a.instance_type for a in alternatives if a.instance_type)),
-        resource_clouds=_resource_clouds(alternatives, section, doc, source),
+        resource_places=_resource_places(alternatives, section, doc, source),
     )
 
 
-def _resource_clouds(alternatives: list[ResourceAlternative], section: BrokerModel, doc: LoadedYaml,
-                     source: str) -> tuple[str, ...]:
-    """The clouds `resources` pins the job to (every alternative names one), checked against `broker.clouds`."""
-    if any(alt.cloud is None for alt in alternatives):
+def _resource_places(alternatives: list[ResourceAlternative], section: BrokerModel, doc: LoadedYaml,
+                     source: str) -> tuple[CloudScope, ...]:
+    """Where `resources` pins the job: each alternative's cloud and region, when every alternative names
+    a cloud the broker places on (a Kubernetes or Lambda alternative leaves the job unpinned, as before).
+    A file whose `resources` and `broker.clouds` allow no place in common is refused."""
+    if any(alt.cloud not in values.CLOUDS for alt in alternatives):
         return ()
-    named = tuple(dict.fromkeys(str(alt.cloud).lower() for alt in alternatives))
-    scoped = {cloud for cloud, _ in section.clouds}
-    if scoped and not scoped & set(named):
+    places = tuple(dict.fromkeys(CloudScope(str(alt.cloud), alt.region) for alt in alternatives))
+    scoped = frozenset((cloud, region) for cloud, region in section.clouds)
+    if scoped and not narrow(scoped, frozenset((p.cloud, p.region) for p in places)):
         path = (*alternatives[0].path, "cloud")
-        raise SpecError(f"resources name {', '.join(named)} but broker.clouds allows only {', '.join(sorted(scoped))}: "
-                        "the job could run nowhere", field=format_path(path), line=doc.line_of(path), source=source)
-    return named
+        named = ", ".join(p.cloud + (f"/{p.region}" if p.region else "") for p in places)
+        allowed = ", ".join(sorted(c + (f"/{r}" if r else "") for c, r in scoped))
+        raise SpecError(f"resources name {named} but broker.clouds allows only {allowed}: the job could run nowhere",
+                        field=format_path(path), line=doc.line_of(path), source=source)
+    return places
 
 
 def _check_market(alternatives: list[ResourceAlternative], market: tuple[MarketOffer, ...], doc: LoadedYaml,

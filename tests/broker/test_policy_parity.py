@@ -86,7 +86,8 @@ def test_engine_and_simulator_build_the_same_request_and_get_the_same_plan(broke
         assert engine_request.job.started_at == sim_request.job.started_at + shift  # type: ignore[operator]
         assert engine_request.job.deadline == sim_request.job.deadline + shift  # type: ignore[operator]
         assert engine_request.offers == sim_request.offers
-        assert sim_request.job.max_price_per_hour == 3.0 and sim_request.job.allowed_clouds == {"aws", "gcp"}
+        assert sim_request.job.max_price_per_hour == 3.0
+        assert sim_request.job.allowed_places == {("aws", None), ("gcp", None)}
         assert replace(engine_request.job, started_at=None, deadline=None) == \
             replace(sim_request.job, started_at=None, deadline=None)
         assert engine_request.history is not None and sim_request.history is not None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
 
@@ -102,6 +103,19 @@ def test_skypilot_eager_relaunches_in_another_region_first() -> None:
     record = {"aws/us-east-1a/p3.2xlarge": ZoneRecord(preemptions=(trace.time_of(0),))}
     after = eager(request_at(trace, 1, work_left=5, deadline=50, record=record))
     assert [loc.offer.zone for loc in after.locations if loc.offer] == ["us-west-2a", "us-east-1a", "us-east-1b"]
+
+
+@pytest.mark.parametrize("name", ["broker", "cheapest_spot", "skypilot_eager", "up_multi", "uniform_progress"])
+def test_every_policy_keeps_a_job_to_the_places_its_file_allows(name: str) -> None:
+    trace = make_trace([[1, 1, 1]] * 5, spot=[[1.0, 2.0, 1.0]] * 5, zones=(A, B, C))
+    request = request_at(trace, 1, work_left=5, deadline=50)
+    pinned = replace(request, job=replace(request.job, allowed_places=frozenset({("aws", "us-west-2")})))
+    plan = registry.get("selection", name)(pinned)
+    assert {loc.offer.zone for loc in plan.locations if loc.offer} <= {"us-west-2a"}
+    anywhere_in_aws = replace(request, job=replace(request.job, allowed_places=frozenset({("aws", None)})))
+    assert any(loc.offer for loc in registry.get("selection", "cheapest_spot")(anywhere_in_aws).locations)
+    elsewhere = replace(request, job=replace(request.job, allowed_places=frozenset({("gcp", None)})))
+    assert not any(loc.offer for loc in registry.get("selection", name)(elsewhere).locations)
 
 
 def test_broker_leaves_spot_for_on_demand_before_a_preemption_could_break_the_deadline() -> None:

@@ -50,11 +50,11 @@ def test_cpu_only_instance_types_validate_offline(instance_type: str) -> None:
 
 
 def test_a_gpu_a_cloud_does_not_sell_is_refused_on_that_cloud() -> None:
-    # SkyPilot's Azure file lists no H200 size: asking Azure for one names the field and line.
+    # Azure sells no L4 size: asking Azure for one names the field and line.
     with pytest.raises(SpecError) as caught:
-        parse("run: x\nresources:\n  infra: azure\n  accelerators: H200:8\n")
+        parse("run: x\nresources:\n  infra: azure\n  accelerators: L4:1\n")
     assert (caught.value.field, caught.value.line) == ("resources.accelerators", 4)
-    assert "H200" in str(caught.value) and "azure" in str(caught.value)
+    assert "L4" in str(caught.value) and "azure" in str(caught.value)
 
 
 @pytest.mark.parametrize("name", ["tpu-v5p-8", "tpu-v4-8", "Inferentia:1", "Trainium:16"])
