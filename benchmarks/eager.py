@@ -169,14 +169,30 @@ def _explain(engine: Any, gap: float, ender: Any, nxt: Any, allocations: list[An
     """One gap in a line: the job that ended, the one whose first step closed the gap, and how that one got its GPUs."""
     from sqlalchemy import select
 
-    from broker.store.tables import JobEventRow
+    from broker.store.tables import JobEventRow, JobRow
 
     where = {a.job_id: a.cluster_id for a in allocations}
+    end = ender.finished_at
     with engine.store.transaction() as s:
-        kinds = [e.kind for e in s.scalars(select(JobEventRow).where(JobEventRow.job_id == nxt.id)
-                                           .order_by(JobEventRow.id)) if e.kind != "transition"]
+        events = [e for e in s.scalars(select(JobEventRow).where(JobEventRow.job_id == nxt.id)
+                                       .order_by(JobEventRow.id)) if e.kind != "transition"]
+        kinds = [e.kind for e in events]
+        # Times from the end that opened the gap (market s): when the next job reserved, behind whom, when
+        # that job was predicted to finish (high end) and when it did.
+        held = []
+        for e in events:
+            if e.kind not in ("eager_reserve", "eager_give_up"):
+                continue
+            holder = s.get(JobRow, e.detail.get("after_job"))
+            done = holder.finished_at if holder is not None else None
+            offsets = {"at": e.at, "predicted": e.detail.get("predicted_finish"),
+                       "high": e.detail.get("predicted_high"), "ended": done}
+            said = " ".join(f"{k} {(datetime.fromisoformat(str(v)) - end).total_seconds():+.0f}"
+                            for k, v in offsets.items() if v is not None)
+            held.append(f"{e.kind.removeprefix('eager_')} behind {holder.name if holder else '?'}: {said}")
     return (f"{gap:6.1f} s: {ender.name} ({ender.num_nodes} node) ended on {where.get(ender.id)}; next first step "
-            f"{nxt.name} ({nxt.num_nodes} node) on {where.get(nxt.id)}; its events {' '.join(dict.fromkeys(kinds))}")
+            f"{nxt.name} ({nxt.num_nodes} node) on {where.get(nxt.id)}; its events {' '.join(dict.fromkeys(kinds))}"
+            + "".join(f"\n      {h}" for h in held))
 
 
 def _quantile(values: list[float], q: float) -> float:

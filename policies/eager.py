@@ -14,6 +14,16 @@ A queued job can be readied in one of two ways, and the engine asks this policy 
   prediction) for ``high_s - boot_s``. Boot when that worst-case overlap costs no more than the wait
   it removes, and the predicted finish is within ``boot_s + lead_s``.
 
+- **release**: a queued job holds a reservation and the running job's finish has slipped: it ran
+  past the high end of the prediction the reservation was made on (``overrun_s``), or its current
+  prediction now says later than that (``slip_s``). The running job keeps its GPUs either way; the
+  question is whether the queued job waits for them. Its holder is expected to need the current
+  prediction's ``remaining_s`` while that prediction's interval still holds (``high_s`` > 0), and
+  once that has failed too, as long again as it has overrun (a job already late by X is taken to be
+  late by about X more). Give the reservation up when the job could run elsewhere sooner
+  (``elsewhere_s``: a new cluster's boot, within the pool's size), so it is placed as it would be
+  without eager allocation; keep it when it is on time or there is nowhere else (``None``).
+
 ``eager`` decides so; ``off`` (the default) never readies anything early.
 """
 
@@ -25,7 +35,7 @@ from typing import Literal
 
 from policies.registry import register
 
-Kind = Literal["reserve", "boot"]
+Kind = Literal["reserve", "boot", "release"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,10 +47,16 @@ class EagerRequest:
     lead_s: float  # how near a predicted finish must be before anything is readied
     boot_s: float = 0.0  # market seconds a new cluster takes to come up (boot only)
     price_per_hour: float = 0.0  # of the cluster that would boot (boot only)
+    overrun_s: float = 0.0  # release: market seconds past the high end of the prediction reserved on
+    slip_s: float = 0.0  # release: how far the current predicted finish is past that high end
+    elsewhere_s: float | None = None  # release: market seconds until it could run elsewhere; None: nowhere
 
     def __post_init__(self) -> None:
-        for name in ("remaining_s", "low_s", "high_s", "lead_s", "boot_s", "price_per_hour"):
+        for name in ("remaining_s", "low_s", "high_s", "lead_s", "boot_s", "price_per_hour", "overrun_s",
+                     "slip_s", "elsewhere_s"):
             value = getattr(self, name)
+            if value is None and name == "elsewhere_s":
+                continue
             if not (math.isfinite(value) and value >= 0):
                 raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
 
@@ -55,6 +71,8 @@ class EagerDecision:
 
 @register("eager", "eager")
 def eager(request: EagerRequest) -> EagerDecision:
+    if request.kind == "release":
+        return _release(request)
     if request.kind == "reserve":
         if request.remaining_s > request.lead_s:
             return EagerDecision(False, f"predicted finish in {request.remaining_s:.0f} s, beyond the "
@@ -76,6 +94,22 @@ def eager(request: EagerRequest) -> EagerDecision:
                                f"{request.remaining_s:.0f} s ({request.low_s:.0f}-{request.high_s:.0f} s); at worst "
                                f"${cost:.4f} of overlap against {removed:.0f} s of wait removed "
                                f"(${removed_value:.4f})", cost, removed)
+
+
+def _release(request: EagerRequest) -> EagerDecision:
+    if request.overrun_s <= 0 and request.slip_s <= 0:
+        return EagerDecision(False, "the running job is on time: keep the reservation")
+    if request.high_s > 0:
+        expected, why = request.remaining_s, f"now predicted to finish in {request.remaining_s:.0f} s"
+    else:
+        expected, why = request.overrun_s, f"{request.overrun_s:.0f} s past its predicted finish, no estimate holds"
+    if request.elsewhere_s is None:
+        return EagerDecision(False, f"{why}; nowhere else to run: keep the reservation")
+    if request.elsewhere_s >= expected:
+        return EagerDecision(False, f"{why}; elsewhere in {request.elsewhere_s:.0f} s is no sooner: "
+                                    "keep the reservation")
+    return EagerDecision(True, f"{why}; it could run elsewhere in {request.elsewhere_s:.0f} s: give the "
+                               "reservation up", idle_removed_s=expected - request.elsewhere_s)
 
 
 @register("eager", "off", default=True)

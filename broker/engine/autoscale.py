@@ -7,7 +7,9 @@ kept while all of these hold (otherwise it is torn down as idle):
   for a job that was cancelled goes at once);
 - it has been unheld for less than that long (market time, from the end of its last allocation);
 - no job is queued: a queued job that did not take it cannot use it, and its GPUs count against
-  ``max_gpus``, so keeping it would only hold the queue back.
+  ``max_gpus``, so keeping it would only hold the queue back. A job holding a reservation
+  (``broker.engine.reservations``) counts as queued: it waits too, and should the job it waits for
+  run late, the room is what lets it give the reservation up for a cluster of its own.
 
 That is the hysteresis: a pool does not shrink the moment one job ends and grow again when the next
 arrives a minute later, yet idle capacity never outlives the setting. The pool grows through the
@@ -24,6 +26,7 @@ from datetime import datetime
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from broker.engine import reservations
 from broker.engine.parts import Parts
 from broker.model import ClusterState, JobState
 from broker.service.timepolicy import queue_of
@@ -42,8 +45,9 @@ def keep(parts: Parts, s: Session, row: ClusterRow, now: datetime) -> bool:
     since = idle_since(s, row)
     if since is None or (now - since).total_seconds() >= parts.options.pool_idle_s:
         return False
-    return s.scalar(select(JobRow.id).where(JobRow.state == JobState.PENDING.value,
-                                            JobRow.after_job_id.is_(None)).limit(1)) is None
+    queued = s.scalar(select(JobRow.id).where(JobRow.state == JobState.PENDING.value,
+                                              JobRow.after_job_id.is_(None)).limit(1))
+    return queued is None and not reservations.held(s)
 
 
 def queue_full(parts: Parts, s: Session, job: JobRow, gpus: int,

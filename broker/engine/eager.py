@@ -19,7 +19,16 @@ soonest:
   torn down (``release_leaving``) rather than taken by another queued job. A cluster booted for a job that is
   then cancelled has no holder and is torn down by ``clusters.reap``.
 
-Each decision to act is a job event (``eager_reserve``, ``eager_boot``) with the policy's reason.
+A reservation never outlasts its use (``give_up``, every step before queued jobs are placed): once
+the running job has slipped past the high end of the prediction it was made on, or its prediction
+now says later than that, the policy is asked whether the queued job could run elsewhere sooner (a
+new cluster's boot, if the pool has room counting the clusters nobody holds, which the pool lets go
+while a job waits: ``broker.engine.autoscale``). If so the queued job is requeued and placed as it
+would be without eager allocation; it does not reserve behind the same running job again. The
+running job keeps its GPUs either way.
+
+Each decision to act is a job event (``eager_reserve``, ``eager_boot``, ``eager_give_up``) with the
+policy's reason.
 """
 
 from __future__ import annotations
@@ -27,11 +36,12 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from broker.engine import clusters, machine, packing, setup_ahead
+from broker.engine import autoscale, clusters, machine, packing, reservations, setup_ahead
 from broker.engine.checkpoints import current_allocation, end_allocation
 from broker.engine.forecast import latest
 from broker.engine.parts import AfterCommit, Parts
@@ -104,7 +114,10 @@ def _finishing(s: Session) -> list[Finishing]:
 def _reserve(parts: Parts, s: Session, job: JobRow, finishing: list[Finishing], now: datetime,
              after: AfterCommit) -> bool:
     spec = parts.spec_of(job)
+    gave_up = reservations.given_up(s, job.id)
     for item in finishing:
+        if (item.job.id, item.job.attempt) in gave_up:
+            continue
         per_node = packing.hosts(item.cluster, spec, job)
         if per_node is None:
             continue
@@ -121,7 +134,8 @@ def _reserve(parts: Parts, s: Session, job: JobRow, finishing: list[Finishing], 
         machine.provisioning(s, parts.clock, job, cluster=item.cluster.id, zone=item.cluster.zone,
                              reason=f"reserved the GPUs of {item.job.id}, predicted to finish soon")
         parts.event(s, job.id, "eager_reserve", cluster=item.cluster.id, after_job=item.job.id,
-                    predicted_finish=item.prediction.finish_at, reason=decision.reason)
+                    after_attempt=item.job.attempt, attempt=job.attempt, predicted_finish=item.prediction.finish_at,
+                    predicted_high=item.prediction.high_at, reason=decision.reason)
         setup_ahead.begin(parts, s, job, item.cluster, placement, after)
         return True
     return False
@@ -194,6 +208,65 @@ def _boot(parts: Parts, planner: Planner, s: Session, job: JobRow, finishing: li
     parts.event(s, job.id, "eager_boot", cluster=row.id, leaving=going, after_jobs=[f.job.id for f in freeing],
                 predicted_finish=last.prediction.finish_at, early_cost=round(decision.early_cost, 6),
                 idle_removed_s=round(decision.idle_removed_s, 1), reason=decision.reason)
+
+
+def give_up(parts: Parts, planner: Planner) -> None:
+    """Requeue the jobs whose reservation the policy says to give up: its holder runs late, and they
+    could run elsewhere sooner."""
+    if not enabled(parts):
+        return
+    now = parts.clock.now()
+    with parts.store.transaction() as s:
+        for job, detail in reservations.held(s):
+            holder = s.get(JobRow, str(detail.get("after_job")))
+            promised = _at(detail.get("predicted_high") or detail.get("predicted_finish"))
+            if holder is None or holder.state != JobState.RUNNING.value or promised is None:
+                continue  # gone: the reserving job starts (or is placed anew) the ordinary way
+            prediction = latest(s, holder.id)
+            finish = prediction.finish_at if prediction is not None else promised
+            high = prediction.high_at if prediction is not None else promised
+            overrun = max((now - promised).total_seconds(), 0.0)
+            slip = max((finish - promised).total_seconds(), 0.0)
+            if overrun <= 0 and slip <= 0:
+                continue  # on time: nothing to weigh
+            remaining = max((finish - now).total_seconds(), 0.0)
+            decision = parts.eager(EagerRequest(
+                "release", remaining, remaining, max((high - now).total_seconds(), 0.0), parts.options.eager_lead_s,
+                overrun_s=overrun, slip_s=slip, elsewhere_s=_elsewhere_s(parts, planner, s, job)))
+            if not decision.act:
+                continue
+            parts.event(s, job.id, "eager_give_up", cluster=job.target_cluster_id, after_job=holder.id,
+                        after_attempt=holder.attempt, overrun_s=round(overrun, 1), slip_s=round(slip, 1),
+                        reason=decision.reason)
+            job.target_cluster_id = job.target_gpus = None
+            machine.requeued(s, parts.clock, job, reason=f"gave up the GPUs of {holder.id}, running late")
+
+
+def _at(value: Any) -> datetime | None:
+    if isinstance(value, datetime):
+        return value
+    try:
+        return datetime.fromisoformat(str(value)) if value else None
+    except ValueError:
+        return None
+
+
+def _elsewhere_s(parts: Parts, planner: Planner, s: Session, job: JobRow) -> float | None:
+    """Market seconds until ``job`` could run on a cluster of its own (a boot), or None if the pool (or
+    its queue's share) has no room even with the clusters nobody holds gone."""
+    exclude = planner.avoid(s, job)
+    plan = planner.plan(s, job, Location(IDLE), exclude)
+    offer = next((loc.offer for loc in plan.locations if loc.offer is not None and loc.kind != IDLE), None)
+    if offer is None:
+        return None
+    gpus = job.num_nodes * offer.gpus_per_node
+    unheld = [row.id for row in s.scalars(select(ClusterRow).where(ClusterRow.state.in_(clusters.HOLDING)))
+              if not packing.holdings(s, row.id)]
+    if parts.options.max_gpus is not None and clusters.fleet_gpus(s, unheld) + gpus > parts.options.max_gpus:
+        return None
+    if autoscale.queue_full(parts, s, job, gpus, unheld) is not None:
+        return None
+    return boot_seconds(s, parts)
 
 
 def release_leaving(parts: Parts) -> None:

@@ -62,8 +62,9 @@ class Engine:
 
         1. sync every live cluster with the backend (up, failed, gone; relaunch one a crash left unlaunched);
         2. move every active job on by at most one transition, highest priority first;
-        3. let queued jobs take GPUs that step 2 freed (not a cluster an early boot took the room of),
-           before idle clusters are reaped;
+        3. give up the reservations of jobs whose running job runs late when they could run elsewhere
+           sooner (eager allocation), then let queued jobs take GPUs that step 2 freed (not a cluster
+           an early boot took the room of), before idle clusters are reaped;
         4. ready the queued jobs still waiting for a running job's predicted finish (eager allocation,
            a reserved job's setup run ahead), and stop the early setups of jobs no longer heading there;
         5. tear down clusters nobody holds or is heading to, unless the pool keeps them a while;
@@ -74,6 +75,7 @@ class Engine:
             clusters.sync(self.parts)
             for job_id in self.active_jobs():
                 self.jobs.advance(job_id)
+            eager.give_up(self.parts, self.planner)
             eager.release_leaving(self.parts)
             for job_id in self.active_jobs(JobState.PENDING):
                 self.jobs.advance(job_id)

@@ -37,3 +37,43 @@ def test_off_never_acts_and_is_the_default() -> None:
 def test_a_request_refuses_numbers_no_prediction_gives(bad: float) -> None:
     with pytest.raises(ValueError, match="remaining_s"):
         EagerRequest("reserve", bad, 0.0, 0.0, lead_s=1.0)
+
+
+def _release(overrun: float, slip: float, remaining: float, high: float, elsewhere: float | None) -> EagerRequest:
+    return EagerRequest("release", remaining, remaining, high, lead_s=120.0, overrun_s=overrun, slip_s=slip,
+                        elsewhere_s=elsewhere)
+
+
+def test_a_reservation_on_time_is_kept_whatever_else_is_free() -> None:
+    decision = eager(_release(0.0, 0.0, 30.0, 40.0, elsewhere=0.0))
+    assert not decision.act and "on time" in decision.reason
+
+
+def test_a_slipped_finish_gives_the_reservation_up_when_elsewhere_is_sooner() -> None:
+    # The current prediction (still holding) says 600 s more; a new cluster is up in 120 s.
+    yes = eager(_release(0.0, 500.0, 600.0, 700.0, elsewhere=120.0))
+    assert yes.act and "give the reservation up" in yes.reason and yes.idle_removed_s == 480.0
+    # It now says 100 s more: a 120 s boot is no sooner.
+    assert not eager(_release(0.0, 50.0, 100.0, 130.0, elsewhere=120.0)).act
+    # Nowhere else to go (the pool is full of running jobs): the job keeps waiting.
+    no = eager(_release(900.0, 0.0, 0.0, 0.0, elsewhere=None))
+    assert not no.act and "nowhere else" in no.reason
+
+
+def test_once_no_estimate_holds_the_overrun_so_far_is_the_expected_rest() -> None:
+    # Every prediction has passed (the kept ones keep saying "soon"): late by 90 s, taken as 90 s more.
+    assert not eager(_release(90.0, 0.0, 0.0, 0.0, elsewhere=120.0)).act
+    later = eager(_release(150.0, 0.0, 0.0, 0.0, elsewhere=120.0))
+    assert later.act and "150 s past its predicted finish" in later.reason
+
+
+def test_off_never_gives_a_reservation_up() -> None:
+    assert not off(_release(1000.0, 1000.0, 0.0, 0.0, elsewhere=0.0)).act
+
+
+@pytest.mark.parametrize("field", ["overrun_s", "slip_s", "elsewhere_s"])
+@pytest.mark.parametrize("bad", [-1.0, math.nan, math.inf])
+def test_a_release_request_refuses_numbers_no_clock_gives(field: str, bad: float) -> None:
+    values: dict[str, float] = {"overrun_s": 1.0, "slip_s": 1.0, "elsewhere_s": 1.0, field: bad}
+    with pytest.raises(ValueError, match=field):
+        EagerRequest("release", 0.0, 0.0, 0.0, lead_s=1.0, **values)

@@ -30,11 +30,11 @@ broker:
 TRAIN = "python train.py --steps {steps} --step-seconds 0.05 --checkpoint-every 50"
 
 
-def _broker(tmp_path: Path, max_gpus: int) -> EmbeddedBroker:
+def _broker(tmp_path: Path, max_gpus: int, pool_idle_s: float = 0.0) -> EmbeddedBroker:
     path = tmp_path / "m.csv"
     one_zone_market(path, 4)
     settings = load_settings(market=path, speed=30.0, local_provision_seconds=60.0, max_gpus=max_gpus,
-                             eager_policy="eager", eager_lead_seconds=3600.0)
+                             eager_policy="eager", eager_lead_seconds=3600.0, pool_idle_seconds=pool_idle_s)
     return EmbeddedBroker(settings, fresh_market=True)
 
 
@@ -147,5 +147,74 @@ def test_a_cluster_booted_early_for_a_job_then_cancelled_is_torn_down(tmp_path: 
             assert row is not None and row.teardown_reason == "idle"
         run_until(engine, lambda: _job(engine, a).state in ("SUCCEEDED", "FAILED"))
         assert _job(engine, a).state == "SUCCEEDED"
+    finally:
+        broker.close()
+
+
+@pytest.mark.slow
+def test_a_reservation_behind_a_job_running_late_is_given_up_for_other_gpus(tmp_path: Path) -> None:
+    # The pool keeps an unheld cluster 10 market minutes, but not while a job waits on a reservation.
+    broker = _broker(tmp_path, max_gpus=8, pool_idle_s=600.0)
+    engine = broker.start()
+    try:
+        # a says a minute of work and runs about fifteen; c says three minutes and runs about one and a half.
+        a = _submit(engine, tmp_path, "a", TRAIN.format(steps=600), work="1m")
+        c = _submit(engine, tmp_path, "c", TRAIN.format(steps=60), work="3m")
+        run_until(engine, lambda: _job(engine, a).state == _job(engine, c).state == "RUNNING")
+        b = _submit(engine, tmp_path, "b", TRAIN.format(steps=40))  # the pool is full: it reserves a's GPUs
+        run_until(engine, lambda: bool(_events(engine, b, "eager_reserve")))
+        reserve = _events(engine, b, "eager_reserve")[0]
+        assert reserve.detail["after_job"] == a
+        a_cluster, c_cluster = _cluster_of(engine, a), _cluster_of(engine, c)
+        run_until(engine, lambda: bool(_events(engine, b, "eager_give_up")))
+        give_up = _events(engine, b, "eager_give_up")[0]
+        assert give_up.detail["after_job"] == a and "give the reservation up" in str(give_up.detail["reason"])
+        assert float(give_up.detail["overrun_s"]) > 0 or float(give_up.detail["slip_s"]) > 0
+        run_until(engine, lambda: _job(engine, b).state in ("SUCCEEDED", "FAILED"))
+        # b ran on other GPUs while a, running late, kept its own and was never cut short.
+        assert _job(engine, b).state == "SUCCEEDED" and _job(engine, a).state == "RUNNING"
+        assert _cluster_of(engine, b) != a_cluster
+        assert len(_events(engine, b, "eager_reserve")) == 1  # never reserved behind a again
+        with engine.store.transaction() as s:
+            a_alloc = s.scalar(select(AllocationRow).where(AllocationRow.job_id == a))
+            assert a_alloc is not None and a_alloc.ended_at is None and a_alloc.cluster_id == a_cluster
+            c_row = s.get(ClusterRow, c_cluster)
+            # c's cluster was not kept idle for the pool while b waited: taken by b, or let go.
+            assert c_row is not None and (c_row.state in ("TERMINATING", "TERMINATED")
+                                          or _cluster_of(engine, b) == c_cluster)
+        run_until(engine, lambda: _job(engine, a).state in ("SUCCEEDED", "FAILED"))
+        assert _job(engine, a).state == "SUCCEEDED"
+        assert "done: 600 steps" in (broker.home / "logs" / a / "attempt-1-node-0.log").read_text()
+    finally:
+        broker.close()
+
+
+@pytest.mark.slow
+def test_a_job_holding_a_reservation_counts_as_queued_so_the_pool_lets_an_idle_cluster_go(tmp_path: Path) -> None:
+    broker = _broker(tmp_path, max_gpus=12, pool_idle_s=900.0)
+    engine = broker.start()
+    try:
+        # a is on time (about 450 market s, says 10 minutes); c says half an hour and is done in a minute.
+        a = _submit(engine, tmp_path, "a", TRAIN.format(steps=300), work="10m")
+        c = _submit(engine, tmp_path, "c", TRAIN.format(steps=40), work="30m", nodes=2)
+        run_until(engine, lambda: _job(engine, a).state == _job(engine, c).state == "RUNNING")
+        b = _submit(engine, tmp_path, "b", TRAIN.format(steps=40))  # the pool is full: it reserves a's GPUs
+        run_until(engine, lambda: bool(_events(engine, b, "eager_reserve")))
+        assert _events(engine, b, "eager_reserve")[0].detail["after_job"] == a
+        c_cluster = _cluster_of(engine, c)
+
+        def c_gone() -> bool:
+            with engine.store.transaction() as s:
+                row = s.get(ClusterRow, c_cluster)
+                return row is not None and row.state in ("TERMINATING", "TERMINATED")
+        run_until(engine, c_gone, timeout=60)
+        with engine.store.transaction() as s:
+            row = s.get(ClusterRow, c_cluster)
+            assert row is not None and row.teardown_reason == "idle"
+            assert row.terminate_at is not None and row.up_at is not None
+            assert (row.terminate_at - row.up_at).total_seconds() < 900  # well before the pool's idle time
+        # a is on time: b keeps its reservation and waits for a's GPUs.
+        assert _job(engine, b).state == "PROVISIONING" and not _events(engine, b, "eager_give_up")
+        assert _job(engine, a).state == "RUNNING"
     finally:
         broker.close()
