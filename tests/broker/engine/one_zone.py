@@ -9,6 +9,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from broker.engine import Engine
+from broker.store.tables import JobRow
 from providers.base import SpotQuote
 from providers.trace import write_trace
 
@@ -30,3 +31,12 @@ def run_until(engine: Engine, done: Callable[[], bool], timeout: float = 180) ->
             return
         time.sleep(0.05)
     raise AssertionError("timed out")
+
+
+def job_row(engine: Engine, job_id: str) -> JobRow:
+    """The job's row as it is now, detached from the session."""
+    with engine.store.transaction() as s:
+        job = s.get(JobRow, job_id)
+        assert job is not None
+        s.expunge(job)
+        return job

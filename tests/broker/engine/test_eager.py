@@ -12,8 +12,8 @@ from broker.config import load_settings
 from broker.engine import Engine, machine, packing
 from broker.runtime import EmbeddedBroker
 from broker.spec import parse_job_spec
-from broker.store.tables import AllocationRow, ClusterRow, JobEventRow, JobRow, PredictionRow
-from tests.broker.engine.one_zone import one_zone_market, run_until
+from broker.store.tables import AllocationRow, ClusterRow, JobEventRow, PredictionRow
+from tests.broker.engine.one_zone import job_row, one_zone_market, run_until
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
 
@@ -43,14 +43,6 @@ def _submit(engine: Engine, tmp_path: Path, name: str, run: str, work: str = "1m
     return engine.submit(parse_job_spec(text, source=str(tmp_path / f"{name}.yaml")))
 
 
-def _job(engine: Engine, job_id: str) -> JobRow:
-    with engine.store.transaction() as s:
-        job = s.get(JobRow, job_id)
-        assert job is not None
-        s.expunge(job)
-        return job
-
-
 
 def _cluster_of(engine: Engine, job_id: str) -> str:
     with engine.store.transaction() as s:
@@ -72,22 +64,22 @@ def test_a_job_running_past_its_predicted_finish_keeps_its_gpus_and_the_next_job
     try:
         # It says a minute of work; it runs about ten (600 steps of 0.05 wall s at 30x).
         a = _submit(engine, tmp_path, "a", TRAIN.format(steps=600), work="1m")
-        run_until(engine, lambda: _job(engine, a).state == "RUNNING")
+        run_until(engine, lambda: job_row(engine, a).state == "RUNNING")
         b = _submit(engine, tmp_path, "b", TRAIN.format(steps=40))
         run_until(engine, lambda: bool(_events(engine, b, "eager_reserve")))
         reserve = _events(engine, b, "eager_reserve")[0]
         predicted = datetime.fromisoformat(str(reserve.detail["predicted_finish"]))
         run_until(engine, lambda: engine.clock.now() > predicted + timedelta(seconds=60))
         # Past its predicted finish: a still holds its GPUs, b waits for them, nothing else was launched.
-        assert _job(engine, a).state == "RUNNING" and _job(engine, b).state == "PROVISIONING"
+        assert job_row(engine, a).state == "RUNNING" and job_row(engine, b).state == "PROVISIONING"
         with engine.store.transaction() as s:
             assert s.scalar(select(AllocationRow).where(AllocationRow.job_id == b)) is None
             assert len(list(s.scalars(select(ClusterRow)))) == 1
             assert s.scalar(select(PredictionRow).where(PredictionRow.job_id == a)) is not None
-        run_until(engine, lambda: _job(engine, b).state in ("SUCCEEDED", "FAILED"))
+        run_until(engine, lambda: job_row(engine, b).state in ("SUCCEEDED", "FAILED"))
         with engine.store.transaction() as s:
             allocs = {x.job_id: x for x in s.scalars(select(AllocationRow))}
-        assert _job(engine, a).state == _job(engine, b).state == "SUCCEEDED"
+        assert job_row(engine, a).state == job_row(engine, b).state == "SUCCEEDED"
         assert allocs[b].cluster_id == allocs[a].cluster_id and allocs[b].started_at >= allocs[a].ended_at
         log = (broker.home / "logs" / a / "attempt-1-node-0.log").read_text()
         assert "done: 600 steps" in log  # never cut short for the job that reserved its GPUs
@@ -101,19 +93,19 @@ def test_a_cancelled_reservation_is_released_and_a_failed_job_hands_its_gpus_on(
     engine = broker.start()
     try:
         a = _submit(engine, tmp_path, "a", TRAIN.format(steps=300) + "; exit 3")
-        run_until(engine, lambda: _job(engine, a).state == "RUNNING")
+        run_until(engine, lambda: job_row(engine, a).state == "RUNNING")
         b = _submit(engine, tmp_path, "b", TRAIN.format(steps=40))
         run_until(engine, lambda: bool(_events(engine, b, "eager_reserve")))
-        cluster = _job(engine, b).target_cluster_id
+        cluster = job_row(engine, b).target_cluster_id
         assert cluster is not None
         machine.cancel_job(engine.store, b, engine.clock)
         with engine.store.transaction() as s:
             assert set(packing.holdings(s, cluster)) == {a}  # b's claim went with it
         c = _submit(engine, tmp_path, "c", TRAIN.format(steps=40))
         run_until(engine, lambda: bool(_events(engine, c, "eager_reserve")))
-        assert _job(engine, c).target_cluster_id == cluster  # the released GPUs are reserved again
-        run_until(engine, lambda: _job(engine, c).state in ("SUCCEEDED", "FAILED"))
-        assert _job(engine, a).state == "FAILED" and _job(engine, c).state == "SUCCEEDED"
+        assert job_row(engine, c).target_cluster_id == cluster  # the released GPUs are reserved again
+        run_until(engine, lambda: job_row(engine, c).state in ("SUCCEEDED", "FAILED"))
+        assert job_row(engine, a).state == "FAILED" and job_row(engine, c).state == "SUCCEEDED"
         with engine.store.transaction() as s:
             allocs = {x.job_id: x for x in s.scalars(select(AllocationRow))}
         assert allocs[c].cluster_id == allocs[a].cluster_id and allocs[c].started_at >= allocs[a].ended_at
@@ -127,7 +119,7 @@ def test_a_cluster_booted_early_for_a_job_then_cancelled_is_torn_down(tmp_path: 
     engine = broker.start()
     try:
         a = _submit(engine, tmp_path, "a", TRAIN.format(steps=400))
-        run_until(engine, lambda: _job(engine, a).state == "RUNNING")
+        run_until(engine, lambda: job_row(engine, a).state == "RUNNING")
         # Two nodes: it fits neither a's one node nor the pool beside a; only once a's cluster goes.
         b = _submit(engine, tmp_path, "b", TRAIN.format(steps=40), nodes=2)
         run_until(engine, lambda: bool(_events(engine, b, "eager_boot")))
@@ -135,7 +127,7 @@ def test_a_cluster_booted_early_for_a_job_then_cancelled_is_torn_down(tmp_path: 
         assert "boot now" in str(boot.detail["reason"]) and boot.detail["after_jobs"] == [a]
         assert boot.detail["leaving"] == [_cluster_of(engine, a)]
         early = str(boot.detail["cluster"])
-        assert _job(engine, a).state == "RUNNING"
+        assert job_row(engine, a).state == "RUNNING"
         machine.cancel_job(engine.store, b, engine.clock)
         def gone() -> bool:
             with engine.store.transaction() as s:
@@ -145,8 +137,8 @@ def test_a_cluster_booted_early_for_a_job_then_cancelled_is_torn_down(tmp_path: 
         with engine.store.transaction() as s:
             row = s.get(ClusterRow, early)
             assert row is not None and row.teardown_reason == "idle"
-        run_until(engine, lambda: _job(engine, a).state in ("SUCCEEDED", "FAILED"))
-        assert _job(engine, a).state == "SUCCEEDED"
+        run_until(engine, lambda: job_row(engine, a).state in ("SUCCEEDED", "FAILED"))
+        assert job_row(engine, a).state == "SUCCEEDED"
     finally:
         broker.close()
 
@@ -160,7 +152,7 @@ def test_a_reservation_behind_a_job_running_late_is_given_up_for_other_gpus(tmp_
         # a says a minute of work and runs about fifteen; c says three minutes and runs about one and a half.
         a = _submit(engine, tmp_path, "a", TRAIN.format(steps=600), work="1m")
         c = _submit(engine, tmp_path, "c", TRAIN.format(steps=60), work="3m")
-        run_until(engine, lambda: _job(engine, a).state == _job(engine, c).state == "RUNNING")
+        run_until(engine, lambda: job_row(engine, a).state == job_row(engine, c).state == "RUNNING")
         b = _submit(engine, tmp_path, "b", TRAIN.format(steps=40))  # the pool is full: it reserves a's GPUs
         run_until(engine, lambda: bool(_events(engine, b, "eager_reserve")))
         reserve = _events(engine, b, "eager_reserve")[0]
@@ -170,9 +162,9 @@ def test_a_reservation_behind_a_job_running_late_is_given_up_for_other_gpus(tmp_
         give_up = _events(engine, b, "eager_give_up")[0]
         assert give_up.detail["after_job"] == a and "give the reservation up" in str(give_up.detail["reason"])
         assert float(give_up.detail["overrun_s"]) > 0 or float(give_up.detail["slip_s"]) > 0
-        run_until(engine, lambda: _job(engine, b).state in ("SUCCEEDED", "FAILED"))
+        run_until(engine, lambda: job_row(engine, b).state in ("SUCCEEDED", "FAILED"))
         # b ran on other GPUs while a, running late, kept its own and was never cut short.
-        assert _job(engine, b).state == "SUCCEEDED" and _job(engine, a).state == "RUNNING"
+        assert job_row(engine, b).state == "SUCCEEDED" and job_row(engine, a).state == "RUNNING"
         assert _cluster_of(engine, b) != a_cluster
         assert len(_events(engine, b, "eager_reserve")) == 1  # never reserved behind a again
         with engine.store.transaction() as s:
@@ -182,8 +174,8 @@ def test_a_reservation_behind_a_job_running_late_is_given_up_for_other_gpus(tmp_
             # c's cluster was not kept idle for the pool while b waited: taken by b, or let go.
             assert c_row is not None and (c_row.state in ("TERMINATING", "TERMINATED")
                                           or _cluster_of(engine, b) == c_cluster)
-        run_until(engine, lambda: _job(engine, a).state in ("SUCCEEDED", "FAILED"))
-        assert _job(engine, a).state == "SUCCEEDED"
+        run_until(engine, lambda: job_row(engine, a).state in ("SUCCEEDED", "FAILED"))
+        assert job_row(engine, a).state == "SUCCEEDED"
         assert "done: 600 steps" in (broker.home / "logs" / a / "attempt-1-node-0.log").read_text()
     finally:
         broker.close()
@@ -197,7 +189,7 @@ def test_a_job_holding_a_reservation_counts_as_queued_so_the_pool_lets_an_idle_c
         # a is on time (about 450 market s, says 10 minutes); c says half an hour and is done in a minute.
         a = _submit(engine, tmp_path, "a", TRAIN.format(steps=300), work="10m")
         c = _submit(engine, tmp_path, "c", TRAIN.format(steps=40), work="30m", nodes=2)
-        run_until(engine, lambda: _job(engine, a).state == _job(engine, c).state == "RUNNING")
+        run_until(engine, lambda: job_row(engine, a).state == job_row(engine, c).state == "RUNNING")
         b = _submit(engine, tmp_path, "b", TRAIN.format(steps=40))  # the pool is full: it reserves a's GPUs
         run_until(engine, lambda: bool(_events(engine, b, "eager_reserve")))
         assert _events(engine, b, "eager_reserve")[0].detail["after_job"] == a
@@ -214,7 +206,7 @@ def test_a_job_holding_a_reservation_counts_as_queued_so_the_pool_lets_an_idle_c
             assert row.terminate_at is not None and row.up_at is not None
             assert (row.terminate_at - row.up_at).total_seconds() < 900  # well before the pool's idle time
         # a is on time: b keeps its reservation and waits for a's GPUs.
-        assert _job(engine, b).state == "PROVISIONING" and not _events(engine, b, "eager_give_up")
-        assert _job(engine, a).state == "RUNNING"
+        assert job_row(engine, b).state == "PROVISIONING" and not _events(engine, b, "eager_give_up")
+        assert job_row(engine, a).state == "RUNNING"
     finally:
         broker.close()

@@ -13,8 +13,8 @@ from broker.engine import Engine, machine
 from broker.provision.local_host import process_alive
 from broker.runtime import EmbeddedBroker
 from broker.spec import parse_job_spec
-from broker.store.tables import AllocationRow, EarlySetupRow, JobEventRow, JobRow
-from tests.broker.engine.one_zone import one_zone_market, run_until
+from broker.store.tables import AllocationRow, EarlySetupRow, JobEventRow
+from tests.broker.engine.one_zone import job_row, one_zone_market, run_until
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
 
@@ -45,14 +45,6 @@ def _submit(engine: Engine, tmp_path: Path, name: str, run: str, setup: str | No
     return engine.submit(parse_job_spec(text, source=str(tmp_path / f"{name}.yaml")))
 
 
-def _job(engine: Engine, job_id: str) -> JobRow:
-    with engine.store.transaction() as s:
-        job = s.get(JobRow, job_id)
-        assert job is not None
-        s.expunge(job)
-        return job
-
-
 def _events(engine: Engine, job_id: str, kind: str) -> list[JobEventRow]:
     with engine.store.transaction() as s:
         rows = list(s.scalars(select(JobEventRow).where(JobEventRow.job_id == job_id, JobEventRow.kind == kind)))
@@ -70,7 +62,7 @@ def _allocation(engine: Engine, job_id: str) -> AllocationRow:
 
 
 def _finished(engine: Engine, *ids: str) -> bool:
-    return all(_job(engine, i).state in ("SUCCEEDED", "FAILED", "CANCELLED") for i in ids)
+    return all(job_row(engine, i).state in ("SUCCEEDED", "FAILED", "CANCELLED") for i in ids)
 
 
 @pytest.mark.slow
@@ -80,10 +72,10 @@ def test_the_next_jobs_setup_runs_before_the_gpus_free_up_and_its_start_runs_onl
     engine = broker.start()
     try:
         a = _submit(engine, tmp_path, "a", TRAIN.format(steps=200))
-        run_until(engine, lambda: _job(engine, a).state == "RUNNING")
+        run_until(engine, lambda: job_row(engine, a).state == "RUNNING")
         b = _submit(engine, tmp_path, "b", TRAIN.format(steps=20), setup=NOTE.format(notes=notes))
         run_until(engine, lambda: _finished(engine, a, b))
-        assert _job(engine, a).state == _job(engine, b).state == "SUCCEEDED"
+        assert job_row(engine, a).state == job_row(engine, b).state == "SUCCEEDED"
         ended = [float(line) for line in notes.read_text().split()]
         assert len(ended) == 1  # the early setup, and no second one at the start
         a_left = broker.world.clock.to_wall(_allocation(engine, a).ended_at)  # type: ignore[arg-type]
@@ -107,10 +99,10 @@ def test_a_failed_early_setup_falls_back_to_the_setup_at_the_start(tmp_path: Pat
     engine = broker.start()
     try:
         a = _submit(engine, tmp_path, "a", TRAIN.format(steps=200))
-        run_until(engine, lambda: _job(engine, a).state == "RUNNING")
+        run_until(engine, lambda: job_row(engine, a).state == "RUNNING")
         b = _submit(engine, tmp_path, "b", TRAIN.format(steps=20), setup=setup)
         run_until(engine, lambda: _finished(engine, a, b))
-        assert _job(engine, b).state == "SUCCEEDED"
+        assert job_row(engine, b).state == "SUCCEEDED"
         failed = _events(engine, b, "early_setup_failed")
         assert len(failed) == 1 and failed[0].detail["reason"] == "node-0: setup exited with code 7"
         assert not _events(engine, b, "early_setup_done")
@@ -128,19 +120,19 @@ def test_a_cancelled_next_jobs_early_setup_is_stopped(tmp_path: Path) -> None:
     engine = broker.start()
     try:
         a = _submit(engine, tmp_path, "a", TRAIN.format(steps=200))
-        run_until(engine, lambda: _job(engine, a).state == "RUNNING")
+        run_until(engine, lambda: job_row(engine, a).state == "RUNNING")
         b = _submit(engine, tmp_path, "b", TRAIN.format(steps=20), setup=f"echo $$ > {pid_file}; sleep 300")
         run_until(engine, lambda: pid_file.exists() and pid_file.read_text().strip() != "")
         pid = int(pid_file.read_text())
-        assert process_alive(pid) and _job(engine, a).state == "RUNNING"
+        assert process_alive(pid) and job_row(engine, a).state == "RUNNING"
         machine.cancel_job(engine.store, b, engine.clock)
         run_until(engine, lambda: bool(_events(engine, b, "early_setup_stopped")))
         run_until(engine, lambda: not process_alive(pid), timeout=10)
         assert "CANCELLED" in str(_events(engine, b, "early_setup_stopped")[0].detail["reason"])
-        assert _job(engine, a).state == "RUNNING"  # the job beside it runs on
+        assert job_row(engine, a).state == "RUNNING"  # the job beside it runs on
         with engine.store.transaction() as s:
             assert [r.outcome for r in s.scalars(select(EarlySetupRow))] == ["stopped"]
         run_until(engine, lambda: _finished(engine, a))
-        assert _job(engine, a).state == "SUCCEEDED"
+        assert job_row(engine, a).state == "SUCCEEDED"
     finally:
         broker.close()
