@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-MAX_MESSAGE_CHARS = 400  # a message quotes what was written: keep one line for a megabyte of it
+MAX_MESSAGE_CHARS = 520  # a message quotes what was written: keep one line for a megabyte of it
 
 
 def _clip(text: str) -> str:

@@ -16,23 +16,23 @@ from broker.specfile.errors import SpecError
 from broker.store import open_store
 from providers.base import SpotQuote
 
-JOB = "name: g\nnum_nodes: 2\nresources:\n  accelerators: GB200:4\nrun: python train.py\n"
+JOB = "name: g\nnum_nodes: 2\nresources:\n  accelerators: MI355X:8\nrun: python train.py\n"
 
 
 def test_an_instance_type_only_the_price_book_quotes_is_accepted(tmp_path: Path) -> None:
     job = tmp_path / "job.yaml"
     job.write_text(JOB)
-    with pytest.raises(SpecError, match="GB200"):  # the built-in catalog alone refuses it
+    with pytest.raises(SpecError, match="MI355X"):  # the built-in catalog alone refuses it
         load_job_spec(job, offline=True)
     store = open_store(f"sqlite:///{tmp_path / 'broker.db'}")
     try:
         now = datetime.now(UTC)
-        PriceBook(store).record("gcp", [SpotQuote("gcp", "us-central1", "us-central1-a", "a4x-highgpu-4g", "GB200", 4,
-                                                  21.0, 42.0, now)], at=now)
+        PriceBook(store).record("azure", [SpotQuote("azure", "eastus", "eastus-1", "Standard_ND96isr_MI355X_v6",
+                                                    "MI355X", 8, 21.0, 42.0, now)], at=now)
         spec = read_job(job, PriceBook(store))
     finally:
         store.dispose()
-    assert (spec.num_nodes, spec.accelerator, spec.gpus_per_node) == (2, "GB200", 4)
+    assert (spec.num_nodes, spec.accelerator, spec.gpus_per_node) == (2, "MI355X", 8)
 
 
 @pytest.mark.parametrize(("name", "value", "field"), [
