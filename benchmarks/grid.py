@@ -2,6 +2,7 @@
 
     python benchmarks/grid.py [--traces DIR] [--starts 4] [--seed 0] [--policy broker] [--cache FILE]
                               [--only TRACE-SUBSTRING] [--gangs ends|pow2|all] [--no-optimum]
+                              [--work HOURS ...] [--slack X ...]
 
 For every market trace (each accelerator type of it apart), work of 10, 48 and 100 hours (those
 whose deadline fits the trace), deadline slack of 1.1x, 1.5x and 2x the work, and the gang sizes the
@@ -16,7 +17,8 @@ resolve), and the deadlines met. The optimum dominates the run time (seconds per
 work): ``--cache FILE`` keeps the baselines' and the optimum's means between runs (they do not
 change when the policy does; with ``--no-optimum``, the baselines' alone); delete the file to
 measure them again. ``--no-optimum`` leaves the optimum out (its columns print as ``nan``): with
-many starts, the baselines and the policy alone.
+many starts, the baselines and the policy alone. ``--work`` and ``--slack`` keep only those shapes
+(to measure a few cells on many starts).
 """
 
 from __future__ import annotations
@@ -102,7 +104,15 @@ def main() -> None:
                         help="gang sizes: 1 and the largest the trace counts (default), powers of two, or all")
     parser.add_argument("--no-optimum", action="store_true",
                         help="leave the omniscient optimum out (fast: for many starts against the baselines)")
+    parser.add_argument("--work", type=float, nargs="+", default=WORK_HOURS, metavar="HOURS",
+                        help=f"work of the job shapes, in hours (default: {' '.join(map(str, WORK_HOURS))})")
+    parser.add_argument("--slack", type=float, nargs="+", default=SLACKS, metavar="X",
+                        help=f"deadline over work of the job shapes (default: {' '.join(map(str, SLACKS))})")
     args = parser.parse_args()
+    if any(not 0 < w <= 10_000 for w in args.work):
+        parser.error("--work: expected hours in (0, 10000]")
+    if any(not 1 <= x <= 100 for x in args.slack):
+        parser.error("--slack: expected a multiple of the work in [1, 100]")
     if not args.traces.is_dir():
         parser.error(f"--traces: no such directory {args.traces}")
     if args.starts < 1:
@@ -123,14 +133,14 @@ def main() -> None:
         hours = trace.num_ticks * trace.tick_seconds / 3600  # type: ignore[attr-defined]
         for nodes in gang_sizes(max(largest, 1), args.gangs):
             market = Market(trace, nodes)  # type: ignore[arg-type]
-            for work in WORK_HOURS:
-                for slack in SLACKS:
+            for work in args.work:
+                for slack in args.slack:
                     if work * slack > hours * 0.8:
                         continue  # leave a fifth of the trace for the starts
                     job = SimJob(num_nodes=nodes, work_s=work * 3600, deadline_s=work * slack * 3600,
                                  restart_overhead_s=0.2 * 3600, checkpoint_gb=50, egress_per_gb=0.02)
                     starts = random_starts(market, job, args.starts, args.seed)
-                    key = f"{label}|{nodes}|{work}|{slack}|{args.starts}|{args.seed}"
+                    key = f"{label}|{nodes}|{work:g}|{slack}|{args.starts}|{args.seed}"
                     cell = (cache.get(key) or cache.get(key + "|no-optimum")) if args.no_optimum else cache.get(key)
                     if cell is None and args.no_optimum:
                         cell = cache[key + "|no-optimum"] = run_cell(market, job, starts, BASELINES)
@@ -144,7 +154,7 @@ def main() -> None:
                     best = min(BASELINES, key=lambda n: cell[n]["cost"])
                     mine = cell[args.policy]
                     vs_opt, vs_best = mine["cost"] / optimum, mine["cost"] / cell[best]["cost"]
-                    print(f"{label:44s} {nodes:4d} {work:6d} {slack:5.1f} {optimum:10.2f} {vs_opt:7.3f} "
+                    print(f"{label:44s} {nodes:4d} {work:6g} {slack:5.1f} {optimum:10.2f} {vs_opt:7.3f} "
                           f"{best:>16s} {cell[best]['cost'] / optimum:6.3f} {vs_best:7.3f} "
                           f"{paired_error(mine, cell[best]):6.3f} {mine['met']:5.0%} "
                           f"{cell[best]['met']:6.0%}", flush=True)
