@@ -258,6 +258,8 @@ class LocalProvisioner:
                "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])}
         log_path = Path(launch.log_dir) / f"attempt-{launch.attempt}-node-{rank}.log"
         with open(log_path, "ab") as log:
+            if not node_dir.is_dir():  # set aside while this start was frozen: another attempt has the GPUs
+                raise RuntimeError(f"{node_dir.name} was given up before its launch; not launching it")
             process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT,
                                        stdin=subprocess.DEVNULL, start_new_session=True)
         (self.cluster_dir(cluster) / "procs" / str(process.pid)).write_text(str(process.pid))

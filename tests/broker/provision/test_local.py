@@ -266,8 +266,9 @@ def test_a_frozen_claimer_is_given_up_after_the_bound_and_its_late_launch_runs_n
         # The frozen broker wakes and goes on with its launch: what it launches finds no node to run on.
         with open(fifo, "rb"):
             broker.join(timeout=30)
+        assert broker.exitcode != 0  # it raised: the node it claimed was given up
         time.sleep(3)
-        assert not out.exists()
+        assert not out.exists() and not list((provisioner.cluster_dir(cluster) / "procs").iterdir())
         assert not (provisioner.cluster_dir(cluster) / "runs" / f"{launch.job_id}-1" / "node-0").exists()
         assert provisioner.run_status(cluster, launch.job_id, 1).phase is RunPhase.NOT_STARTED
     finally:
@@ -304,3 +305,65 @@ def _group_alive(group: int) -> bool:
     except ProcessLookupError:
         return False
     return True
+
+
+@pytest.mark.slow
+def test_a_launch_that_raises_after_the_claim_is_given_up_after_the_bound(broker_home: Path, tmp_path: Path) -> None:
+    world = LocalWorld.begin(broker_home, str(_trace(tmp_path / "trace.csv", [2] * 600)), speed=1.0)
+    provisioner = LocalProvisioner(broker_home, world, provision_seconds=0, claim_seconds=3)
+    spec = parse_job_spec("name: raises\nresources:\n  accelerators: V100:1\nrun: 'true'\n", offline=True)
+    cluster = _cluster("c-raises")
+    provisioner.launch(cluster)
+    try:
+        _wait(lambda: provisioner.status(cluster).phase is ClusterPhase.UP)
+        logs = tmp_path / "logs"
+        (logs / "attempt-1-node-0.log").mkdir(parents=True)  # the node's log cannot be opened: the launch raises
+        launch = JobLaunch("j-raises", 1, spec, GangPlacement(cluster.id, ((0, (0,)),)), str(tmp_path / "ckpt"),
+                           None, None, str(logs))
+        with pytest.raises(IsADirectoryError):
+            provisioner.start_job(cluster, launch)
+        began = time.time()
+        # Its claimer (this process) lives on, and nobody handled the error: given up after the bound.
+        assert provisioner.run_status(cluster, "j-raises", 1).phase is RunPhase.RUNNING
+        status = _wait(lambda: (s := provisioner.run_status(cluster, "j-raises", 1)).phase
+                       is not RunPhase.RUNNING and s, timeout=30)
+        assert status.phase is RunPhase.NO_PROCESS and time.time() - began >= 2, status
+        assert "never launched" in (status.reason or "")
+    finally:
+        _stop_all(provisioner, [cluster])
+
+
+@pytest.mark.slow
+def test_a_gang_whose_broker_died_before_its_last_node_launched_is_given_up_and_stopped_whole(
+        broker_home: Path, tmp_path: Path) -> None:
+    world = LocalWorld.begin(broker_home, str(_trace(tmp_path / "trace.csv", [2] * 600)), speed=1.0)
+    provisioner = LocalProvisioner(broker_home, world, provision_seconds=0, claim_seconds=600)
+    spec = parse_job_spec("name: gang\nnum_nodes: 2\nresources:\n  accelerators: V100:1\nrun: sleep 120\n",
+                          offline=True)
+    cluster = ClusterInfo("c-gang", "aws", "us-east-1", "us-east-1a", "p3.2xlarge", 2, 1, True)
+    provisioner.launch(cluster)
+    try:
+        _wait(lambda: provisioner.status(cluster).phase is ClusterPhase.UP)
+        logs = tmp_path / "logs"
+        logs.mkdir()
+        os.mkfifo(logs / "attempt-1-node-1.log")  # node 0 launches; the start blocks before node 1's launch
+        launch = JobLaunch("j-gang", 1, spec, GangPlacement(cluster.id, ((0, (0,)), (1, (0,)))),
+                           str(tmp_path / "ckpt"), None, None, str(logs))
+        broker = multiprocessing.get_context("fork").Process(target=provisioner.start_job, args=(cluster, launch))
+        broker.start()
+        run = provisioner.cluster_dir(cluster) / "runs" / "j-gang-1"
+        group = int(_wait(lambda: (run / "node-0" / "status.pgid").exists()
+                          and (run / "node-0" / "status.pgid").read_text()))
+        _wait(lambda: (run / "node-1" / "job.sh").exists())
+        assert provisioner.run_status(cluster, "j-gang", 1).phase is RunPhase.RUNNING
+        os.kill(broker.pid, signal.SIGKILL)
+        broker.join(timeout=10)
+        (logs / "attempt-1-node-1.log").unlink()
+        status = _wait(lambda: (s := provisioner.run_status(cluster, "j-gang", 1)).phase
+                       is not RunPhase.RUNNING and s, timeout=30)
+        assert status.phase is RunPhase.NO_PROCESS and (status.reason or "").startswith("node-1: "), status
+        provisioner.stop_job(cluster, "j-gang", 1)  # the half that runs is stopped: a gang runs whole or not
+        _wait(lambda: not _group_alive(group), timeout=10)
+        assert [p.name for p in run.glob("node-*")] == ["node-0"]
+    finally:
+        _stop_all(provisioner, [cluster])
