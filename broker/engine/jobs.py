@@ -124,6 +124,8 @@ class JobStepper:
         elif run.phase is RunPhase.START_FAILED:
             self._start_failed(s, job, alloc, cluster, run.reason or f"the start exited with code {run.exit_code}",
                                after)
+        elif run.phase is RunPhase.NO_PROCESS:
+            self._restart(s, job, alloc, cluster, run.reason or "a node of it has no process", after)
         elif run.phase is RunPhase.NOT_STARTED:
             # Recorded as started, never started: the engine stopped between the two. Starting is idempotent.
             after.starts.append(self._job_launch(job, cluster, GangPlacement.from_json(cluster.id, alloc.gpus)))
@@ -165,6 +167,22 @@ class JobStepper:
         job.zones = job.zones[:-1]  # it never ran there; the next start adds the zone again
         machine.start_retried(s, parts.clock, job, cluster=cluster.id, error=error, tries=tries,
                               retries_left=parts.options.start_retries - tries + 1)
+
+    def _restart(self, s: Session, job: JobRow, alloc: AllocationRow, cluster: ClusterRow, why: str,
+                 after: AfterCommit) -> None:
+        """A node of the attempt has no process and none will come (its broker died between the claim and
+        the launch, or its agent died unheard), the nodes still up: end the attempt, counting the work since
+        the last checkpoint as lost, and start the next one on the same GPUs from that checkpoint. The
+        broker's fault, not the job's: it is no failed start and uses none of ``start_retries``."""
+        clock = self.parts.clock
+        self.parts.event(s, job.id, "no_process", cluster=cluster.id, attempt=job.attempt, reason=why)
+        after.stops.append((cluster_info(cluster), job.id, job.attempt))  # whatever of it runs, and its claims
+        refresh_checkpoint(s, clock, job, cluster.id)
+        end_allocation(alloc, "no_process", clock.now())
+        close_attempt(job, alloc, clock.now())
+        job.target_cluster_id, job.target_gpus = cluster.id, alloc.gpus
+        job.zones = job.zones[:-1]  # the next start adds the zone again
+        machine.start_retried(s, clock, job, cluster=cluster.id, reason=why, checkpoint=job.checkpoint)
 
     def _launch_replacement(self, s: Session, job: JobRow, cluster: ClusterRow, after: AfterCommit) -> None:
         exclude = self.planner.avoid(s, job)

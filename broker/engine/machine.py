@@ -138,7 +138,7 @@ def succeeded(s: Session, clock: Clock, job: JobRow) -> None:
 
 
 def start_retried(s: Session, clock: Clock, job: JobRow, **detail: object) -> None:
-    """Its start failed: back to heading for the same GPUs, to be started again."""
+    """Its start failed, or its nodes have no process of it: back to heading for the same GPUs."""
     _move(s, clock, job, JobState.PROVISIONING, **detail)
 
 

@@ -58,6 +58,10 @@ class RunPhase(enum.StrEnum):
     LOST = "LOST"  # its nodes went away before it ended
     # It never got to the job's ``run``: its ``setup`` failed, or the node refused the start.
     START_FAILED = "START_FAILED"
+    # A node of it has no process, and none will come, on nodes that are still up: the broker that
+    # started it died between claiming the node and launching its process, or the node's agent died
+    # before it reported how the job ended. Not the job's fault: the engine starts it again.
+    NO_PROCESS = "NO_PROCESS"
 
 
 @dataclass(frozen=True, slots=True)

@@ -28,6 +28,7 @@ from broker.provision.base import (
     RunPhase,
     RunStatus,
 )
+from broker.provision.local_claims import bury_unlaunched, claim_node, identity, missing_fate, node_fate, record_gang
 from broker.provision.local_host import process_alive, read_json, write_json
 from providers.local import LocalMarket
 from providers.trace import MarketTrace, read_trace
@@ -60,6 +61,9 @@ class LocalWorld:
 
 
 START_FAILED = "start_failed"  # a node's note that its setup (or cd) failed, so ``run`` never began
+# How long a claimed node may wait for its process while its claimer lives (frozen, or slow): past it,
+# the run is NO_PROCESS. A claimer that died is given up sooner (``local_claims``).
+CLAIM_SECONDS = 60.0
 # Linux's limit on one string of an exec's arguments or environment (MAX_ARG_STRLEN).
 MAX_EXPORTED_BYTES = 128 * 1024
 
@@ -122,11 +126,12 @@ class LocalProvisioner:
     name = "local"
 
     def __init__(self, home: Path, world: LocalWorld, provision_seconds: float = 120.0,
-                 agent_poll: str = "100ms") -> None:
+                 agent_poll: str = "100ms", claim_seconds: float = CLAIM_SECONDS) -> None:
         self.root = home / "local" / "clusters"
         self.world = world
         self.provision_seconds = provision_seconds
         self.agent_poll = agent_poll
+        self.claim_seconds = claim_seconds
 
     def cluster_dir(self, cluster: ClusterInfo) -> Path:
         return self.root / cluster.id
@@ -212,14 +217,13 @@ class LocalProvisioner:
         node_ips = ["127.0.0.1"] * len(launch.placement.nodes)
         Path(launch.log_dir).mkdir(parents=True, exist_ok=True)
         Path(launch.checkpoint_dir).mkdir(parents=True, exist_ok=True)
+        record_gang(self.cluster_dir(cluster) / "runs" / f"{launch.job_id}-{launch.attempt}", len(node_ips))
         for rank in range(len(launch.placement.nodes)):
             node_dir = self._node_dir(cluster, launch.job_id, launch.attempt, rank)
-            node_dir.parent.mkdir(parents=True, exist_ok=True)
-            try:
-                # The claim, atomic: of two callers starting one node (a restarted broker, or a stale
-                # leader that woke inside this call while the new one starts the job), only one goes on.
-                node_dir.mkdir()
-            except FileExistsError:
+            # The claim, atomic: of two callers starting one node (a restarted broker, or a stale
+            # leader that woke inside this call while the new one starts the job), only one goes on.
+            # One that dies before the launch leaves a claim ``run_status`` gives up (``local_claims``).
+            if not claim_node(node_dir):
                 continue  # started, or being started: do not start a second copy
             variables = launch.env(rank, node_ips)
             # The job's command and variables go through files: the argument list and the
@@ -254,10 +258,12 @@ class LocalProvisioner:
                "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])}
         log_path = Path(launch.log_dir) / f"attempt-{launch.attempt}-node-{rank}.log"
         with open(log_path, "ab") as log:
+            if not node_dir.is_dir():  # set aside while this start was frozen: another attempt has the GPUs
+                raise RuntimeError(f"{node_dir.name} was given up before its launch; not launching it")
             process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT,
                                        stdin=subprocess.DEVNULL, start_new_session=True)
         (self.cluster_dir(cluster) / "procs" / str(process.pid)).write_text(str(process.pid))
-        (node_dir / "started").write_text(json.dumps({"pid": process.pid, "wall": time.time()}))
+        (node_dir / "started").write_text(json.dumps(identity(process.pid)))
 
     def _prepare_dir(self, cluster: ClusterInfo, job_id: str, attempt: int) -> Path:
         return self.cluster_dir(cluster) / "prepare" / f"{job_id}-{attempt}"
@@ -331,7 +337,13 @@ class LocalProvisioner:
             return RunStatus(RunPhase.FAILED, failed[0])
         if self.status(cluster).phase in (ClusterPhase.TERMINATED, ClusterPhase.FAILED):
             return RunStatus(RunPhase.LOST)
-        return RunStatus(RunPhase.RUNNING)
+        # A node no process runs, nor ever will: its start died after the claim, or its agent did.
+        for node, code in zip(nodes, codes, strict=True):
+            fate = None if code is not None else node_fate(node, self.claim_seconds)
+            if fate is not None:
+                return RunStatus(RunPhase.NO_PROCESS, None, f"{node.name}: {fate}")
+        missing = missing_fate(base, nodes, self.claim_seconds)
+        return RunStatus(RunPhase.NO_PROCESS, None, missing) if missing else RunStatus(RunPhase.RUNNING)
 
     def _run_groups(self, cluster: ClusterInfo, job_id: str, attempt: int) -> list[tuple[int, int | None]]:
         """(agent pid, job process group) of every node of one run."""
@@ -359,6 +371,7 @@ class LocalProvisioner:
                 if group is not None:
                     with contextlib.suppress(ProcessLookupError):
                         os.killpg(group, signal.SIGKILL)
+        bury_unlaunched(self.cluster_dir(cluster) / "runs" / f"{job_id}-{attempt}", self.claim_seconds)
 
     def terminate(self, cluster: ClusterInfo) -> None:
         directory = self.cluster_dir(cluster)

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import multiprocessing
 import os
+import signal
 import stat
 import threading
 import time
@@ -184,5 +186,184 @@ def test_callers_starting_one_node_at_once_start_one_copy(provisioner: LocalProv
         provisioner.start_job(cluster, launch)  # and once more, after: a restarted broker's start
         assert len(list((provisioner.cluster_dir(cluster) / "procs").iterdir())) == 1
         _wait(lambda: provisioner.run_status(cluster, "j-once", 1).phase is RunPhase.SUCCEEDED)
+    finally:
+        _stop_all(provisioner, [cluster])
+
+
+def _held_launch(provisioner: LocalProvisioner, tmp_path: Path, name: str,
+                 run: str) -> tuple[ClusterInfo, JobLaunch, Path]:
+    """An UP cluster and a launch whose node log is a FIFO: a start claims the node, writes its
+    scripts, then blocks opening the log, between the claim and the launch, until someone reads it."""
+    spec = parse_job_spec(f"name: {name}\nresources:\n  accelerators: V100:1\nrun: {json.dumps(run)}\n",
+                          offline=True)
+    cluster = _cluster(f"c-{name}", TOKEN)
+    provisioner.launch(cluster)
+    _wait(lambda: provisioner.status(cluster).phase is ClusterPhase.UP)
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    fifo = logs / "attempt-1-node-0.log"
+    os.mkfifo(fifo)
+    launch = JobLaunch(f"j-{name}", 1, spec, GangPlacement(cluster.id, ((0, (0,)),)), str(tmp_path / "ckpt"), None,
+                       None, str(logs))
+    return cluster, launch, fifo
+
+
+def _start_in_a_broker_process(provisioner: LocalProvisioner, cluster: ClusterInfo,
+                               launch: JobLaunch) -> multiprocessing.process.BaseProcess:
+    broker = multiprocessing.get_context("fork").Process(target=provisioner.start_job, args=(cluster, launch))
+    broker.start()
+    node = provisioner.cluster_dir(cluster) / "runs" / f"{launch.job_id}-1" / "node-0"
+    _wait(lambda: (node / "job.sh").exists())  # claimed, its scripts written: it now blocks on the log
+    time.sleep(0.3)
+    assert broker.is_alive() and not (node / "started").exists()
+    return broker
+
+
+@pytest.mark.slow
+def test_a_broker_killed_between_the_claim_and_the_launch_leaves_no_run_that_runs_forever(
+        broker_home: Path, tmp_path: Path) -> None:
+    world = LocalWorld.begin(broker_home, str(_trace(tmp_path / "trace.csv", [2] * 600)), speed=1.0)
+    provisioner = LocalProvisioner(broker_home, world, provision_seconds=0, claim_seconds=600)
+    out = tmp_path / "ran"
+    cluster, launch, fifo = _held_launch(provisioner, tmp_path, "killed", f"echo ran >> {out}")
+    try:
+        broker = _start_in_a_broker_process(provisioner, cluster, launch)
+        assert provisioner.run_status(cluster, launch.job_id, 1).phase is RunPhase.RUNNING  # its claimer lives
+        os.kill(broker.pid, signal.SIGKILL)  # the broker dies between the claim and the launch
+        broker.join(timeout=10)
+        fifo.unlink()
+        # A restarted broker, or the other replica, sees at once that the node's claimer is gone and no
+        # process ever came (the claim bound, 600 s here, is for a claimer that lives).
+        status = _wait(lambda: (s := provisioner.run_status(cluster, launch.job_id, 1)).phase
+                       is not RunPhase.RUNNING and s, timeout=30)
+        assert status.phase is RunPhase.NO_PROCESS, status
+        assert "node-0" in (status.reason or "") and "never launched" in (status.reason or "")
+        provisioner.start_job(cluster, launch)  # starting the same attempt again still starts nothing twice
+        assert not (provisioner.cluster_dir(cluster) / "runs" / f"{launch.job_id}-1" / "node-0" / "started").exists()
+        provisioner.stop_job(cluster, launch.job_id, 1)
+        # The engine's next attempt starts it, once.
+        provisioner.start_job(cluster, dataclasses.replace(launch, attempt=2))
+        _wait(lambda: provisioner.run_status(cluster, launch.job_id, 2).phase is RunPhase.SUCCEEDED)
+        assert out.read_text() == "ran\n"
+    finally:
+        _stop_all(provisioner, [cluster])
+
+
+@pytest.mark.slow
+def test_a_frozen_claimer_is_given_up_after_the_bound_and_its_late_launch_runs_nothing(
+        broker_home: Path, tmp_path: Path) -> None:
+    world = LocalWorld.begin(broker_home, str(_trace(tmp_path / "trace.csv", [2] * 600)), speed=1.0)
+    provisioner = LocalProvisioner(broker_home, world, provision_seconds=0, claim_seconds=3)
+    out = tmp_path / "ran"
+    cluster, launch, fifo = _held_launch(provisioner, tmp_path, "frozen", f"echo ran >> {out}")
+    try:
+        broker = _start_in_a_broker_process(provisioner, cluster, launch)
+        began = time.time()
+        status = _wait(lambda: (s := provisioner.run_status(cluster, launch.job_id, 1)).phase
+                       is not RunPhase.RUNNING and s, timeout=30)
+        assert status.phase is RunPhase.NO_PROCESS and time.time() - began >= 2, status
+        provisioner.stop_job(cluster, launch.job_id, 1)  # the engine ends the attempt
+        # The frozen broker wakes and goes on with its launch: what it launches finds no node to run on.
+        with open(fifo, "rb"):
+            broker.join(timeout=30)
+        assert broker.exitcode != 0  # it raised: the node it claimed was given up
+        time.sleep(3)
+        assert not out.exists() and not list((provisioner.cluster_dir(cluster) / "procs").iterdir())
+        assert not (provisioner.cluster_dir(cluster) / "runs" / f"{launch.job_id}-1" / "node-0").exists()
+        assert provisioner.run_status(cluster, launch.job_id, 1).phase is RunPhase.NOT_STARTED
+    finally:
+        _stop_all(provisioner, [cluster])
+
+
+@pytest.mark.slow
+def test_a_node_agent_killed_before_it_reports_is_seen_and_its_job_stopped(provisioner: LocalProvisioner,
+                                                                          tmp_path: Path) -> None:
+    spec = parse_job_spec("name: agent\nresources:\n  accelerators: V100:1\nrun: sleep 120\n", offline=True)
+    cluster = _cluster("c-agent")
+    provisioner.launch(cluster)
+    try:
+        _wait(lambda: provisioner.status(cluster).phase is ClusterPhase.UP)
+        launch = JobLaunch("j-agent", 1, spec, GangPlacement(cluster.id, ((0, (0,)),)), str(tmp_path / "ckpt"), None,
+                           None, str(tmp_path / "logs"))
+        provisioner.start_job(cluster, launch)
+        node = provisioner.cluster_dir(cluster) / "runs" / "j-agent-1" / "node-0"
+        group = int(_wait(lambda: (node / "status.pgid").exists() and (node / "status.pgid").read_text()))
+        assert provisioner.run_status(cluster, "j-agent", 1).phase is RunPhase.RUNNING
+        os.kill(json.loads((node / "started").read_text())["pid"], signal.SIGKILL)
+        status = _wait(lambda: (s := provisioner.run_status(cluster, "j-agent", 1)).phase
+                       is not RunPhase.RUNNING and s, timeout=30)
+        assert status.phase is RunPhase.NO_PROCESS and "stopped before it reported" in (status.reason or ""), status
+        provisioner.stop_job(cluster, "j-agent", 1)
+        _wait(lambda: not _group_alive(group), timeout=10)
+    finally:
+        _stop_all(provisioner, [cluster])
+
+
+def _group_alive(group: int) -> bool:
+    try:
+        os.killpg(group, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+@pytest.mark.slow
+def test_a_launch_that_raises_after_the_claim_is_given_up_after_the_bound(broker_home: Path, tmp_path: Path) -> None:
+    world = LocalWorld.begin(broker_home, str(_trace(tmp_path / "trace.csv", [2] * 600)), speed=1.0)
+    provisioner = LocalProvisioner(broker_home, world, provision_seconds=0, claim_seconds=3)
+    spec = parse_job_spec("name: raises\nresources:\n  accelerators: V100:1\nrun: 'true'\n", offline=True)
+    cluster = _cluster("c-raises")
+    provisioner.launch(cluster)
+    try:
+        _wait(lambda: provisioner.status(cluster).phase is ClusterPhase.UP)
+        logs = tmp_path / "logs"
+        (logs / "attempt-1-node-0.log").mkdir(parents=True)  # the node's log cannot be opened: the launch raises
+        launch = JobLaunch("j-raises", 1, spec, GangPlacement(cluster.id, ((0, (0,)),)), str(tmp_path / "ckpt"),
+                           None, None, str(logs))
+        with pytest.raises(IsADirectoryError):
+            provisioner.start_job(cluster, launch)
+        began = time.time()
+        # Its claimer (this process) lives on, and nobody handled the error: given up after the bound.
+        assert provisioner.run_status(cluster, "j-raises", 1).phase is RunPhase.RUNNING
+        status = _wait(lambda: (s := provisioner.run_status(cluster, "j-raises", 1)).phase
+                       is not RunPhase.RUNNING and s, timeout=30)
+        assert status.phase is RunPhase.NO_PROCESS and time.time() - began >= 2, status
+        assert "never launched" in (status.reason or "")
+    finally:
+        _stop_all(provisioner, [cluster])
+
+
+@pytest.mark.slow
+def test_a_gang_whose_broker_died_before_its_last_node_launched_is_given_up_and_stopped_whole(
+        broker_home: Path, tmp_path: Path) -> None:
+    world = LocalWorld.begin(broker_home, str(_trace(tmp_path / "trace.csv", [2] * 600)), speed=1.0)
+    provisioner = LocalProvisioner(broker_home, world, provision_seconds=0, claim_seconds=600)
+    spec = parse_job_spec("name: gang\nnum_nodes: 2\nresources:\n  accelerators: V100:1\nrun: sleep 120\n",
+                          offline=True)
+    cluster = ClusterInfo("c-gang", "aws", "us-east-1", "us-east-1a", "p3.2xlarge", 2, 1, True)
+    provisioner.launch(cluster)
+    try:
+        _wait(lambda: provisioner.status(cluster).phase is ClusterPhase.UP)
+        logs = tmp_path / "logs"
+        logs.mkdir()
+        os.mkfifo(logs / "attempt-1-node-1.log")  # node 0 launches; the start blocks before node 1's launch
+        launch = JobLaunch("j-gang", 1, spec, GangPlacement(cluster.id, ((0, (0,)), (1, (0,)))),
+                           str(tmp_path / "ckpt"), None, None, str(logs))
+        broker = multiprocessing.get_context("fork").Process(target=provisioner.start_job, args=(cluster, launch))
+        broker.start()
+        run = provisioner.cluster_dir(cluster) / "runs" / "j-gang-1"
+        group = int(_wait(lambda: (run / "node-0" / "status.pgid").exists()
+                          and (run / "node-0" / "status.pgid").read_text()))
+        _wait(lambda: (run / "node-1" / "job.sh").exists())
+        assert provisioner.run_status(cluster, "j-gang", 1).phase is RunPhase.RUNNING
+        os.kill(broker.pid, signal.SIGKILL)
+        broker.join(timeout=10)
+        (logs / "attempt-1-node-1.log").unlink()
+        status = _wait(lambda: (s := provisioner.run_status(cluster, "j-gang", 1)).phase
+                       is not RunPhase.RUNNING and s, timeout=30)
+        assert status.phase is RunPhase.NO_PROCESS and (status.reason or "").startswith("node-1: "), status
+        provisioner.stop_job(cluster, "j-gang", 1)  # the half that runs is stopped: a gang runs whole or not
+        _wait(lambda: not _group_alive(group), timeout=10)
+        assert [p.name for p in run.glob("node-*")] == ["node-0"]
     finally:
         _stop_all(provisioner, [cluster])

@@ -235,3 +235,51 @@ def test_chaos_the_leader_killed_at_twenty_random_moments(tmp_path: Path, broker
         assert preempted is not None  # the run had preemptions to recover from
     finally:
         fleet.close()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_leader_killed_between_claiming_a_node_and_launching_it_the_other_replica_restarts_the_job(
+        tmp_path: Path, broker_home: Path, postgres_url: str) -> None:
+    import os
+
+    market = two_zone_trace(tmp_path / "market.csv", cheap_lost_from=10_000, cheap_lost_until=10_001, ticks=600)
+    out = tmp_path / "ran"
+    fleet = Fleet(tmp_path, broker_home, postgres_url, market, BROKER_LOCAL_PROVISION_SECONDS="300",
+                  BROKER_LEADER_CHECK_SECONDS="1", BROKER_START_RETRIES="0")
+    try:
+        fleet.start(2)
+        leader = fleet.leader()
+        spec = (f"name: claimed\nresources:\n  accelerators: V100:1\nworkdir: {tmp_path}\n"
+                f"run: echo attempt $BROKER_ATTEMPT >> {out}\n")
+        response = httpx.post(f"{leader.url}/v1/jobs", json={"spec": spec}, timeout=60,
+                              headers={"Authorization": f"Bearer {fleet.token}"})
+        assert response.status_code == 201, response.text
+        job_id = response.json()["job_id"]
+        # Its nodes take 5 wall seconds to boot: time to make the first start's node log a FIFO nobody
+        # reads, so the leader claims the node, writes its scripts, then blocks before the launch.
+        logs = broker_home / "logs" / job_id
+        logs.mkdir(parents=True, exist_ok=True)
+        os.mkfifo(logs / "attempt-1-node-0.log")
+        node = wait_for(lambda: next(broker_home.glob(f"local/clusters/*/runs/{job_id}-1/node-0/job.sh"), None),
+                        120, "the leader to claim the node").parent
+        time.sleep(0.5)
+        assert leader.process.poll() is None and not (node / "started").exists()
+        leader.process.send_signal(signal.SIGKILL)
+        leader.process.wait()
+        (logs / "attempt-1-node-0.log").unlink()
+        fleet.leader()  # the other replica takes over
+        states = fleet.wait_finished(180)
+        assert states[job_id] == "SUCCEEDED"
+        assert out.read_text() == "attempt 2\n"  # started once, by the replica that took over
+        checks = fleet.check()
+        assert checks["jobs_started_twice"] == 0 and checks["clusters_left_up"] == 0
+        assert not checks["ledger_violations"] and not checks["late_writes"]
+        with fleet.store.transaction() as s:
+            job = s.get(JobRow, job_id)
+            clusters = list(s.scalars(select(ClusterRow).where(ClusterRow.job_id == job_id)))
+            ledger = list(s.scalars(select(LedgerRow).order_by(LedgerRow.cluster_id, LedgerRow.minute)))
+        assert job is not None and job.attempt == 2 and len(clusters) == 1
+        assert_one_cluster_per_zone_and_whole_ledger(job, clusters, ledger)
+    finally:
+        fleet.close()
