@@ -28,7 +28,9 @@ cheapest (``policies.speed``). Then:
 
 - on spot: stay, unless another zone gives progress much cheaper, restart and egress included;
 - idle with slack to spare: enter spot whose expected cost is near the cheapest price (with the
-  restart amortised as well as the best fresh run any zone gives), else wait;
+  restart amortised as well as the best fresh run any zone gives), else wait; but where the slack
+  is less than ``PICKY_ROOM`` x what spot alone is expected to spend, enter any spot cheaper than
+  on-demand (the slack a wait spends is then likely to be missed later);
 - idle under pressure: enter spot cheaper than on-demand (slack it risks counted), unless
   letting young capacity prove itself is cheaper; with no such spot, wait if the outage is likely
   shorter than on-demand's two restarts would justify (time to capacity learned from the zones'
@@ -85,6 +87,7 @@ TREND_WINDOW_S = 6 * 3600.0  # the spot price's trend is its change over this wi
 RELAXED = 1.5  # slack at this multiple of the reserve or more: slack is worth nothing
 PRESSED = 0.5  # at this multiple or less: a step of slack is worth a step of on-demand
 PICKINESS = 0.15  # with slack to spare, enter spot costing at most this much over the best possible
+PICKY_ROOM = 4.0  # ... as long as the slack is this multiple of what spot alone is expected to spend
 SWITCH_GAIN = 0.08  # move between zones only for this much cheaper progress
 WAITS = (1, 2, 3, 4, 6)  # steps young capacity may be given to prove itself before entering
 WAIT_FLOOR = 0.8  # under pressure, waiting never takes the slack below this fraction of the reserve
@@ -181,7 +184,15 @@ def broker(request: SelectionRequest) -> Plan:
         # the best any spot could do: the cheapest price with one restart for all the work left
         # (or, where runs are short in every zone, as good as a fresh run in the best zone gives:
         # waiting for a run no zone gives would spend the slack for nothing)
-        if best is not None and best.cost <= cheapest * fresh_ratio(request, budget, offers) * (1 + PICKINESS):
+        # Waiting for better spot spends slack. Where the market's outages and restarts are expected
+        # to need a good part of it, a step waited now is a step of on-demand later: then any spot
+        # whose progress is cheaper than on-demand is good enough.
+        spot_need = spot_only_need(request, budget)
+        if not math.isfinite(spot_need) or have >= PICKY_ROOM * spot_need:
+            good = cheapest * fresh_ratio(request, budget, offers) * (1 + PICKINESS)
+        else:
+            good = od_price
+        if best is not None and best.cost <= good:
             if _entry_wait(best, budget, od_price, worth, idle=True) > 0:
                 return Plan((), reason="this capacity often vanishes this young: see if it lasts")
             return _go(best, options, "good spot: expected progress near the cheapest price")
