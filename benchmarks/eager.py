@@ -9,7 +9,9 @@ eager policy ``off`` (the baseline), then ``eager``. Printed per run, in market 
   time to the first step (first progress report) of one of the jobs queued then; median and p95;
   ``to start``: the median time to the broker starting one of them (the rest is process start-up);
 - queue drain: ledger GPU-hours booked ``queue_drain``, and their share of all GPU-hours; ``exact``:
-  the same from the allocations to the second (the ledger sees who holds GPUs at each minute's start);
+  the same from the allocations to the second: every gap between two allocations of a cluster (the
+  ledger, split to the second where holders change, books a gap queue drain only while a job waits
+  or is heading there; runs recorded before that split sampled each minute's start, and missed most);
 - the ledger's total cost, and the wall time of the run;
 - prediction error: over the finished jobs, the median of each job's median |predicted - actual
   finish| as a share of the time then left, per prediction source (progress, work, history).

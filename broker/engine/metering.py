@@ -1,17 +1,25 @@
-"""The cost ledger: every minute of every cluster, split among the jobs and idle causes holding its GPUs.
+"""The cost ledger: every second of every cluster, split among the jobs and idle causes holding its GPUs.
 
-A cluster is metered from its launch to its end in clock minutes (a partial first and last
-minute are prorated). Each minute's cost splits by GPUs: a row per job holding GPUs, with what the
-job was doing (provisioning, running, checkpointing and restarting), and a row for the GPUs nobody
-held, with why (waiting for work, stranded by fragmentation, held by a finished job until
-teardown, or queue drain: the whole cluster between one job's end and the next one's start while a
-job waits or is heading to it). The unique (cluster, minute, holder) key makes metering a minute twice impossible.
+A cluster is metered from its launch to its end, per second, as the clouds bill an instance: its
+clock minutes (a partial first and last minute prorated), each priced at that minute's quote, and a
+cluster gone within a minute of its launch is billed one minute (the clouds' minimum: the seconds
+it did not live go to whoever held it last). Each minute splits into pieces wherever who holds the
+GPUs changes (the cluster comes up, a job starts, is told to checkpoint, or ends), so a run is
+billed for exactly the seconds it held its GPUs, even one that starts and ends inside one minute.
+Each piece's cost splits by GPUs: a row per job holding GPUs, with what the job was doing
+(provisioning, running, checkpointing and restarting), and a row for the GPUs nobody held, with why
+(waiting for work, stranded by fragmentation, held by a finished job until teardown, or queue
+drain: the whole cluster between one job's end and the next one's start while a job waits or is
+heading to it). A row's ``minute`` is where its piece starts: the clock minute itself unless the
+minute is split (or is the launch's). The unique (cluster, minute, holder) key and the cluster's
+``metered_until``, moved in the same transaction, make metering a piece twice impossible.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from itertools import pairwise
 
 from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
@@ -60,6 +68,13 @@ class ClusterHistory:
             JobRow.state.in_([JobState.PROVISIONING.value, JobState.MIGRATING.value])).limit(1)) is not None
         return cls(row, allocations, jobs, launched_for, migrated_in, queue_waiting, heading)
 
+    def changes(self, start: datetime, end: datetime) -> list[datetime]:
+        """The moments strictly inside ``start``..``end`` where ``shares`` may change: the pieces' edges."""
+        moments = {self.row.up_at}
+        for alloc in self.allocations:
+            moments |= {alloc.started_at, alloc.stopping_at, alloc.ended_at}
+        return sorted(m for m in moments if m is not None and start < m < end)
+
     def shares(self, minute: datetime) -> list[Share]:
         row = self.row
         total = float(row.num_nodes * row.gpus_per_node) or float(row.num_nodes)
@@ -107,7 +122,7 @@ class ClusterHistory:
 
 
 def meter_cluster(s: Session, row: ClusterRow, now: datetime, market: Market) -> int:
-    """Write the ledger rows of every minute of ``row`` not yet metered; returns rows written."""
+    """Write the ledger rows of every piece of ``row`` not yet metered; returns rows written."""
     if row.terminated_at is not None and row.metered_until is not None and row.metered_until > row.terminated_at:
         _take_back(s, row, row.terminated_at)
     start = row.metered_until or row.created_at
@@ -121,26 +136,39 @@ def meter_cluster(s: Session, row: ClusterRow, now: datetime, market: Market) ->
         closing = min(boundary, end)
         if closing < boundary and row.terminated_at is None:
             break  # only whole minutes while the cluster lives; the last partial one when it ends
-        hours = (closing - minute).total_seconds() / 3600.0
         quote = market.quote(key, minute)
         price = (quote.spot_price if row.spot else quote.on_demand_price) or row.price_per_node_hour
         on_demand = quote.on_demand_price or row.on_demand_price_per_node_hour
-        for share in history.shares(minute):
-            fraction = share.gpus / total
-            s.add(LedgerRow(
-                cluster_id=row.id, minute=minute, holder=share.holder,
-                job_id=share.job.id if share.job else None, team=share.job.team if share.job else None,
-                usage=share.usage.value, cloud=row.cloud, region=row.region, zone=row.zone,
-                instance_type=row.instance_type, accelerator=row.accelerator, nodes=row.num_nodes,
-                gpus=share.gpus, seconds=hours * 3600.0, spot=row.spot, price_per_node_hour=price,
-                on_demand_price_per_node_hour=on_demand,
-                cost=price * row.num_nodes * hours * fraction,
-                on_demand_cost=on_demand * row.num_nodes * hours * fraction,
-            ))
-            written += 1
+        for piece, piece_end in pairwise([minute, *history.changes(minute, closing), closing]):
+            seconds = (piece_end - piece).total_seconds()
+            if piece_end == row.terminated_at:
+                seconds += minimum_shortfall(row)
+            for share in history.shares(piece):
+                fraction = share.gpus / total
+                s.add(LedgerRow(
+                    cluster_id=row.id, minute=piece, holder=share.holder,
+                    job_id=share.job.id if share.job else None, team=share.job.team if share.job else None,
+                    usage=share.usage.value, cloud=row.cloud, region=row.region, zone=row.zone,
+                    instance_type=row.instance_type, accelerator=row.accelerator, nodes=row.num_nodes,
+                    gpus=share.gpus, seconds=seconds, spot=row.spot, price_per_node_hour=price,
+                    on_demand_price_per_node_hour=on_demand,
+                    cost=price * row.num_nodes * seconds / 3600.0 * fraction,
+                    on_demand_cost=on_demand * row.num_nodes * seconds / 3600.0 * fraction,
+                ))
+                written += 1
         minute = closing
     row.metered_until = minute
     return written
+
+
+MINIMUM_SECONDS = 60.0  # AWS (Linux spot and on-demand) and GCP bill an instance per second, a minute at least
+
+
+def minimum_shortfall(row: ClusterRow) -> float:
+    """Seconds the clouds bill an ended cluster beyond its life: up to the one-minute minimum."""
+    if row.terminated_at is None:
+        return 0.0
+    return max(MINIMUM_SECONDS - (row.terminated_at - row.created_at).total_seconds(), 0.0)
 
 
 def meter(store: Store, clock: Clock, market: Market) -> None:

@@ -217,17 +217,18 @@ class EarlySetupRow(Base):
 
 
 class LedgerRow(Base):
-    """One minute of one cluster's GPUs held by one job or idle for one cause.
+    """One minute (or a piece of one) of one cluster's GPUs held by one job or idle for one cause.
 
-    A minute of a cluster splits into rows by holder (``job:<id>`` or ``idle:<cause>``), each
-    priced by its share of the cluster's GPUs; the unique key makes re-metering a no-op.
+    A minute of a cluster splits into pieces where who holds its GPUs changes, and each piece into
+    rows by holder (``job:<id>`` or ``idle:<cause>``), each priced by its share of the cluster's
+    GPUs at the minute's quote; the unique key makes re-metering a no-op.
     """
 
     __tablename__ = "ledger"
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     cluster_id: Mapped[str] = mapped_column(ForeignKey("clusters.id"), index=True)
-    minute: Mapped[datetime] = mapped_column(UtcDateTime, index=True)
+    minute: Mapped[datetime] = mapped_column(UtcDateTime, index=True)  # where the piece starts
     holder: Mapped[str] = mapped_column(String(64))
     job_id: Mapped[str | None] = mapped_column(String(32), nullable=True, index=True)
     team: Mapped[str | None] = mapped_column(String(100), nullable=True)
@@ -239,7 +240,9 @@ class LedgerRow(Base):
     accelerator: Mapped[str | None] = mapped_column(String(50), nullable=True)
     nodes: Mapped[int] = mapped_column(Integer)
     gpus: Mapped[float] = mapped_column(Float)  # GPUs of the cluster this row covers
-    # The part of the minute this row covers: less than 60 only at a cluster's first and last minute.
+    # The seconds billed: the piece of the minute this row covers (less than 60 at a cluster's first and
+    # last minute and where holders change), plus, on an ended cluster's last piece, what the clouds'
+    # one-minute minimum adds to a cluster that lived less than a minute.
     seconds: Mapped[float] = mapped_column(Float, default=60.0, server_default="60")
     spot: Mapped[bool] = mapped_column()
     price_per_node_hour: Mapped[float] = mapped_column(Float)

@@ -178,7 +178,7 @@ class JobView:
     allocations: list[tuple[AllocationRow, ClusterRow]]
     notices: list[tuple[NoticeRow, str]]
     prices: list[tuple[datetime, float]]  # (minute, USD per hour paid for the job's GPUs)
-    ledger: list[tuple[str, str, str, int, float, float]]  # cluster, zone, usage, minutes, cost, on-demand
+    ledger: list[tuple[str, str, str, float, float, float]]  # cluster, zone, usage, minutes billed, cost, on-demand
     progress: float | None
     finish: datetime | None
 
@@ -200,8 +200,10 @@ def load_job(store: Store, viewer: Viewer, job_id: str, now: datetime) -> JobVie
         prices = [(m, float(c) * 3600 / max(float(sec), 1.0)) for m, c, sec in s.execute(
             select(LedgerRow.minute, func.sum(LedgerRow.cost), func.max(LedgerRow.seconds))
             .where(LedgerRow.job_id == job_id).group_by(LedgerRow.minute).order_by(LedgerRow.minute))]
-        ledger = [(c, z, u, int(n), float(cost), float(od)) for c, z, u, n, cost, od in s.execute(
-            select(LedgerRow.cluster_id, LedgerRow.zone, LedgerRow.usage, func.count(), func.sum(LedgerRow.cost),
+        # Minutes from the seconds billed, not rows: a minute where holders change is split into pieces.
+        ledger = [(c, z, u, float(sec) / 60.0, float(cost), float(od)) for c, z, u, sec, cost, od in s.execute(
+            select(LedgerRow.cluster_id, LedgerRow.zone, LedgerRow.usage, func.sum(LedgerRow.seconds),
+                   func.sum(LedgerRow.cost),
                    func.sum(LedgerRow.on_demand_cost))
             .where(LedgerRow.job_id == job_id)
             .group_by(LedgerRow.cluster_id, LedgerRow.zone, LedgerRow.usage)
@@ -298,7 +300,8 @@ def job_live_html(view: JobView, now: datetime) -> str:
 
 def render_job(view: JobView, home: Path, now: datetime) -> str:
     job = view.job
-    ledger_rows = [[e(c), e(z), e(u), str(n), e(money(cost)), e(money(od))] for c, z, u, n, cost, od in view.ledger]
+    ledger_rows = [[e(c), e(z), e(u), f"{n:.1f}", e(money(cost)), e(money(od))]
+                   for c, z, u, n, cost, od in view.ledger]
     total = sum(r[4] for r in view.ledger)
     events = [[f"{ev.at:%Y-%m-%d %H:%M:%S}", e(ev.kind), e(ev.from_state or ""), e(ev.to_state or ""),
                e(", ".join(f"{k}={v}" for k, v in (ev.detail or {}).items())[:200])] for ev in view.events[-50:]]

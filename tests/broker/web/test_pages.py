@@ -91,6 +91,24 @@ def test_job_page_shows_timeline_ledger_and_markers(dashboard: Dashboard) -> Non
     assert 'class="price"' in html and "Ledger ($" in html and "predicted finish" in html
 
 
+def test_job_page_counts_ledger_minutes_by_seconds_billed_not_by_rows(dashboard: Dashboard) -> None:
+    from datetime import timedelta
+
+    from broker.store.tables import LedgerRow
+    from tests.broker.web.seed import DAY0
+
+    job, at = dashboard.jobs["alpha_done"], DAY0 + timedelta(days=10)
+    with dashboard.store.transaction() as s:  # one minute split where another holder came: 20 s, then 10 s
+        for start, seconds in ((at, 20.0), (at + timedelta(seconds=20), 10.0)):
+            s.add(LedgerRow(cluster_id="c-aws", minute=start, holder=f"job:{job}", job_id=job, team="alpha",
+                            usage="running", cloud="aws", region="us-east-1", zone="us-east-1a",
+                            instance_type="p4d.24xlarge", accelerator="A100", nodes=1, gpus=8.0, seconds=seconds,
+                            spot=True, price_per_node_hour=9.8, on_demand_price_per_node_hour=32.77,
+                            cost=9.8 * seconds / 3600, on_demand_cost=32.77 * seconds / 3600))
+    html = dashboard.signed_in("alpha").get(f"/jobs/{job}").text
+    assert "<td>running</td><td>0.5</td>" in html, html[html.find("Ledger"):][:600]
+
+
 def test_clusters_page_draws_nvlink_groups_and_marks_holders(dashboard: Dashboard) -> None:
     html = dashboard.signed_in("alpha").get("/clusters").text
     assert 'data-cluster="c-aws"' in html and 'data-cluster="c-azure"' not in html
