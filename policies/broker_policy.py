@@ -189,13 +189,14 @@ def broker(request: SelectionRequest) -> Plan:
         # whose progress is cheaper than on-demand is good enough.
         spot_need = spot_only_need(request, budget)
         if not math.isfinite(spot_need) or have >= PICKY_ROOM * spot_need:
-            good = cheapest * fresh_ratio(request, budget, offers) * (1 + PICKINESS)
+            good, why = (cheapest * fresh_ratio(request, budget, offers) * (1 + PICKINESS),
+                         "good spot: expected progress near the cheapest price")
         else:
-            good = od_price
+            good, why = od_price, "spot cheaper than on-demand: the market's outages may need the slack a wait spends"
         if best is not None and best.cost <= good:
             if _entry_wait(best, budget, od_price, worth, idle=True) > 0:
                 return Plan((), reason="this capacity often vanishes this young: see if it lasts")
-            return _go(best, options, "good spot: expected progress near the cheapest price")
+            return _go(best, options, why)
         return Plan((), reason="slack to spare: wait for good spot")
     if best is not None and best.cost < od_price:
         if have > 1 and _entry_wait(best, budget, od_price, worth, idle=True) > 0:

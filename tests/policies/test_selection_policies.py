@@ -286,3 +286,24 @@ def test_broker_launches_without_history_or_deadline() -> None:
     for work in (3600.0, None):
         plan = broker(SelectionRequest(now=START, job=JobView(1, 1, "V100", work, None), offers=offers))
         assert [loc.offer.zone for loc in plan.locations if loc.offer] == ["us-west-2a", "us-east-1a"]
+
+
+def test_broker_is_picky_about_spot_only_while_the_slack_dwarfs_what_the_market_will_spend() -> None:
+    # zone a is always up at half the on-demand price; zone b is a third of a's price but comes and
+    # goes (10 ticks up, 10 down), so spot alone is expected to spend about 0.05 x the work in slack
+    # (its restarts). The job is idle while b is down, ahead of an even pace (no slack pressure).
+    ticks = 600
+    pattern = [[1, 1 if (t // 10) % 2 == 0 else 0] for t in range(ticks)]
+    trace = make_trace(pattern, spot=[[1.5, 0.5]] * ticks, zones=(A, B))
+    broker = registry.get("selection", "broker")
+    tick = next(t for t in range(300, 400) if not pattern[t][1] and pattern[t - 1][1])
+
+    def plan_for(slack: int) -> str:
+        plan = broker(request_at(trace, tick, work_left=200, deadline=tick + 200 + slack, total_work=tick + 200,
+                                 overhead=2))
+        return "wait" if not plan.locations else plan.locations[0].offer.zone  # type: ignore[union-attr]
+
+    # slack many times what the market will spend: wait the few ticks for b's cheaper runs
+    assert plan_for(100) == "wait"
+    # slack within 4 x of it: a wait is slack the outages may need later; a beats on-demand, take it
+    assert plan_for(30) == "us-east-1a"
