@@ -157,7 +157,7 @@ def time_reads(db_url: str, repeat: int) -> list[tuple[str, float, float, float,
         sums = ((func.sum(LedgerRow.gpus * LedgerRow.seconds / 60.0), func.sum(LedgerRow.cost),
                  func.sum(LedgerRow.on_demand_cost), func.count()) if table is LedgerRow else
                 (func.sum(LedgerRollupRow.gpu_minutes), func.sum(LedgerRollupRow.cost),
-                 func.sum(LedgerRollupRow.on_demand_cost), func.sum(LedgerRollupRow.minutes)))
+                 func.sum(LedgerRollupRow.on_demand_cost), func.sum(LedgerRollupRow.pieces)))
         with store.transaction() as s:
             s.execute(select(*keys, *sums).where(at >= window.start, at < window.end).group_by(*keys)).all()
 

@@ -23,7 +23,6 @@ from sqlalchemy import (
     case,
     cast,
     func,
-    literal,
     or_,
     select,
     text,
@@ -114,7 +113,7 @@ class IdleSum:
     usage: str
     gpu_minutes: float
     cost: float
-    minutes: int
+    minutes: float  # the rows' seconds over 60 (a minute splits into rows where holders change)
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,13 +161,13 @@ def _rows(dialect: str, window: Window) -> Subquery:
         L.region.label("region"), L.zone.label("zone"), _gpu(L.accelerator, L.instance_type).label("gpu"),
         L.spot.label("spot"), day_of(dialect, L.minute).label("day"),
         (cast(L.gpus * L.seconds, Float) / 60.0).label("gpu_minutes"), L.cost.label("cost"),
-        L.on_demand_cost.label("on_demand"), literal(1).label("minutes"),
+        L.on_demand_cost.label("on_demand"), L.seconds.label("seconds"),
     ).where(edges)
     if first >= last:
         return minutes.subquery("u")
     hours = select(
         R.cluster_id, R.job_id, R.team, R.usage, R.cloud, R.region, R.zone, _gpu(R.accelerator, R.instance_type),
-        R.spot, day_of(dialect, R.hour), R.gpu_minutes, R.cost, R.on_demand_cost, R.minutes,
+        R.spot, day_of(dialect, R.hour), R.gpu_minutes, R.cost, R.on_demand_cost, R.seconds,
     ).where(R.hour >= first, R.hour < last)
     return union_all(minutes, hours).subquery("u")
 
@@ -183,7 +182,7 @@ def window_rows(dialect: str, window: Window, team: str | None) -> Subquery:
     fractional = select(JobRow.id).where(JobRow.gpu_share.is_not(None))
     shared = case((and_(u.c.usage == _RUNNING, u.c.job_id.in_(fractional)), u.c.gpu_minutes), else_=0.0)
     stmt = select(u.c.cluster_id, u.c.job_id, team_of.label("team"), u.c.usage, u.c.cloud, u.c.region, u.c.zone,
-                  u.c.gpu, u.c.spot, u.c.day, u.c.gpu_minutes, u.c.cost, u.c.on_demand, u.c.minutes,
+                  u.c.gpu, u.c.spot, u.c.day, u.c.gpu_minutes, u.c.cost, u.c.on_demand, u.c.seconds,
                   shared.label("shared"))
     if team is not None:
         stmt = stmt.where(team_of == team)
@@ -256,10 +255,10 @@ def provisioning_by_zone(session: Any, r: Subquery) -> list[ZoneProvisioning]:
 
 def idle_sums(session: Any, r: Subquery) -> list[IdleSum]:
     keys = (r.c.cluster_id, r.c.job_id, r.c.usage)
-    stmt = (select(*keys, func.sum(r.c.gpu_minutes), func.sum(r.c.cost), func.sum(r.c.minutes))
+    stmt = (select(*keys, func.sum(r.c.gpu_minutes), func.sum(r.c.cost), func.sum(r.c.seconds))
             .where(r.c.usage.not_in((_RUNNING, _PROVISIONING))).group_by(*keys))
-    return [IdleSum(cid, jid or None, usage, _num(gm), _num(cost), int(n or 0))
-            for cid, jid, usage, gm, cost, n in session.execute(stmt)]
+    return [IdleSum(cid, jid or None, usage, _num(gm), _num(cost), _num(seconds) / 60)
+            for cid, jid, usage, gm, cost, seconds in session.execute(stmt)]
 
 
 def cluster_gpu_minutes(session: Any, r: Subquery) -> dict[str, float]:

@@ -58,7 +58,7 @@ def top_wastes(provisioning: list[ZoneProvisioning], idle: list[IdleSum], cluste
 class _Sum:
     gpu_minutes: float = 0.0
     cost: float = 0.0
-    minutes: int = 0  # ledger rows: one per minute per holder
+    minutes: float = 0.0  # the rows' seconds over 60 (not their count: minutes split where holders change)
 
 
 def _sum_by(rows: Iterable[IdleSum], key: Callable[[IdleSum], str]) -> dict[str, _Sum]:
@@ -123,7 +123,7 @@ class _Describer:
                     f"restarting; ")
         else:
             held = total.gpu_minutes / total.minutes if total.minutes else 0.0
-            advice = f"it held {held:.0f} GPU(s) for {total.minutes} min after it ended: release GPUs as a job ends"
+            advice = f"it held {held:.0f} GPU(s) for {total.minutes:.0f} min after it ended: release GPUs as a job ends"
             line = f"{_upper_first(where)} cost ${total.cost:,.2f} ({gpu_hours:.1f} GPU-h) after finishing; "
         return Waste(usage, where, gpu_hours, total.cost, line + advice + ".")
 
@@ -139,21 +139,21 @@ class _Describer:
                       f"tear it down sooner when the queue is empty")
         elif usage == Usage.UNALLOCATED.value:
             free = total.gpu_minutes / total.minutes if total.minutes else 0.0
-            advice = (f"on average {free:.1f} of its {gpus} GPUs sat unallocated for {total.minutes} min: queue "
+            advice = (f"on average {free:.1f} of its {gpus} GPUs sat unallocated for {total.minutes:.0f} min: queue "
                       f"gangs of ≤{free:.0f} GPUs there or launch {max(gpus - round(free), 1)}-GPU shapes")
         elif usage == Usage.STRANDED.value:
             left = total.gpu_minutes / total.minutes if total.minutes else 0.0
             advice = (f"on average {left:.2f} GPU of the GPUs jobs shared sat unused beside their fractions for "
-                      f"{total.minutes} min: queue fractions that fill them, or ask for shares that add up to one")
+                      f"{total.minutes:.0f} min: queue fractions that fill them, or ask for shares that add up to one")
         elif usage == Usage.FINISHED.value:
-            advice = f"finished jobs held its GPUs for {total.minutes} min: release GPUs as a job ends"
+            advice = f"finished jobs held its GPUs for {total.minutes:.0f} min: release GPUs as a job ends"
         elif usage == Usage.RESTARTING.value:
-            advice = f"{total.minutes} min of checkpoint and restart: check restore speed on {name}"
+            advice = f"{total.minutes:.0f} min of checkpoint and restart: check restore speed on {name}"
         elif usage == Usage.QUEUE_DRAIN.value:
-            advice = (f"its GPUs sat {total.minutes} min between one job's end and the next one's start: "
+            advice = (f"its GPUs sat {total.minutes:.0f} min between one job's end and the next one's start: "
                       f"turn on eager allocation (BROKER_EAGER_POLICY=eager)")
         else:
-            advice = f"{total.minutes} min marked {usage!r}"
+            advice = f"{total.minutes:.0f} min marked {usage!r}"
         label = CAUSE_LABELS.get(usage, usage)
         return Waste(usage, name, gpu_hours, total.cost,
                      f"{_upper_first(name)} lost ${total.cost:,.2f} ({gpu_hours:.1f} GPU-h) to {label}; {advice}.")

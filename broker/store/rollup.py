@@ -2,7 +2,9 @@
 
 A report over a week of a large fleet would otherwise sum millions of ledger minutes. The roll-up
 holds one row per cluster, hour and everything a report groups by (holder, job, team, usage,
-cloud, region, zone, instance type, accelerator, spot), with the minutes' count and sums.
+cloud, region, zone, instance type, accelerator, spot), with the rows' count and sums. Time is
+the sum of the rows' seconds, not their count: a minute splits into pieces (rows) where the
+holders of a cluster's GPUs change.
 
 Triggers on ``ledger`` keep it: every insert adds to its hour's row, every delete (metering's
 take-back of minutes after a cluster's end) and update subtracts and adds, in the same
@@ -28,7 +30,7 @@ _NULLABLE = ("job_id", "team", "accelerator")
 
 
 class LedgerRollupRow(Base):
-    """The ledger's minutes of one cluster, hour and grouping: their count and sums."""
+    """The ledger's rows of one cluster, hour and grouping: their count and sums."""
 
     __tablename__ = "ledger_rollup"
 
@@ -45,7 +47,8 @@ class LedgerRollupRow(Base):
     instance_type: Mapped[str] = mapped_column(String(64))
     accelerator: Mapped[str] = mapped_column(String(50))  # '' where the ledger row has none
     spot: Mapped[bool] = mapped_column(Boolean)
-    minutes: Mapped[int] = mapped_column(Integer)  # ledger rows summed here
+    pieces: Mapped[int] = mapped_column(Integer)  # ledger rows summed here (a minute may be several)
+    seconds: Mapped[float] = mapped_column(Float, server_default="0")  # sum of their seconds billed
     gpu_minutes: Mapped[float] = mapped_column(Float)  # sum of gpus * seconds / 60
     cost: Mapped[float] = mapped_column(Float)
     on_demand_cost: Mapped[float] = mapped_column(Float)
@@ -60,6 +63,17 @@ def _value(column: str, row: str) -> str:
     return f"coalesce({row}.{column}, '')" if column in _NULLABLE else f"{row}.{column}"
 
 
+def _sums(legacy: bool) -> list[tuple[str, str]]:
+    """The summed columns, each with the ledger-row expression it sums ('{r}' before each ledger column).
+
+    ``legacy``: those of migration 0010, whose count was named ``minutes`` and which had no seconds.
+    """
+    sums = [("minutes" if legacy else "pieces", "1"), ("seconds", "{r}seconds"),
+            ("gpu_minutes", "{r}gpus * {r}seconds / 60.0"), ("cost", "{r}cost"),
+            ("on_demand_cost", "{r}on_demand_cost")]
+    return [s for s in sums if not (legacy and s[0] == "seconds")]
+
+
 def _sqlite_hour(row: str) -> str:
     # SQLite keeps UTC datetimes as 'YYYY-MM-DD HH:MM:SS.ffffff' text; the hour keeps that form.
     return f"substr({row}.minute, 1, 13) || ':00:00.000000'"
@@ -69,46 +83,43 @@ def _match(row: str, hour: str) -> str:
     return " AND ".join(f"ledger_rollup.{k} = {hour if k == 'hour' else _value(k, row)}" for k in KEYS)
 
 
-def _sqlite_add(row: str) -> str:
-    values = ", ".join(_sqlite_hour(row) if k == "hour" else _value(k, row) for k in KEYS)
-    return (f"INSERT INTO ledger_rollup ({', '.join(KEYS)}, minutes, gpu_minutes, cost, on_demand_cost) "
-            f"VALUES ({values}, 1, {row}.gpus * {row}.seconds / 60.0, {row}.cost, {row}.on_demand_cost) "
-            f"ON CONFLICT ({', '.join(KEYS)}) DO UPDATE SET minutes = minutes + 1, "
-            f"gpu_minutes = gpu_minutes + excluded.gpu_minutes, cost = cost + excluded.cost, "
-            f"on_demand_cost = on_demand_cost + excluded.on_demand_cost;")
+def _sqlite_add(row: str, legacy: bool) -> str:
+    sums = _sums(legacy)
+    values = ", ".join([_sqlite_hour(row) if k == "hour" else _value(k, row) for k in KEYS]
+                       + [e.format(r=f"{row}.") for _, e in sums])
+    return (f"INSERT INTO ledger_rollup ({', '.join(KEYS)}, {', '.join(n for n, _ in sums)}) VALUES ({values}) "
+            f"ON CONFLICT ({', '.join(KEYS)}) DO UPDATE SET "
+            + ", ".join(f"{n} = {n} + excluded.{n}" for n, _ in sums) + ";")
 
 
-def _sqlite_remove(row: str) -> str:
+def _sqlite_remove(row: str, legacy: bool) -> str:
+    sums = _sums(legacy)
     match = _match(row, _sqlite_hour(row))
-    return (f"UPDATE ledger_rollup SET minutes = minutes - 1, "
-            f"gpu_minutes = gpu_minutes - {row}.gpus * {row}.seconds / 60.0, cost = cost - {row}.cost, "
-            f"on_demand_cost = on_demand_cost - {row}.on_demand_cost WHERE {match}; "
-            f"DELETE FROM ledger_rollup WHERE {match} AND minutes <= 0;")
+    return ("UPDATE ledger_rollup SET " + ", ".join(f"{n} = {n} - ({e.format(r=f'{row}.')})" for n, e in sums)
+            + f" WHERE {match}; DELETE FROM ledger_rollup WHERE {match} AND {sums[0][0]} <= 0;")
 
 
-def _postgres_grouped(table: str) -> str:
+def _postgres_grouped(table: str, legacy: bool) -> str:
     hour = "date_trunc('hour', minute AT TIME ZONE 'UTC') AT TIME ZONE 'UTC'"
     columns = ", ".join(f"{hour} AS hour" if k == "hour" else (f"coalesce({k}, '') AS {k}" if k in _NULLABLE else k)
                         for k in KEYS)
-    return (f"SELECT {columns}, count(*) AS minutes, sum(gpus * seconds / 60.0) AS gpu_minutes, "
-            f"sum(cost) AS cost, sum(on_demand_cost) AS on_demand_cost FROM {table} "
-            f"GROUP BY {', '.join(str(i + 1) for i in range(len(KEYS)))}")
+    sums = ", ".join(f"sum({e.format(r='')}) AS {n}" for n, e in _sums(legacy))
+    return f"SELECT {columns}, {sums} FROM {table} GROUP BY {', '.join(str(i + 1) for i in range(len(KEYS)))}"
 
 
-def _postgres_add(table: str) -> str:
-    return (f"INSERT INTO ledger_rollup AS r ({', '.join(KEYS)}, minutes, gpu_minutes, cost, on_demand_cost) "
-            f"{_postgres_grouped(table)} ON CONFLICT ({', '.join(KEYS)}) DO UPDATE SET "
-            f"minutes = r.minutes + excluded.minutes, gpu_minutes = r.gpu_minutes + excluded.gpu_minutes, "
-            f"cost = r.cost + excluded.cost, on_demand_cost = r.on_demand_cost + excluded.on_demand_cost;")
+def _postgres_add(table: str, legacy: bool) -> str:
+    sums = _sums(legacy)
+    return (f"INSERT INTO ledger_rollup AS r ({', '.join(KEYS)}, {', '.join(n for n, _ in sums)}) "
+            f"{_postgres_grouped(table, legacy)} ON CONFLICT ({', '.join(KEYS)}) DO UPDATE SET "
+            + ", ".join(f"{n} = r.{n} + excluded.{n}" for n, _ in sums) + ";")
 
 
-def _postgres_remove(table: str) -> str:
+def _postgres_remove(table: str, legacy: bool) -> str:
+    sums = _sums(legacy)
     match = " AND ".join(f"r.{k} = d.{k}" for k in KEYS)
-    return (f"UPDATE ledger_rollup AS r SET minutes = r.minutes - d.minutes, "
-            f"gpu_minutes = r.gpu_minutes - d.gpu_minutes, cost = r.cost - d.cost, "
-            f"on_demand_cost = r.on_demand_cost - d.on_demand_cost FROM ({_postgres_grouped(table)}) AS d "
-            f"WHERE {match}; DELETE FROM ledger_rollup WHERE minutes <= 0 "
-            f"AND cluster_id IN (SELECT DISTINCT cluster_id FROM {table});")
+    return ("UPDATE ledger_rollup AS r SET " + ", ".join(f"{n} = r.{n} - d.{n}" for n, _ in sums)
+            + f" FROM ({_postgres_grouped(table, legacy)}) AS d WHERE {match}; DELETE FROM ledger_rollup "
+            f"WHERE {sums[0][0]} <= 0 AND cluster_id IN (SELECT DISTINCT cluster_id FROM {table});")
 
 
 def _postgres_function(name: str, body: str) -> str:
@@ -116,19 +127,22 @@ def _postgres_function(name: str, body: str) -> str:
             f"BEGIN {body} RETURN NULL; END $$;")
 
 
-def install_sql(dialect: str) -> list[str]:
-    """The statements that create the triggers and fill the roll-up from the ledger as it stands."""
-    fill = (f"INSERT INTO ledger_rollup ({', '.join(KEYS)}, minutes, gpu_minutes, cost, on_demand_cost) "
-            + (_postgres_grouped("ledger") if dialect == "postgresql" else
-               _postgres_grouped("ledger").replace(
-                   "date_trunc('hour', minute AT TIME ZONE 'UTC') AT TIME ZONE 'UTC' AS hour",
-                   "substr(minute, 1, 13) || ':00:00.000000' AS hour")))
+def install_sql(dialect: str, legacy: bool = False, fill: bool = True) -> list[str]:
+    """The statements that create the triggers and (``fill``) fill the roll-up from the ledger as it stands.
+
+    ``legacy``: migration 0010's roll-up (a row count named ``minutes``, no seconds), for it and its undoing.
+    """
+    grouped = _postgres_grouped("ledger", legacy)
+    if dialect != "postgresql":
+        grouped = grouped.replace("date_trunc('hour', minute AT TIME ZONE 'UTC') AT TIME ZONE 'UTC' AS hour",
+                                  "substr(minute, 1, 13) || ':00:00.000000' AS hour")
+    filling = [f"INSERT INTO ledger_rollup ({', '.join(KEYS)}, {', '.join(n for n, _ in _sums(legacy))}) {grouped}"]
     if dialect == "postgresql":
-        return [
-            fill,
-            _postgres_function("ledger_rollup_add", _postgres_add("added")),
-            _postgres_function("ledger_rollup_remove", _postgres_remove("removed")),
-            _postgres_function("ledger_rollup_change", _postgres_remove("removed") + " " + _postgres_add("added")),
+        return filling * fill + [
+            _postgres_function("ledger_rollup_add", _postgres_add("added", legacy)),
+            _postgres_function("ledger_rollup_remove", _postgres_remove("removed", legacy)),
+            _postgres_function("ledger_rollup_change",
+                               _postgres_remove("removed", legacy) + " " + _postgres_add("added", legacy)),
             _postgres_function("ledger_rollup_clear", "DELETE FROM ledger_rollup;"),
             "CREATE TRIGGER ledger_rollup_insert AFTER INSERT ON ledger REFERENCING NEW TABLE AS added "
             "FOR EACH STATEMENT EXECUTE FUNCTION ledger_rollup_add();",
@@ -139,12 +153,11 @@ def install_sql(dialect: str) -> list[str]:
             "CREATE TRIGGER ledger_rollup_truncate AFTER TRUNCATE ON ledger "
             "FOR EACH STATEMENT EXECUTE FUNCTION ledger_rollup_clear();",
         ]
-    return [
-        fill,
-        f"CREATE TRIGGER ledger_rollup_insert AFTER INSERT ON ledger BEGIN {_sqlite_add('NEW')} END;",
-        f"CREATE TRIGGER ledger_rollup_delete AFTER DELETE ON ledger BEGIN {_sqlite_remove('OLD')} END;",
-        f"CREATE TRIGGER ledger_rollup_update AFTER UPDATE ON ledger BEGIN {_sqlite_remove('OLD')} "
-        f"{_sqlite_add('NEW')} END;",
+    return filling * fill + [
+        f"CREATE TRIGGER ledger_rollup_insert AFTER INSERT ON ledger BEGIN {_sqlite_add('NEW', legacy)} END;",
+        f"CREATE TRIGGER ledger_rollup_delete AFTER DELETE ON ledger BEGIN {_sqlite_remove('OLD', legacy)} END;",
+        f"CREATE TRIGGER ledger_rollup_update AFTER UPDATE ON ledger BEGIN {_sqlite_remove('OLD', legacy)} "
+        f"{_sqlite_add('NEW', legacy)} END;",
     ]
 
 

@@ -146,3 +146,34 @@ def test_windows_and_periods() -> None:
     assert period_start(now, "day") == datetime(2026, 3, 11, tzinfo=UTC)
     assert period_start(now, "week") == datetime(2026, 3, 9, tzinfo=UTC)
     assert period_start(now, "month") == datetime(2026, 3, 1, tzinfo=UTC)
+
+
+def test_wastes_count_split_minutes_by_their_seconds(db_url: str) -> None:
+    """Where holders change inside a minute, a minute is several ledger rows: the wastes' minutes are their seconds."""
+    store = open_store(db_url)
+    try:
+        w = LedgerWriter(store)
+        w.job("j-a", "short-runs", "nlp", gpus=8)
+        w.cluster("c-1", cloud="aws", region="us-east-1", zone="us-east-1a", instance_type="p3.8xlarge",
+                  accelerator="V100", gpus_per_node=8, nodes=1, price=12.0, on_demand=24.0, job_id="j-a")
+        start = DEMO_START + timedelta(hours=10, minutes=50)  # part-hours from the ledger, whole ones from the roll-up
+        c = w._clusters["c-1"]
+        for i in range(140):  # each minute: j-a runs 30 s on 6 GPUs; then the cluster drains for 30 s
+            minute = start + timedelta(minutes=i)
+            for at, holder, usage, gpus in ((0, "job:j-a", "running", 6), (0, "idle:unallocated", "unallocated", 2),
+                                            (30, "idle:queue_drain", "queue_drain", 8)):
+                w.rows.append(dict(
+                    cluster_id="c-1", minute=minute + timedelta(seconds=at), holder=holder,
+                    job_id="j-a" if holder == "job:j-a" else None, team="nlp" if holder == "job:j-a" else None,
+                    usage=usage, cloud=c.cloud, region=c.region, zone=c.zone, instance_type=c.instance_type,
+                    accelerator=c.accelerator, nodes=1, gpus=gpus, seconds=30.0, spot=True, price_per_node_hour=12.0,
+                    on_demand_price_per_node_hour=24.0, cost=12.0 * gpus / 8 * 30 / 3600,
+                    on_demand_cost=24.0 * gpus / 8 * 30 / 3600))
+        w.flush()
+        wastes = {x.cause: x for x in build_report(store, Window(start, start + timedelta(minutes=140))).wastes}
+        assert wastes.keys() == {"unallocated", "queue_drain"}
+        assert wastes["queue_drain"].gpu_hours == pytest.approx(8 * 70 / 60)
+        assert "its GPUs sat 70 min between one job's end" in wastes["queue_drain"].suggestion
+        assert "on average 2.0 of its 8 GPUs sat unallocated for 70 min" in wastes["unallocated"].suggestion
+    finally:
+        store.dispose()

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 from alembic import command
-from sqlalchemy import select, update
+from sqlalchemy import func, select, text, update
 
 from broker.engine.metering import meter_cluster
 from broker.reports.build import Window, build_report
@@ -25,16 +25,17 @@ T0 = datetime(2026, 1, 1, 10, 40, 17, tzinfo=UTC)  # mid-hour, mid-minute: the f
 
 
 def _expected(ledger: list[LedgerRow]) -> dict[tuple[Any, ...], list[float]]:
-    sums: dict[tuple[Any, ...], list[float]] = defaultdict(lambda: [0, 0.0, 0.0, 0.0])
+    sums: dict[tuple[Any, ...], list[float]] = defaultdict(lambda: [0, 0.0, 0.0, 0.0, 0.0])
     for r in ledger:
         hour = r.minute.replace(minute=0, second=0, microsecond=0)
         key = (r.cluster_id, hour, r.holder, r.job_id or "", r.team or "", r.usage, r.cloud, r.region, r.zone,
                r.instance_type, r.accelerator or "", bool(r.spot))
         total = sums[key]
         total[0] += 1
-        total[1] += r.gpus * r.seconds / 60.0
-        total[2] += r.cost
-        total[3] += r.on_demand_cost
+        total[1] += r.seconds
+        total[2] += r.gpus * r.seconds / 60.0
+        total[3] += r.cost
+        total[4] += r.on_demand_cost
     return sums
 
 
@@ -43,7 +44,8 @@ def rollup_differences(store: Store) -> list[str]:
     with store.transaction() as s:
         expected = _expected(list(s.scalars(select(LedgerRow))))
         rolled = {(r.cluster_id, r.hour, r.holder, r.job_id, r.team, r.usage, r.cloud, r.region, r.zone,
-                   r.instance_type, r.accelerator, bool(r.spot)): [r.minutes, r.gpu_minutes, r.cost, r.on_demand_cost]
+                   r.instance_type, r.accelerator, bool(r.spot)):
+                   [r.pieces, r.seconds, r.gpu_minutes, r.cost, r.on_demand_cost]
                   for r in s.scalars(select(LedgerRollupRow))}
     wrong = [f"missing {k}" for k in expected.keys() - rolled.keys()]
     wrong += [f"extra {k} {rolled[k]}" for k in rolled.keys() - expected.keys()]
@@ -167,5 +169,41 @@ def test_the_migration_rolls_up_a_ledger_written_before_it(tmp_path: Path, db_ur
         assert rollup_differences(store) == []
         with store.transaction() as s:
             assert s.scalars(select(LedgerRollupRow)).first() is not None
+    finally:
+        store.dispose()
+
+
+def test_the_migration_to_seconds_recounts_split_minutes(tmp_path: Path, db_url: str) -> None:
+    """A roll-up that counted rows as minutes is recomputed from the ledger's seconds, and its triggers replaced."""
+    market = _market(tmp_path)
+    store = open_store(db_url)
+    try:
+        _cluster_with_two_jobs(store)
+        with store.engine.begin() as conn:
+            config = alembic_config(store.url)
+            config.attributes["connection"] = conn
+            command.downgrade(config, "0012_early_setup")
+        _meter(store, market, T0 + timedelta(minutes=120))  # rolled up by the old triggers: a row was a minute
+        with store.transaction() as s:
+            ledger = list(s.scalars(select(LedgerRow)))
+            old = s.execute(text("SELECT sum(minutes) FROM ledger_rollup")).scalar_one()
+        split = [r for r in ledger if r.seconds < 60]  # b's start and end (and c1's first minute) split minutes
+        assert len(split) >= 4 and old == len(ledger)
+        store.migrate()
+        assert rollup_differences(store) == []
+        with store.transaction() as s:
+            seconds = s.scalar(select(func.sum(LedgerRollupRow.seconds)))
+        assert seconds == pytest.approx(sum(r.seconds for r in ledger)) and seconds < 60 * len(ledger) - 60
+        _meter(store, market, T0 + timedelta(minutes=170))  # the new triggers keep the seconds
+        assert rollup_differences(store) == []
+        with store.engine.begin() as conn:  # and the way back restores the old shape, still equal in count
+            config = alembic_config(store.url)
+            config.attributes["connection"] = conn
+            command.downgrade(config, "0012_early_setup")
+        with store.transaction() as s:
+            count = s.execute(text("SELECT sum(minutes) FROM ledger_rollup")).scalar_one()
+            assert count == s.scalar(select(func.count()).select_from(LedgerRow))
+        store.migrate()
+        assert rollup_differences(store) == []
     finally:
         store.dispose()

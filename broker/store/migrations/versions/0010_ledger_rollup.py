@@ -44,7 +44,7 @@ def upgrade() -> None:
     op.create_index("ix_ledger_rollup_hour", "ledger_rollup", ["hour"], unique=False)
     op.create_index(op.f("ix_ledger_rollup_job_id"), "ledger_rollup", ["job_id"], unique=False)
     bind = op.get_bind()
-    for statement in install_sql(bind.dialect.name):
+    for statement in install_sql(bind.dialect.name, legacy=True):  # its own shape; 0013 adds seconds
         bind.exec_driver_sql(statement)  # not text(): the SQL holds ':00' literals, no parameters
 
 
