@@ -23,19 +23,10 @@ from broker.spec import parse_job_spec
 from broker.store import open_store
 from broker.store.tables import AllocationRow, ClusterRow, JobEventRow, LedgerRow
 from tests.broker.engine.one_zone import job_row, one_zone_market, run_until
+from tests.broker.service.replicas import wait_for
 from tests.ledger_checks import assert_one_cluster_per_zone_and_whole_ledger, ledger_outside_cluster_life
 
 SETTINGS: dict[str, Any] = {"speed": 60.0, "local_provision_seconds": 30.0, "start_retries": 0}
-
-
-def _wait(predicate: Any, timeout: float, what: str) -> Any:
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 @pytest.mark.slow
@@ -62,7 +53,7 @@ def test_a_broker_killed_between_claim_and_launch_the_next_one_runs_the_job(tmp_
                                   stdin=subprocess.DEVNULL, start_new_session=True)
     second = None
     try:
-        node = _wait(lambda: next(broker_home.glob(f"local/clusters/*/runs/{job_id}-1/node-0/job.sh"), None),
+        node = wait_for(lambda: next(broker_home.glob(f"local/clusters/*/runs/{job_id}-1/node-0/job.sh"), None),
                      timeout=120, what="the first broker to claim the node").parent
         time.sleep(0.5)
         assert killed.poll() is None and not (node / "started").exists()
