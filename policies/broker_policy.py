@@ -36,7 +36,8 @@ cheapest (``policies.speed``). Then:
   shorter than on-demand's two restarts would justify (time to capacity learned from the zones'
   past outages) and waiting keeps the slack near its reserve or the work left is short next to
   the slack (``SHORT_REST``: being caught by the floor then puts little work on on-demand), else
-  run on-demand;
+  run on-demand; when spot is up but too short-lived to beat on-demand, that same wait would have
+  no outage to wait out, so it enters the spot instead;
 - on on-demand: leave for the spot zone with the largest expected saving over staying (restarts
   there and back, egress and the slack they spend counted), once its capacity has lasted long
   enough that letting it prove itself for longer would no longer pay: waiting costs nothing but
@@ -193,6 +194,7 @@ def broker(request: SelectionRequest) -> Plan:
                          "good spot: expected progress near the cheapest price")
         else:
             good, why = od_price, "spot cheaper than on-demand: the market's outages may need the slack a wait spends"
+
         if best is not None and best.cost <= good:
             if _entry_wait(best, budget, od_price, worth, idle=True) > 0:
                 return Plan((), reason="this capacity often vanishes this young: see if it lasts")
@@ -212,6 +214,10 @@ def broker(request: SelectionRequest) -> Plan:
     # slack its few remaining outages seldom need), not when it is long.
     if expected * worth < k * (od_price + worth) and (have - expected >= need * WAIT_FLOOR
                                                       or budget.work <= SHORT_REST * (have - expected)):
+        if best is not None:
+            # Spot is up, only judged too short-lived to beat on-demand: there is no outage to wait
+            # out, so a wait would spend slack for nothing, while even short runs give some progress.
+            return _go(best, options, "spot is up, if short-lived: better than a wait with no outage to wait out")
         return Plan((), reason="capacity is likely back before on-demand would pay off")
     return on_demand_plan(request, "slack is short and the outage looks long: on-demand")
 

@@ -307,3 +307,16 @@ def test_broker_is_picky_about_spot_only_while_the_slack_dwarfs_what_the_market_
     assert plan_for(100) == "wait"
     # slack within 4 x of it: a wait is slack the outages may need later; a beats on-demand, take it
     assert plan_for(30) == "us-east-1a"
+
+
+def test_broker_under_pressure_enters_short_lived_spot_rather_than_wait_with_nothing_to_wait_out() -> None:
+    # runs of 3 ticks, outages of 1, restarts of 2: spot is up three ticks in four, but each entry is
+    # expected to give a tick of progress, which at the slack's worth is dearer than on-demand. The job
+    # is behind an even pace with little work left, so the outage rule would wait: but spot is up,
+    # there is no outage to wait out, and every tick waited is slack spent for nothing.
+    pattern = ([1] * 3 + [0]) * 200
+    trace = make_trace([[a] for a in pattern])
+    broker = registry.get("selection", "broker")
+    tick = next(t for t in range(400, 600) if pattern[t] and not pattern[t - 1])
+    plan = broker(request_at(trace, tick, work_left=40, deadline=tick + 40 + 20, total_work=120, overhead=2))
+    assert plan.locations and plan.locations[0].kind == "spot", plan.reason
