@@ -194,7 +194,6 @@ def broker(request: SelectionRequest) -> Plan:
                          "good spot: expected progress near the cheapest price")
         else:
             good, why = od_price, "spot cheaper than on-demand: the market's outages may need the slack a wait spends"
-
         if best is not None and best.cost <= good:
             if _entry_wait(best, budget, od_price, worth, idle=True) > 0:
                 return Plan((), reason="this capacity often vanishes this young: see if it lasts")
