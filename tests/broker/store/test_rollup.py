@@ -155,15 +155,19 @@ def test_a_report_from_the_rollup_equals_the_ledgers_minutes(tmp_path: Path, db_
         store.dispose()
 
 
+def _downgrade(store: Store, revision: str) -> None:
+    with store.engine.begin() as conn:
+        config = alembic_config(store.url)
+        config.attributes["connection"] = conn
+        command.downgrade(config, revision)
+
+
 def test_the_migration_rolls_up_a_ledger_written_before_it(tmp_path: Path, db_url: str) -> None:
     market = _market(tmp_path)
     store = open_store(db_url)
     try:
         _cluster_with_two_jobs(store)
-        with store.engine.begin() as conn:
-            config = alembic_config(store.url)
-            config.attributes["connection"] = conn
-            command.downgrade(config, "0009_sharing")
+        _downgrade(store, "0009_sharing")
         _meter(store, market, T0 + timedelta(minutes=170))  # written with no roll-up and no trigger
         store.migrate()
         assert rollup_differences(store) == []
@@ -179,10 +183,7 @@ def test_the_migration_to_seconds_recounts_split_minutes(tmp_path: Path, db_url:
     store = open_store(db_url)
     try:
         _cluster_with_two_jobs(store)
-        with store.engine.begin() as conn:
-            config = alembic_config(store.url)
-            config.attributes["connection"] = conn
-            command.downgrade(config, "0012_early_setup")
+        _downgrade(store, "0012_early_setup")
         _meter(store, market, T0 + timedelta(minutes=120))  # rolled up by the old triggers: a row was a minute
         with store.transaction() as s:
             ledger = list(s.scalars(select(LedgerRow)))
@@ -196,10 +197,7 @@ def test_the_migration_to_seconds_recounts_split_minutes(tmp_path: Path, db_url:
         assert seconds == pytest.approx(sum(r.seconds for r in ledger)) and seconds < 60 * len(ledger) - 60
         _meter(store, market, T0 + timedelta(minutes=170))  # the new triggers keep the seconds
         assert rollup_differences(store) == []
-        with store.engine.begin() as conn:  # and the way back restores the old shape, still equal in count
-            config = alembic_config(store.url)
-            config.attributes["connection"] = conn
-            command.downgrade(config, "0012_early_setup")
+        _downgrade(store, "0012_early_setup")  # and the way back restores the old shape, still equal in count
         with store.transaction() as s:
             count = s.execute(text("SELECT sum(minutes) FROM ledger_rollup")).scalar_one()
             assert count == s.scalar(select(func.count()).select_from(LedgerRow))
