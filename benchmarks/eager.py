@@ -61,9 +61,9 @@ def workload(count: int, step_s: float, speed: float, setup_s: float = 0.0) -> l
 
 
 def run(policy: str, jobs: list[tuple[str, str]], speed: float, timeout_s: float) -> dict[str, Any]:
-    from broker.config import load_settings
+    from broker.config.settings import load_settings
     from broker.runtime import EmbeddedBroker
-    from broker.spec import parse_job_spec
+    from broker.spec.job import parse_job_spec
     from providers.base import SpotQuote
     from providers.trace import write_trace
 

@@ -57,7 +57,7 @@ def sources(env: dict[str, str], workers: int, cpu_types: bool = True) -> dict[s
 
 def refresh(book: Any, clouds: Any, concurrent: bool,
             cpu_types: bool = True) -> tuple[float, list[Any], dict[str, int]]:
-    from broker.pricing import poll_prices
+    from broker.market.polling import poll_prices
 
     before = clouds.requests()
     started = time.perf_counter()
@@ -77,7 +77,7 @@ def main() -> None:
     parser.add_argument("--no-baseline", action="store_true", help="skip the sequential refresh")
     args = parser.parse_args()
 
-    from broker.market import PriceBook
+    from broker.market.book import PriceBook
     from broker.store import open_store
     from tests.fakeclouds.market import fake_clouds
 

@@ -15,22 +15,22 @@ from typing import IO, TYPE_CHECKING, Any
 from sqlalchemy import select
 
 from broker.api.app import BackgroundServer, create_app
+from broker.backends.base import Provisioner
+from broker.backends.local.provisioner import LocalProvisioner, LocalWorld
 from broker.clock import Clock, WallClock
-from broker.config import Settings
+from broker.config.settings import Settings
 from broker.engine import Engine, engine_options
-from broker.market import Market
+from broker.market.book import Market
 from broker.model import ACTIVE_STATES
-from broker.provision.base import Provisioner
-from broker.provision.local import LocalProvisioner, LocalWorld
-from broker.spec import JobSpec, job_spec_from_data
+from broker.spec.job import JobSpec, job_spec_from_data
 from broker.store import Store, open_store
 from broker.store.tables import ClusterRow, JobRow
 from broker.tokens import SharedAgentTokens
 from providers.local import LocalMarket
 
 if TYPE_CHECKING:
-    from broker.provision.skypilot import SkyPilotOptions
-    from broker.runtime_skypilot import SkyPilotBroker
+    from broker.backends.skypilot.provisioner import SkyPilotOptions
+    from broker.backends.skypilot.runtime import SkyPilotBroker
 
 BUNDLED_MARKET = Path(__file__).parent / "data" / "quickstart-market.csv"
 
@@ -124,10 +124,10 @@ def assemble(settings: Settings, store: Store | None = None,
     store = store or open_store(settings.database_url)
     tokens = SharedAgentTokens(store, settings.home)
     if settings.backend == "skypilot":
-        from broker.market import PriceBook
-        from broker.price_market import PriceBookMarket
-        from broker.provision.sky_market import SkyCatalogMarket
-        from broker.provision.skypilot import SkyPilotProvisioner
+        from broker.backends.skypilot.provisioner import SkyPilotProvisioner
+        from broker.market.book import PriceBook
+        from broker.market.price_market import PriceBookMarket
+        from broker.market.sky_catalog import SkyCatalogMarket
 
         if sdk is None and settings.skypilot_sdk is not None:
             from broker.service.hooks import find
@@ -165,7 +165,7 @@ def active_accelerators(store: Store) -> set[str]:
 
 
 def skypilot_options(settings: Settings) -> SkyPilotOptions:
-    from broker.provision.skypilot import SkyPilotOptions
+    from broker.backends.skypilot.provisioner import SkyPilotOptions
 
     return SkyPilotOptions(prefix=settings.skypilot_prefix, launch_timeout_s=settings.skypilot_launch_timeout,
                            refresh_s=settings.skypilot_refresh_seconds,
@@ -205,7 +205,7 @@ class EmbeddedBroker:
 def open_broker(settings: Settings, fresh_market: bool = False) -> EmbeddedBroker | SkyPilotBroker:
     """The broker for ``settings.backend``: the embedded local one, or real clusters through SkyPilot."""
     if settings.backend == "skypilot":
-        from broker.runtime_skypilot import SkyPilotBroker
+        from broker.backends.skypilot.runtime import SkyPilotBroker
 
         return SkyPilotBroker(assemble(settings))
     return EmbeddedBroker(settings, fresh_market=fresh_market)

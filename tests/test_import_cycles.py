@@ -106,7 +106,7 @@ def test_the_graph_sees_imports() -> None:
     assert "broker.engine.clusters" in graph["broker.engine.step"]  # from broker.engine import clusters
     assert "policies.gang" in graph["policies.placement"]
     assert "providers.aws" in graph["providers.notices"]  # inside reader_for
-    assert "broker.runtime" not in graph["broker.runtime_skypilot"]  # Runtime is named only for type checking
+    assert "broker.runtime" not in graph["broker.backends.skypilot.runtime"]  # Runtime is named only for type checking
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 
 

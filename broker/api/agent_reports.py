@@ -17,8 +17,8 @@ from sqlalchemy import select
 
 from broker.api.auth import agent_dependency
 from broker.api.validation import body_schema, json_body
-from broker.checkpoint_reports import CheckpointRefused, ReportedCheckpoint, record
 from broker.clock import Clock
+from broker.engine.checkpoint_reports import CheckpointRefused, ReportedCheckpoint, record
 from broker.store import Store
 from broker.store.tables import AllocationRow, JobRow, ProgressRow
 

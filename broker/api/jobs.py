@@ -25,12 +25,12 @@ from broker.api.validation import Text, body_schema, json_body
 from broker.clock import Clock
 from broker.engine.feasibility import never_held
 from broker.engine.machine import cancel_job, submit_job
-from broker.joblogs import read_new
 from broker.service.timepolicy import priority_for, queue_of
-from broker.spec import JobSpec, Pipeline, SpecError, market_offers, parse_job_file, parse_job_quoted
+from broker.spec.job import JobSpec, Pipeline, SpecError, market_offers, parse_job_file, parse_job_quoted
+from broker.status.joblogs import read_new
+from broker.status.summary import job_summary
 from broker.store import Store
 from broker.store.tables import JobRow
-from broker.summary import job_summary
 
 log = logging.getLogger(__name__)
 
@@ -92,7 +92,7 @@ def spec_error_response(exc: SpecError, stage: int | None = None) -> JSONRespons
 
 
 def _stage_of(source: str | None) -> int | None:
-    """The stage a pipeline's error is about: its source ends ``(stage N)`` (``broker.specfile.pipeline``)."""
+    """The stage a pipeline's error is about: its source ends ``(stage N)`` (``broker.spec.pipeline``)."""
     match = re.search(r"\(stage (\d+)\)$", source or "")
     return int(match.group(1)) if match else None
 
@@ -154,7 +154,7 @@ def read_submission(body: JobSubmission, intake: JobIntake, store: Store, *,
 def _parse(text: str, source: str, intake: JobIntake, store: Store) -> JobSpec | Pipeline:
     if intake.backend != "skypilot":
         return parse_job_file(text, source=source, offline=intake.offline)
-    from broker.market import PriceBook
+    from broker.market.book import PriceBook
 
     return parse_job_quoted(text, source, market_offers(PriceBook(store).latest()), offline=intake.offline)
 

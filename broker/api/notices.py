@@ -46,7 +46,7 @@ class NoticeAccepted(BaseModel):
 
 def checkpoint_allowed(path: str, checkpoint_dir: str, job_id: str, backend: str) -> bool:
     """``path`` lies inside the job's checkpoint directory as a node sees it (``..`` cannot climb out)."""
-    from broker.provision.sky_task import CHECKPOINT_MOUNT, LOCAL_CHECKPOINT_ROOT, is_bucket, split_bucket
+    from broker.backends.skypilot.task import CHECKPOINT_MOUNT, LOCAL_CHECKPOINT_ROOT, is_bucket, split_bucket
 
     if is_bucket(checkpoint_dir):
         inside = split_bucket(checkpoint_dir)[1]

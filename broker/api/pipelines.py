@@ -27,10 +27,10 @@ from broker.api.jobs import (
 from broker.api.validation import body_schema
 from broker.clock import Clock
 from broker.engine.machine import submit_pipeline
-from broker.spec import Pipeline
+from broker.spec.job import Pipeline
+from broker.status.summary import job_summary
 from broker.store import Store
 from broker.store.tables import JobRow
-from broker.summary import job_summary
 
 
 def pipelines_router(store: Store, clock: Clock, intake: JobIntake, team_of: Any) -> APIRouter:

@@ -7,7 +7,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Query
 
-from broker.market import PriceBook, QuoteFilter
+from broker.market.book import PriceBook, QuoteFilter
 from broker.store import Store
 
 

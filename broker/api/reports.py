@@ -10,7 +10,7 @@ from fastapi import APIRouter, Depends, HTTPException, Query, status
 
 from broker.reports.build import Window, build_report
 from broker.reports.render import render_json
-from broker.spec import SpecError, parse_duration
+from broker.spec.job import SpecError, parse_duration
 from broker.store import Store
 
 # Reports reach back at most this far (the ledger cannot be older than the broker).

@@ -11,9 +11,9 @@ from broker.cli.app import UsageError, app, register_all
 # are looked up in sys.modules, so catching them imports nothing: an error whose module was never
 # imported cannot have been raised.
 USER_ERRORS = (
-    ("broker.settings_file", "ConfigError"),
+    ("broker.config.file", "ConfigError"),
     ("broker.engine.machine", "UnknownJob"),
-    ("broker.spec", "SpecError"),
+    ("broker.spec.job", "SpecError"),
     ("broker.store.db", "StoreError"),
     ("providers.trace", "TraceError"),
 )

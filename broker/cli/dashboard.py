@@ -20,9 +20,9 @@ def dashboard(
     import uvicorn
     from fastapi import FastAPI
 
+    from broker.backends.local.provisioner import LocalWorld
     from broker.clock import WallClock
-    from broker.config import load_settings
-    from broker.provision.local import LocalWorld
+    from broker.config.settings import load_settings
     from broker.store import open_store
     from broker.tokens import create_api_token, revoke_api_token
     from broker.web.app import mount_dashboard

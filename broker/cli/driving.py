@@ -13,13 +13,13 @@ from broker.cli.app import UsageError
 from broker.cli.job_output import progress_table
 
 if TYPE_CHECKING:
-    from broker.config import Settings
+    from broker.config.settings import Settings
     from broker.store import Store
 
 
 def job_summary_of(store: Store, job_id: str) -> dict[str, Any]:
+    from broker.status.summary import job_summary
     from broker.store.tables import JobRow
-    from broker.summary import job_summary
 
     with store.transaction() as s:
         job = s.get(JobRow, job_id)
@@ -36,7 +36,7 @@ def drive(broker: Any, settings: Settings, job_id: str | list[str] | None, show:
     from broker.cli.app import console
     from broker.model import JobState
     from broker.runtime import EngineLock
-    from broker.summary import last_log_line
+    from broker.status.summary import last_log_line
 
     watched = [job_id] if isinstance(job_id, str) else list(job_id or [])
     lock = EngineLock(settings.home)

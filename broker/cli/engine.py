@@ -49,10 +49,10 @@ def spawn_engine(config: Path | None) -> None:
 
 def broker_home(config: Path | None) -> Path:
     """The broker home as the settings give it, reading the whole settings model only when a file says something."""
-    from broker.settings_file import check_home
+    from broker.config.file import check_home
 
     if remote.read_settings_file(config):
-        from broker.config import load_settings
+        from broker.config.settings import load_settings
 
         return load_settings(config).home
     home = os.environ.get("BROKER_HOME")
@@ -81,7 +81,7 @@ def revive(config: Path | None, store: Store) -> None:
 
 
 def revive_if(config: Path | None, jobs: int, clusters: int) -> None:
-    """``revive`` given what ``unattended`` found (``broker.store.readonly`` counts them without SQLAlchemy)."""
+    """``revive`` given what ``unattended`` found (``broker.status.readonly`` counts them without SQLAlchemy)."""
     if not (jobs or clusters):
         return
     home = broker_home(config)
@@ -99,7 +99,7 @@ def engine(config: ConfigOption = None) -> None:
     """Run the engine in the foreground until no job is active; Ctrl-C stops it, and its jobs wait for the next."""
     from broker.cli.app import err_console
     from broker.cli.driving import drive
-    from broker.config import load_settings
+    from broker.config.settings import load_settings
     from broker.runtime import EngineLock, active_job_count, open_broker
 
     settings = load_settings(config)

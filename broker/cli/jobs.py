@@ -15,8 +15,8 @@ from broker.cli.engine import revive, revive_if, spawn_engine
 from broker.cli.job_output import announce, announce_pipeline, finish, print_status
 
 if TYPE_CHECKING:
-    from broker.config import Settings
-    from broker.spec import JobSpec, Pipeline
+    from broker.config.settings import Settings
+    from broker.spec.job import JobSpec, Pipeline
     from broker.store import Store
 
 # Everything heavy (the engine, SQLAlchemy, the store, SkyPilot through the job file reader) is
@@ -39,7 +39,7 @@ def _check_market_fits(broker: Any, spec: JobSpec, max_gpus: int | None) -> None
 def _read_sky_job(job_file: Path, settings: Settings) -> JobSpec | Pipeline:
     """The job file judged by the price book's offers first (any instance type a cloud quotes)."""
     from broker.cli.sky_launch import read_job
-    from broker.market import PriceBook
+    from broker.market.book import PriceBook
     from broker.store import open_store
 
     store = open_store(settings.database_url)
@@ -87,8 +87,8 @@ def launch(
         raise UsageError(f"--market-clock: expected own or shared, got {market_clock[:80]!r}")
     if (served := remote.server_settings(config, server)) is not None:
         return remote.launch(remote.full_settings(config, served), job_file, detach, as_json)
-    from broker.config import load_settings
-    from broker.spec import Pipeline, load_job_file
+    from broker.config.settings import load_settings
+    from broker.spec.job import Pipeline, load_job_file
 
     settings = load_settings(config, backend=backend, market=market, speed=speed)
     if settings.backend not in ("local", "skypilot"):
@@ -157,7 +157,7 @@ def _launch_pipeline(settings: Settings, pipeline: Pipeline, fresh_market: bool,
 @app.command("run-engine", hidden=True)
 def run_engine(config: ConfigOption = None) -> None:
     """Drive the engine until no job is active (what `launch --detach` leaves running)."""
-    from broker.config import load_settings
+    from broker.config.settings import load_settings
     from broker.runtime import EngineLock, open_broker
 
     settings = load_settings(config)
@@ -173,7 +173,7 @@ def run_engine(config: ConfigOption = None) -> None:
 
 
 def _open(config: Path | None) -> tuple[Settings, Store]:
-    from broker.config import load_settings
+    from broker.config.settings import load_settings
     from broker.store import open_store
 
     settings = load_settings(config)
@@ -188,10 +188,10 @@ def store_url(config: Path | None) -> str:
     """
     import os
 
-    from broker.settings_file import checked
+    from broker.config.file import checked
 
     if remote.read_settings_file(config):
-        from broker.config import load_settings
+        from broker.config.settings import load_settings
 
         return load_settings(config).database_url
     url = os.environ.get("BROKER_DB_URL")
@@ -202,9 +202,9 @@ def store_url(config: Path | None) -> str:
 
 
 def _local_summaries(config: Path | None, job_id: str | None) -> list[dict[str, Any]]:
-    """The summaries ``status`` prints, read without SQLAlchemy when the store allows (``broker.store.readonly``)."""
-    from broker.store.readonly import READ_ERRORS, open_readonly
-    from broker.summary import summaries
+    """The summaries ``status`` prints, read without SQLAlchemy when the store allows (``broker.status.readonly``)."""
+    from broker.status.readonly import READ_ERRORS, open_readonly
+    from broker.status.summary import summaries
 
     url = store_url(config)
     fast = open_readonly(url)
@@ -230,10 +230,10 @@ def _orm_summaries(config: Path | None, url: str, job_id: str | None) -> list[di
     """The same through SQLAlchemy: PostgreSQL, or a SQLite store not there yet or behind a migration."""
     from sqlalchemy.exc import DBAPIError
 
+    from broker.status.orm_source import SessionSource
+    from broker.status.summary import summaries
     from broker.store import open_store
     from broker.store.db import store_error
-    from broker.store.orm_source import SessionSource
-    from broker.summary import summaries
 
     store = open_store(url)
     try:
@@ -296,8 +296,8 @@ def logs(
     """Print a job's output, every attempt and node in order."""
     if (served := remote.server_settings(config, server)) is not None:
         return remote.logs(served, job_id, follow)
-    from broker.joblogs import print_chunks, read_new
     from broker.model import JobState
+    from broker.status.joblogs import print_chunks, read_new
 
     settings, store = _open(config)
     try:

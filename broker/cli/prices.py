@@ -25,7 +25,7 @@ def parse_duration(text: str, option: str) -> timedelta:
 
 
 def parse_clouds(text: str | None) -> tuple[str, ...]:
-    from broker.pricing import POLLED_CLOUDS
+    from broker.market.polling import POLLED_CLOUDS
 
     if not text:
         return POLLED_CLOUDS
@@ -74,8 +74,8 @@ def prices(
 ) -> None:
     """Spot and on-demand GPU prices, cheapest per GPU-hour first."""
     from broker.cli.app import console, err_console
-    from broker.config import load_settings
-    from broker.market import NoQuotes, PriceBook, QuoteFilter
+    from broker.config.settings import load_settings
+    from broker.market.book import NoQuotes, PriceBook, QuoteFilter
     from broker.store import open_store
 
     clouds = parse_clouds(cloud)
@@ -161,7 +161,7 @@ def _refresh(book: Any, settings: Any, clouds: tuple[str, ...], region: str | No
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from broker.cli.app import err_console
-    from broker.pricing import poll_prices, price_sources
+    from broker.market.polling import poll_prices, price_sources
     from providers.sdk import missing_sdk
 
     for cloud in clouds:

@@ -20,7 +20,7 @@ from broker.cli.app import UsageError
 from broker.cli.job_output import announce, finish, progress_table
 
 if TYPE_CHECKING:
-    from broker.client import BrokerClient
+    from broker.cli.client import BrokerClient
 
 ServerOption = Annotated[str | None, typer.Option("--server", envvar="BROKER_SERVER", show_envvar=True,
                                                   help="URL of a `broker serve` to talk to instead of the "
@@ -56,7 +56,7 @@ def server_settings(config: Path | None, server: str | None) -> Served | None:
 
 def full_settings(config: Path | None, served: Served) -> Served:
     """``served`` with the polling interval of the full settings (for an attached launch)."""
-    from broker.config import load_settings
+    from broker.config.settings import load_settings
 
     return Served(served.url, served.token, load_settings(config, server=served.url).poll_seconds)
 
@@ -69,7 +69,7 @@ def read_settings_file(config: Path | None) -> dict[str, Any]:
     path = config or home / "config.yaml"
     if not path.exists():
         return {}
-    from broker.settings_file import ConfigError, read_settings_file
+    from broker.config.file import ConfigError, read_settings_file
 
     try:
         return read_settings_file(path)
@@ -88,7 +88,7 @@ def text_setting(values: dict[str, Any], key: str) -> str | None:
 
 @contextmanager
 def connect(settings: Served) -> Iterator[BrokerClient]:
-    from broker.client import BrokerClient, ClientError
+    from broker.cli.client import BrokerClient, ClientError
 
     if settings.token is None:
         raise UsageError("--server needs an API token: set BROKER_TOKEN (`broker token create --team TEAM` makes one)")
@@ -113,7 +113,7 @@ class _Progress:
         self.line = ""
 
     def update(self, client: BrokerClient, job_id: str) -> None:
-        from broker.joblogs import LogChunk
+        from broker.status.joblogs import LogChunk
 
         for raw in client.logs(job_id, self.offsets)["chunks"]:
             chunk = LogChunk(**raw)
@@ -128,7 +128,7 @@ class _Progress:
 
 
 def launch(settings: Served, job_file: Path, detach: bool, as_json: bool) -> None:
-    from broker.spec import read_job_file
+    from broker.spec.job import read_job_file
 
     text = read_job_file(job_file)
     if _documents(text, str(job_file)) > 1:
@@ -146,8 +146,8 @@ def launch(settings: Served, job_file: Path, detach: bool, as_json: bool) -> Non
 
 def _documents(text: str, source: str) -> int:
     """How many YAML documents the file holds (the service's parser says what is wrong with one it cannot read)."""
-    from broker.spec import SpecError
-    from broker.specfile.yaml_lines import load_yaml_documents
+    from broker.spec.job import SpecError
+    from broker.spec.yaml_lines import load_yaml_documents
 
     try:
         return len(load_yaml_documents(text, source))
@@ -214,7 +214,7 @@ def cancel(settings: Served, job_id: str) -> str:
 
 
 def logs(settings: Served, job_id: str, follow: bool) -> None:
-    from broker.joblogs import LogChunk, print_chunks
+    from broker.status.joblogs import LogChunk, print_chunks
 
     offsets: dict[str, int] = {}
     with connect(settings) as client:

@@ -24,7 +24,7 @@ def report(
     config: ConfigOption = None,
 ) -> None:
     """Spend, on-demand equivalent, savings, preemptions and idle GPU-hours by job, team, cloud, region, GPU."""
-    from broker.config import load_settings
+    from broker.config.settings import load_settings
     from broker.reports import deliver, render
     from broker.reports.build import build_report
     from broker.reports.settings import check_emails

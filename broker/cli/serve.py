@@ -21,7 +21,7 @@ def serve(
     log_level: Annotated[str, typer.Option("--log-level", help="debug, info, warning or error")] = "info",
 ) -> None:
     """Run the broker as a service; start one per machine on a shared PostgreSQL for high availability."""
-    from broker.config import load_settings
+    from broker.config.settings import load_settings
     from broker.service.logs import configure_logging
     from broker.service.runner import Service
 

@@ -34,7 +34,7 @@ def simulate_command(
     from broker.engine.planning import JobLimits
     from broker.sim.market import Market, SimJob
     from broker.sim.runs import random_starts, run_all
-    from broker.spec import load_job_spec, market_offers
+    from broker.spec.job import load_job_spec, market_offers
     from policies import registry
     from providers.trace import parse_time, read_trace
 
@@ -171,7 +171,7 @@ def _policy_names(option: str | None, registry: Any) -> list[str]:
 
 
 def _duration(flag: str, text: str) -> float:
-    from broker.spec import SpecError, parse_duration
+    from broker.spec.job import SpecError, parse_duration
 
     if text.strip() in ("0", "0s", "0h", "0m"):
         return 0.0

@@ -1,7 +1,7 @@
 """``broker launch JOB --backend skypilot --dryrun [--json]``: the plan, the SkyPilot task, SkyPilot's dry run.
 
 Nothing is launched and no job is written (only a price refresh, into the price book): the plan
-comes from the selection policy over the engine's own market (``broker.price_market``), the task
+comes from the selection policy over the engine's own market (``broker.market.price_market``), the task
 is the one the first launchable offer would get, and SkyPilot's own dry run
 (``sky.launch(..., dryrun=True)`` through its API server) shows what it would provision. Offline,
 SkyPilot's dry run cannot fetch its catalog: one line says so and the plan still stands.
@@ -19,22 +19,22 @@ from typing import TYPE_CHECKING, Any
 import yaml
 from rich.table import Table
 
+from broker.backends.base import ClusterInfo
+from broker.backends.skypilot.runtime import dryrun_task
 from broker.cli.app import UsageError, console, err_console
 from broker.cli.sky_output import captured, clean_output, ranked_offers, zone_history
 from broker.clock import WallClock
-from broker.config import Settings
+from broker.config.settings import Settings
 from broker.engine.parts import CLOUD_RESTART_OVERHEAD_S, restart_overhead
 from broker.engine.planning import fitting, offer_of, preview_request
-from broker.provision.base import ClusterInfo
-from broker.provision.sky_market import SkyCatalogMarket
-from broker.runtime_skypilot import dryrun_task
-from broker.spec import JobSpec
+from broker.market.sky_catalog import SkyCatalogMarket
+from broker.spec.job import JobSpec
 from policies import registry
 from policies.selection import IDLE, ON_DEMAND, Location, Plan, ZoneRecord
 from providers.base import SpotQuote
 
 if TYPE_CHECKING:
-    from broker.market import Market
+    from broker.market.book import Market
 
 DRYRUN_TIMEOUT_SECONDS = 600.0
 MAX_HISTORIES = 200  # offers whose last day of quotes the plan shows
@@ -148,9 +148,9 @@ def dryrun(settings: Settings, spec: JobSpec, catalog: Any = None, as_json: bool
     catalog for offers it never quoted. Whatever SkyPilot prints goes through ``captured``, so its
     payload markup and tracebacks never reach the terminal; with ``as_json`` stdout holds one object.
     """
-    from broker.market import PriceBook
-    from broker.price_market import PriceBookMarket
-    from broker.pricing import refresh_if_old
+    from broker.market.book import PriceBook
+    from broker.market.polling import refresh_if_old
+    from broker.market.price_market import PriceBookMarket
     from broker.store import open_store
 
     names = [a.name for a in spec.accelerators]

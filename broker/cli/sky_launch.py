@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from broker.config import Settings
-from broker.market import PriceBook
-from broker.spec import JobSpec, Pipeline, SpecError, load_job_file, load_job_spec, market_offers
+from broker.config.settings import Settings
+from broker.market.book import PriceBook
+from broker.spec.job import JobSpec, Pipeline, SpecError, load_job_file, load_job_spec, market_offers
 from broker.store import Store
 
 
@@ -31,7 +31,7 @@ def refresh_prices(store: Store, settings: Settings, spec: JobSpec) -> list[str]
     """Poll the clouds when the newest quote for the job's accelerators is older than
     ``price_max_age_seconds``; one line per cloud polled (none when the book was fresh)."""
     from broker.cli.sky_output import captured
-    from broker.pricing import refresh_if_old
+    from broker.market.polling import refresh_if_old
 
     with captured():  # the cloud SDKs' own chatter (credential probes) stays off the terminal
         polls = refresh_if_old(PriceBook(store), settings, [a.name for a in spec.accelerators])

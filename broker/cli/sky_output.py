@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from providers.base import OfferKey, SpotQuote
 
 if TYPE_CHECKING:
-    from broker.price_market import SourcedQuote
+    from broker.market.price_market import SourcedQuote
     from broker.store import Store
     from policies.selection import Plan, ZoneRecord
 

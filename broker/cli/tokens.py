@@ -19,7 +19,7 @@ def create(team: Annotated[str, typer.Option("--team", help="the team the token 
            config: ConfigOption = None) -> None:
     """Create a token for a team and print it once; only its hash is stored."""
     from broker.cli.app import err_console
-    from broker.config import load_settings
+    from broker.config.settings import load_settings
     from broker.store import open_store
     from broker.tokens import create_api_token
 
@@ -41,7 +41,7 @@ def list_tokens(config: ConfigOption = None, as_json: JsonOption = False) -> Non
     from rich.table import Table
 
     from broker.cli.app import console
-    from broker.config import load_settings
+    from broker.config.settings import load_settings
     from broker.store import open_store
     from broker.tokens import list_api_tokens
 
@@ -70,7 +70,7 @@ def revoke(token_id: Annotated[str, typer.Argument(help="the token's id, e.g. to
            config: ConfigOption = None) -> None:
     """Revoke a token: requests with it get 401 from then on."""
     from broker.cli.app import console
-    from broker.config import load_settings
+    from broker.config.settings import load_settings
     from broker.store import open_store
     from broker.tokens import revoke_api_token
 

@@ -23,7 +23,7 @@ from datetime import datetime, timedelta
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from broker import checkpoint_reports
+from broker.engine import checkpoint_reports
 from broker.engine.parts import AfterCommit, Parts, cluster_info
 from broker.model import ClusterState, TeardownReason
 from broker.store.tables import (

@@ -1,7 +1,7 @@
 """A job's checkpoints and attempts: which checkpoint it resumes from, and what work it lost.
 
 The newest complete checkpoint is the newest one the job's agents reported, on a notice or as it
-appeared (``broker.checkpoint_reports``): the engine never reads a checkpoint directory, so a
+appeared (``broker.engine.checkpoint_reports``): the engine never reads a checkpoint directory, so a
 bucket works like a local path. An attempt cut short counts the work since that checkpoint as
 lost; progress is the running time of every attempt less what was lost.
 """
@@ -13,10 +13,10 @@ from datetime import datetime
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from broker import checkpoint_reports
 from broker.clock import Clock
+from broker.engine import checkpoint_reports
 from broker.engine.notices import notices_of
-from broker.spec import JobSpec
+from broker.spec.job import JobSpec
 from broker.store.tables import AllocationRow, JobRow, NoticeRow
 
 

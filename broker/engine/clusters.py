@@ -17,12 +17,12 @@ from datetime import datetime
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from broker.backends.base import ClusterPhase
 from broker.engine import autoscale, packing
 from broker.engine.checkpoints import end_allocation
 from broker.engine.notices import record_backend_notice
 from broker.engine.parts import AfterCommit, Parts, cluster_info, jsonable
 from broker.model import LIVE_CLUSTER_STATES, ClusterState, JobState, TeardownReason
-from broker.provision.base import ClusterPhase
 from broker.store.tables import AllocationRow, ClusterRow, JobEventRow, JobRow
 from broker.tokens import token_digest
 from policies.selection import IDLE, ON_DEMAND, Plan

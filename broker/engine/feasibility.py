@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Collection
 
 from broker.engine.planning import fits
-from broker.spec import JobSpec, SpecError
+from broker.spec.job import JobSpec, SpecError
 
 NodeKind = tuple[str, int]  # (accelerator, GPUs per node) a market offers
 

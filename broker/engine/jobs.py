@@ -10,6 +10,7 @@ from __future__ import annotations
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from broker.backends.base import ClusterInfo, JobLaunch, RunPhase
 from broker.engine import clusters, machine, packing, setup_ahead, stages
 from broker.engine.cadence import Cadence
 from broker.engine.checkpoints import (
@@ -27,7 +28,6 @@ from broker.engine.parts import AfterCommit, Parts, cluster_info
 from broker.engine.planning import Planner
 from broker.engine.review import Reviewer
 from broker.model import CheckpointReason, ClusterState, JobState, TeardownReason
-from broker.provision.base import ClusterInfo, JobLaunch, RunPhase
 from broker.store.tables import AllocationRow, ClusterRow, JobEventRow, JobRow
 from policies.gang import GangPlacement
 from policies.selection import IDLE, Location

@@ -19,7 +19,7 @@ from sqlalchemy.orm import Session
 from broker.clock import Clock
 from broker.engine.parts import jsonable
 from broker.model import CheckpointReason, JobState, check_transition
-from broker.spec import JobSpec, Pipeline
+from broker.spec.job import JobSpec, Pipeline
 from broker.store import Store
 from broker.store.tables import JobEventRow, JobRow
 

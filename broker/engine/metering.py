@@ -25,7 +25,7 @@ from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
 from broker.clock import Clock
-from broker.market import Market
+from broker.market.book import Market
 from broker.model import JobState, Usage
 from broker.store import Store
 from broker.store.tables import AllocationRow, ClusterRow, JobRow, LedgerRow

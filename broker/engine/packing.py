@@ -19,8 +19,8 @@ from broker.engine.checkpoints import current_allocation, progress_s
 from broker.engine.notices import open_notice
 from broker.engine.parts import AfterCommit, Parts, cluster_info
 from broker.model import ACTIVE_STATES, CheckpointReason, ClusterState, JobState
-from broker.spec import JobSpec
-from broker.specfile.model import place_allowed
+from broker.spec.job import JobSpec
+from broker.spec.model import place_allowed
 from broker.store.tables import AllocationRow, ClusterRow, JobRow
 from policies.gang import GangPlacement
 from policies.placement import ClusterSnapshot, PlacementRequest

@@ -17,17 +17,17 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.orm import Session
 
+from broker.backends.base import ClusterInfo, JobLaunch, Provisioner
 from broker.clock import Clock
-from broker.market import Market
-from broker.provision.base import ClusterInfo, JobLaunch, Provisioner
-from broker.spec import JobSpec, job_spec_from_data
+from broker.market.book import Market
+from broker.spec.job import JobSpec, job_spec_from_data
 from broker.store import Store
 from broker.store.db import Fenced
 from broker.store.tables import ClusterRow, JobEventRow, JobRow
 from policies import registry
 
 if TYPE_CHECKING:
-    from broker.config import Settings
+    from broker.config.settings import Settings
 
 log = logging.getLogger("broker.engine")
 

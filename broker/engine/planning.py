@@ -20,7 +20,7 @@ from sqlalchemy.orm import Session
 from broker.engine.checkpoints import current_allocation, progress_s
 from broker.engine.parts import Parts
 from broker.model import ClusterState, JobState, TeardownReason
-from broker.spec import JobSpec
+from broker.spec.job import JobSpec
 from broker.store.tables import AllocationRow, ClusterRow, JobRow, NoticeRow
 from policies.history import MarketHistory, MarketSeries
 from policies.selection import IDLE, ON_DEMAND, JobView, Location, Plan, SelectionRequest, ZoneOffer, ZoneRecord
@@ -28,7 +28,7 @@ from policies.work_estimate import MAX_PAST_RUNS, WorkEstimate, estimate_work
 from providers.base import OfferKey, SpotQuote
 
 if TYPE_CHECKING:
-    from broker.market import Market
+    from broker.market.book import Market
 
 # How long a zone that preempted or refused a job stays off that job's plans.
 AVOID_ZONE_FOR = timedelta(hours=1)

@@ -20,10 +20,10 @@ import logging
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from broker.backends.base import JobLaunch, RunPhase
 from broker.engine import clusters, shares
 from broker.engine.parts import AfterCommit, Parts, cluster_info
 from broker.model import JobState
-from broker.provision.base import JobLaunch, RunPhase
 from broker.store.tables import ClusterRow, EarlySetupRow, JobRow
 from policies.gang import GangPlacement
 

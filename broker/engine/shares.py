@@ -20,7 +20,7 @@ from sqlalchemy.orm import Session
 
 from broker.engine.parts import Parts
 from broker.model import ACTIVE_STATES, JobState
-from broker.spec import JobSpec
+from broker.spec.job import JobSpec
 from broker.store.tables import AllocationRow, ClusterRow, JobRow
 from policies import registry
 from policies.gang import GangPlacement

@@ -14,15 +14,15 @@ from collections.abc import Callable
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from broker.backends.base import Provisioner
 from broker.clock import Clock
 from broker.engine import clusters, eager, forecast, machine, metering, setup_ahead
 from broker.engine.jobs import JobStepper
 from broker.engine.parts import EngineOptions, Parts
 from broker.engine.planning import Planner
-from broker.market import Market
+from broker.market.book import Market
 from broker.model import ACTIVE_STATES, JobState
-from broker.provision.base import Provisioner
-from broker.spec import JobSpec
+from broker.spec.job import JobSpec
 from broker.store import Store
 from broker.store.tables import JobRow
 from policies.selection import Location, SelectionRequest

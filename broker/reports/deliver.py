@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from broker.config import ConfigError, Settings
+from broker.config.settings import ConfigError, Settings
 from broker.reports import charts, render
 from broker.reports.email import SmtpConfig, build_message, new_cid, send_message
 from broker.reports.model import Report

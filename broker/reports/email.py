@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from broker.reports.retry import DeliveryError
 
 if TYPE_CHECKING:
-    from broker.config import Settings
+    from broker.config.settings import Settings
 
 DEFAULT_PORTS = {"starttls": 587, "ssl": 465, "none": 25}
 
@@ -35,7 +35,7 @@ class SmtpConfig:
 
     @classmethod
     def from_settings(cls, settings: Settings) -> SmtpConfig:
-        from broker.config import ConfigError
+        from broker.config.settings import ConfigError
 
         if not settings.smtp_host:
             raise ConfigError("email needs an SMTP server: set BROKER_SMTP_HOST (or smtp_host in the config file)")

@@ -12,12 +12,12 @@ from datetime import datetime, timedelta
 
 from sqlalchemy.exc import IntegrityError
 
-from broker.config import Settings
+from broker.config.settings import Settings
 from broker.reports.build import Window, build_report, period_start
 from broker.reports.deliver import DeliveryResult, deliver
 from broker.reports.render import money
 from broker.reports.settings import ReportSchedule, cron_trigger
-from broker.spec import parse_duration
+from broker.spec.job import parse_duration
 from broker.store import Store
 from broker.store.tables import BudgetAlertRow, ReportRunRow
 

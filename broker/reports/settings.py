@@ -1,4 +1,4 @@
-"""Settings models of the report schedules and team budgets (parts of ``broker.config.Settings``)."""
+"""Settings models of the report schedules and team budgets (parts of ``broker.config.settings.Settings``)."""
 
 from __future__ import annotations
 
@@ -42,7 +42,7 @@ def check_emails(addresses: list[str]) -> list[str]:
 
 
 def check_duration(value: str) -> str:
-    from broker.spec import SpecError, parse_duration
+    from broker.spec.job import SpecError, parse_duration
 
     try:
         parse_duration(value)

@@ -11,7 +11,7 @@ from broker.reports.render import money, summary_lines
 from broker.reports.retry import DeliveryError
 
 if TYPE_CHECKING:
-    from broker.config import Settings
+    from broker.config.settings import Settings
 
 TOP_JOBS = 5
 
@@ -37,7 +37,7 @@ class SlackConfig:
 
     @classmethod
     def from_settings(cls, settings: Settings) -> SlackConfig:
-        from broker.config import ConfigError
+        from broker.config.settings import ConfigError
 
         if settings.slack_token and not settings.slack_channel:
             raise ConfigError("BROKER_SLACK_TOKEN is set but BROKER_SLACK_CHANNEL is not: name the channel to post to")

@@ -28,7 +28,7 @@ class Window:
 
 def parse_window(since: str | None, start: str | None, end: str | None, now: datetime) -> Window:
     """``--since 7d`` back from ``--to`` (default now), or ``--from``/``--to`` as ISO dates or times (UTC)."""
-    from broker.spec import SpecError, parse_duration
+    from broker.spec.job import SpecError, parse_duration
 
     _check_fields(since, start, end)
     if since and start:

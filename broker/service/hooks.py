@@ -10,10 +10,10 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
-from broker.config import ConfigError, Settings
-from broker.market import PriceBook
-from broker.pricing import poll_prices as poll
-from broker.pricing import price_sources
+from broker.config.settings import ConfigError, Settings
+from broker.market.book import PriceBook
+from broker.market.polling import poll_prices as poll
+from broker.market.polling import price_sources
 from broker.reports.schedule import check_budgets
 from broker.reports.schedule import run_due_reports as run
 from broker.store import Store

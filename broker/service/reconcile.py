@@ -12,8 +12,8 @@ import logging
 from collections.abc import Callable
 from pathlib import Path
 
+from broker.backends.local.host import read_json
 from broker.model import LIVE_CLUSTER_STATES
-from broker.provision.local_host import read_json
 from broker.store import Store
 from broker.store.tables import ClusterRow
 

@@ -27,10 +27,10 @@ import uvicorn
 
 from broker.api.app import create_app
 from broker.api.jobs import JobIntake
-from broker.config import ConfigError, Settings
+from broker.backends.fenced import FencedProvisioner
+from broker.backends.local.provisioner import LocalProvisioner, LocalWorld
+from broker.config.settings import ConfigError, Settings
 from broker.engine import Engine
-from broker.provision.fenced import FencedProvisioner
-from broker.provision.local import LocalProvisioner, LocalWorld
 from broker.runtime import BUNDLED_MARKET, active_job_count, assemble
 from broker.service import tasks
 from broker.service.hooks import resolve
@@ -163,7 +163,7 @@ class Service:
         self.scheduler = build_scheduler(self.store, self.settings)
         start_scheduler(self.scheduler)
         if self.settings.backend == "skypilot" and self.settings.sqs_queue_url:
-            from broker.notices_sqs import SqsNoticeListener
+            from broker.notices.sqs import SqsNoticeListener
 
             self.listener = SqsNoticeListener.from_settings(self.work_store, self.clock, self.settings)
             self.listener.start()
@@ -199,8 +199,8 @@ class Service:
         if isinstance(self.provisioner, LocalProvisioner):
             reconcile_local(self.work_store, self.provisioner.root, check)
         else:
-            from broker.provision.skypilot import SkyPilotProvisioner
-            from broker.runtime_skypilot import reconcile_sky
+            from broker.backends.skypilot.provisioner import SkyPilotProvisioner
+            from broker.backends.skypilot.runtime import reconcile_sky
 
             assert isinstance(self.provisioner, SkyPilotProvisioner)
             reconcile_sky(self.work_store, self.provisioner, check)

@@ -1,6 +1,6 @@
-"""Settings models of the service's time-based policy changes (part of ``broker.config.Settings``).
+"""Settings models of the service's time-based policy changes (part of ``broker.config.settings.Settings``).
 
-Kept import-light (pydantic only, APScheduler lazily) because ``broker.config`` imports it.
+Kept import-light (pydantic only, APScheduler lazily) because ``broker.config.settings`` imports it.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from broker.specfile.values import PRIORITY_CLASSES
+from broker.spec.values import PRIORITY_CLASSES
 
 if TYPE_CHECKING:
     from apscheduler.triggers.cron import CronTrigger

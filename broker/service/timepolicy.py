@@ -20,7 +20,7 @@ from sqlalchemy.orm import Session
 
 from broker.model import ACTIVE_STATES, JobState
 from broker.service.schedule_config import PolicySchedule, policy_cron_trigger
-from broker.specfile.values import PRIORITY_CLASSES
+from broker.spec.values import PRIORITY_CLASSES
 from broker.store import Store
 from broker.store.tables import JobRow, PolicyOverrideRow
 from policies import registry

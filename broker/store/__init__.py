@@ -1,6 +1,6 @@
 """The state store: SQLAlchemy 2 tables, Alembic migrations, and one transaction per engine step.
 
-``Store`` and ``open_store`` are loaded on first use, so ``broker.store.readonly`` (what ``broker
+``Store`` and ``open_store`` are loaded on first use, so ``broker.status.readonly`` (what ``broker
 status`` reads an embedded store with) and ``broker.store.revision`` import no SQLAlchemy.
 """
 

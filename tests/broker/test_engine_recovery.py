@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select
 
-from broker.config import load_settings
+from broker.config.settings import load_settings
 from broker.engine import Engine
 from broker.model import JobState
 from broker.runtime import EmbeddedBroker
-from broker.spec import parse_job_spec
+from broker.spec.job import parse_job_spec
 from broker.store import open_store
 from broker.store.tables import ClusterRow, JobRow, LedgerRow
 from providers.base import SpotQuote

@@ -7,24 +7,24 @@ from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+from broker.backends.local.provisioner import LocalProvisioner, LocalWorld
+from broker.backends.skypilot.provisioner import SkyPilotProvisioner
 from broker.clock import AcceleratedClock
-from broker.config import load_settings
+from broker.config.settings import load_settings
 from broker.engine import Engine, EngineOptions, engine_options
 from broker.engine.planning import JobLimits
-from broker.market import PriceBook
-from broker.price_market import PriceBookMarket
-from broker.provision.local import LocalProvisioner, LocalWorld
-from broker.provision.skypilot import SkyPilotProvisioner
+from broker.market.book import PriceBook
+from broker.market.price_market import PriceBookMarket
 from broker.runtime import BUNDLED_MARKET, store_specs
 from broker.sim.market import Market, RunState, SimJob, _asker
-from broker.spec import parse_job_spec
+from broker.spec.job import parse_job_spec
 from broker.store import open_store
 from broker.store.tables import JobRow
 from broker.tokens import SharedAgentTokens
 from policies import registry
 from policies.selection import IDLE, Location, Plan, SelectionRequest
 from providers.trace import read_trace
-from tests.broker.provision.fake_sky import FakeSky
+from tests.broker.backends.fake_sky import FakeSky
 
 JOB = """\
 name: parity

@@ -11,9 +11,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import func, select
 
-from broker import checkpoint_reports as checkpoints
 from broker.api.app import create_app
 from broker.clock import WallClock
+from broker.engine import checkpoint_reports as checkpoints
 from broker.store import Store, open_store
 from broker.store.tables import AllocationRow, CheckpointReportRow, ClusterRow, JobRow, ProgressRow
 from broker.tokens import token_digest

@@ -16,7 +16,7 @@ from sqlalchemy import func, select
 from broker.api.app import create_app
 from broker.api.jobs import JobIntake
 from broker.clock import WallClock
-from broker.market import PriceBook
+from broker.market.book import PriceBook
 from broker.store import Store, open_store
 from broker.store.tables import JobRow
 from broker.tokens import create_api_token

@@ -10,7 +10,7 @@ import pytest
 from sqlalchemy import func, select
 
 from broker.api.limits import MAX_BODY_BYTES
-from broker.specfile.yaml_lines import MAX_STAGES
+from broker.spec.yaml_lines import MAX_STAGES
 from broker.store.tables import JobEventRow, JobRow, PolicyOverrideRow
 from tests.broker.api.conftest import JOB, Api
 

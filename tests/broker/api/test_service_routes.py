@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from sqlalchemy import func, select
 
-from broker.market import PriceBook
+from broker.market.book import PriceBook
 from broker.store.tables import ClusterRow, JobRow, LedgerRow, NoticeRow
 from broker.tokens import token_digest
 from providers.base import SpotQuote

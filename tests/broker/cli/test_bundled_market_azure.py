@@ -10,7 +10,7 @@ import pytest
 
 from broker.cli.sky_dryrun import preview_plan
 from broker.engine.feasibility import never_held
-from broker.spec import parse_job_spec
+from broker.spec.job import parse_job_spec
 from policies.selection import IDLE
 from providers.trace import read_trace
 

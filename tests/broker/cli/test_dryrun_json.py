@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from broker.market import PriceBook
+from broker.market.book import PriceBook
 from broker.store import open_store
 from providers.base import SpotQuote
 from tests.broker.service.replicas import free_port

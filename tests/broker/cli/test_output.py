@@ -10,7 +10,7 @@ from pathlib import Path
 
 from broker.clock import WallClock
 from broker.engine.machine import submit_job
-from broker.spec import parse_job_spec
+from broker.spec.job import parse_job_spec
 from broker.store import open_store
 
 ROOT = Path(__file__).resolve().parents[3]

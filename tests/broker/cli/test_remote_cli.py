@@ -9,7 +9,7 @@ import pytest
 from sqlalchemy import select
 
 from broker.cli import main
-from broker.config import load_settings
+from broker.config.settings import load_settings
 from broker.store import open_store
 from broker.store.tables import AllocationRow, ClusterRow
 from broker.tokens import create_api_token

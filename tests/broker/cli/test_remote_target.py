@@ -66,7 +66,7 @@ def test_a_huge_settings_file_is_refused_unread(tmp_path: Path) -> None:
 
 def test_status_finds_the_store_as_the_settings_model_does(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from broker.cli.jobs import store_url
-    from broker.config import load_settings
+    from broker.config.settings import load_settings
 
     config = tmp_path / "broker.yaml"
     monkeypatch.delenv("BROKER_DB_URL", raising=False)

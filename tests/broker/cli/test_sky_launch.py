@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from broker.cli.sky_launch import read_job
-from broker.config import ConfigError, load_settings
-from broker.market import PriceBook
-from broker.spec import load_job_spec
-from broker.specfile.errors import SpecError
+from broker.config.settings import ConfigError, load_settings
+from broker.market.book import PriceBook
+from broker.spec.errors import SpecError
+from broker.spec.job import load_job_spec
 from broker.store import open_store
 from providers.base import SpotQuote
 

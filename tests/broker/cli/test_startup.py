@@ -110,7 +110,7 @@ def test_embedded_status_imports_no_sqlalchemy_alembic_or_engine(tmp_path: Path,
     monkeypatch.setenv("BROKER_HOME", str(home))
     if by_url:
         monkeypatch.setenv("BROKER_DB_URL", url)
-    heavy = {"sqlalchemy", "alembic", "broker.engine", "broker.runtime", "broker.store.db", "broker.config",
+    heavy = {"sqlalchemy", "alembic", "broker.engine", "broker.runtime", "broker.store.db", "broker.config.settings",
              "pydantic", "numpy", "sky", "fastapi"}
     # An engine drives the home (this test holds its lock), so `status` starts none on these made-up jobs.
     (home / "engine.lock").touch()
@@ -118,7 +118,7 @@ def test_embedded_status_imports_no_sqlalchemy_alembic_or_engine(tmp_path: Path,
         fcntl.flock(lock, fcntl.LOCK_EX)
         for args in (["status"], ["status", "--json"], ["status", "j-running"], ["status", "j-running", "--json"]):
             loaded = _modules(*args)
-            assert "broker.store.readonly" in loaded and "broker.summary" in loaded, args  # it did read the store
+            assert "broker.status.readonly" in loaded and "broker.status.summary" in loaded, args  # it read the store
             assert "--json" in args or "rich.table" in loaded, args
             assert not {m for m in loaded if m.split(".")[0] in heavy or m in heavy}, args
 

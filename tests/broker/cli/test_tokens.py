@@ -8,7 +8,7 @@ import pytest
 from sqlalchemy import select
 
 from broker.cli import main
-from broker.config import load_settings
+from broker.config.settings import load_settings
 from broker.store import open_store
 from broker.store.tables import ApiTokenRow
 from broker.tokens import team_of_token, token_digest

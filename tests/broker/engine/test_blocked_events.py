@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select
 
-from broker.config import load_settings
+from broker.config.settings import load_settings
 from broker.engine import Engine, machine
 from broker.runtime import EmbeddedBroker
-from broker.spec import parse_job_spec
+from broker.spec.job import parse_job_spec
 from broker.store.tables import JobEventRow, JobRow
 from tests.broker.engine.one_zone import one_zone_market, run_until
 

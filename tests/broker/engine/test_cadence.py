@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select
 
-from broker.config import load_settings
+from broker.config.settings import load_settings
 from broker.engine.cadence import ASKED
 from broker.runtime import EmbeddedBroker
-from broker.spec import parse_job_spec
+from broker.spec.job import parse_job_spec
 from broker.store.tables import CheckpointReportRow, JobEventRow, JobRow
 from policies.checkpointing import FIXED_INTERVAL_S, daly_interval
 from providers.base import SpotQuote

@@ -6,7 +6,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 from broker.engine.planning import fitting
-from broker.spec import parse_job_spec
+from broker.spec.job import parse_job_spec
 from providers.base import SpotQuote
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)

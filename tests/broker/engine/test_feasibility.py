@@ -15,7 +15,7 @@ from broker.api.jobs import JobIntake
 from broker.cli import main
 from broker.clock import WallClock
 from broker.engine.feasibility import never_held
-from broker.spec import parse_job_spec
+from broker.spec.job import parse_job_spec
 from broker.store import open_store
 from broker.store.tables import JobRow
 from broker.tokens import create_api_token

@@ -11,9 +11,9 @@ from sqlalchemy import select
 
 from broker.cli.job_output import status_table
 from broker.engine import forecast
+from broker.status.summary import job_summary
 from broker.store import Store, open_store
 from broker.store.tables import AllocationRow, ClusterRow, JobRow, PredictionRow, ProgressRow
-from broker.summary import job_summary
 
 T0 = datetime(2026, 1, 1, 12, tzinfo=UTC)
 

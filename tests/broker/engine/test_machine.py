@@ -14,7 +14,7 @@ from broker.clock import AcceleratedClock
 from broker.engine import machine
 from broker.engine.clusters import IllegalClusterTransition, release
 from broker.model import CheckpointReason, ClusterState, IllegalTransition, JobState, TeardownReason
-from broker.spec import parse_job_spec
+from broker.spec.job import parse_job_spec
 from broker.store import Store, open_store
 from broker.store.db import alembic_config
 from broker.store.tables import ClusterRow, JobEventRow, JobRow

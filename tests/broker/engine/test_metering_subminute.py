@@ -16,12 +16,12 @@ from pathlib import Path
 import pytest
 from sqlalchemy import func, select
 
-from broker.config import load_settings
+from broker.config.settings import load_settings
 from broker.engine import metering
 from broker.engine.metering import meter_cluster
 from broker.reports.build import Window, build_report
 from broker.runtime import EmbeddedBroker
-from broker.spec import parse_job_spec
+from broker.spec.job import parse_job_spec
 from broker.store import Store, open_store
 from broker.store.tables import AllocationRow, ClusterRow, JobRow, LedgerRow
 from providers.local import LocalMarket

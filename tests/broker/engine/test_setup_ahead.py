@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select
 
-from broker.config import load_settings
+from broker.backends.local.host import process_alive
+from broker.config.settings import load_settings
 from broker.engine import Engine, machine
-from broker.provision.local_host import process_alive
 from broker.runtime import EmbeddedBroker
-from broker.spec import parse_job_spec
+from broker.spec.job import parse_job_spec
 from broker.store.tables import AllocationRow, EarlySetupRow, JobEventRow
 from tests.broker.engine.one_zone import job_row, one_zone_market, run_until
 

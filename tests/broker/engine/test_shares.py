@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select
 
-from broker.config import load_settings
+from broker.config.settings import load_settings
 from broker.engine import Engine, machine
 from broker.runtime import EmbeddedBroker
-from broker.spec import parse_job_spec
+from broker.spec.job import parse_job_spec
 from broker.store.tables import AllocationRow, ClusterRow, JobRow, LedgerRow
 from providers.base import SpotQuote
 from providers.trace import write_trace

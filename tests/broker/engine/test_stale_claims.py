@@ -16,10 +16,10 @@ from typing import Any
 import pytest
 from sqlalchemy import select
 
-from broker.config import load_settings
+from broker.config.settings import load_settings
 from broker.model import JobState
 from broker.runtime import EmbeddedBroker
-from broker.spec import parse_job_spec
+from broker.spec.job import parse_job_spec
 from broker.store import open_store
 from broker.store.tables import AllocationRow, ClusterRow, JobEventRow, LedgerRow
 from tests.broker.engine.one_zone import job_row, one_zone_market, run_until

@@ -14,13 +14,13 @@ from typing import Any
 
 from sqlalchemy import select
 
-from broker.config import load_settings
+from broker.config.settings import load_settings
 from broker.engine import Engine
 from broker.model import JobState
 from broker.runtime import EmbeddedBroker
-from broker.spec import parse_job_spec
+from broker.spec.job import parse_job_spec
+from broker.status.summary import job_summary
 from broker.store.tables import AllocationRow, ClusterRow, JobEventRow, JobRow
-from broker.summary import job_summary
 from providers.base import SpotQuote
 from providers.trace import write_trace
 

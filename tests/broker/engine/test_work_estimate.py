@@ -6,13 +6,13 @@ import time
 from datetime import timedelta
 from pathlib import Path
 
+from broker.backends.local.provisioner import LocalProvisioner, LocalWorld
 from broker.clock import AcceleratedClock
-from broker.config import load_settings
+from broker.config.settings import load_settings
 from broker.engine import Engine, engine_options
 from broker.engine.planning import work_estimate
-from broker.provision.local import LocalProvisioner, LocalWorld
 from broker.runtime import BUNDLED_MARKET
-from broker.spec import parse_job_spec
+from broker.spec.job import parse_job_spec
 from broker.store import open_store
 from broker.store.tables import AllocationRow, ClusterRow, JobRow
 from broker.tokens import SharedAgentTokens

@@ -10,7 +10,7 @@ import pytest
 from PIL import Image
 from sqlalchemy import func, select
 
-from broker.config import Settings, load_settings
+from broker.config.settings import Settings, load_settings
 from broker.reports.build import Window, build_report
 from broker.reports.deliver import deliver, send
 from broker.reports.render import money

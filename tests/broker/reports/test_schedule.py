@@ -5,7 +5,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from sqlalchemy import func, select
 
-from broker.config import ConfigError, load_settings
+from broker.config.settings import ConfigError, load_settings
 from broker.reports.schedule import check_budgets, due_fire_time, run_due_reports
 from broker.reports.settings import ReportSchedule
 from broker.store import Store

@@ -7,7 +7,7 @@ from typing import Any
 
 from PIL import Image
 
-from broker.config import Settings, load_settings
+from broker.config.settings import Settings, load_settings
 from broker.reports.build import Window, build_report
 from broker.reports.deliver import deliver
 from broker.reports.render import money

@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 from sqlalchemy import select
 
-from broker.market import PriceBook
+from broker.market.book import PriceBook
 from broker.store import open_store
 from broker.store.tables import AllocationRow, CheckpointReportRow, ClusterRow, JobRow, LedgerRow
 from broker.tokens import create_api_token

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select, text
 
-from broker.config import load_settings
+from broker.config.settings import load_settings
 from broker.service.leader import LEASE, FileLeaderLock, LeaseLock, leader_lock
 from broker.service.runner import build_scheduler, start_scheduler
 from broker.store import Store, open_store

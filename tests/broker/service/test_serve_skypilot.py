@@ -15,15 +15,15 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select
 
-from broker.config import ConfigError, load_settings
+from broker.config.settings import ConfigError, load_settings
 from broker.engine.machine import submit_job
-from broker.market import PriceBook
+from broker.market.book import PriceBook
 from broker.service.runner import Service
-from broker.spec import parse_job_spec
+from broker.spec.job import parse_job_spec
 from broker.store import Store, open_store
 from broker.store.tables import ClusterRow, JobRow
 from providers.base import SpotQuote
-from tests.broker.provision.fake_sky import FakeSky
+from tests.broker.backends.fake_sky import FakeSky
 
 JOB = "name: train\nnum_nodes: 2\nresources:\n  accelerators: V100:1\nrun: python train.py\n"
 
@@ -132,7 +132,7 @@ def test_a_notice_moves_on_the_checkpoint_reported_after_it(broker_home: Path, d
     from datetime import timedelta
 
     from broker.api.notices import NoticeReport, record_notice
-    from broker.checkpoint_reports import ReportedCheckpoint, record
+    from broker.engine.checkpoint_reports import ReportedCheckpoint, record
 
     store = open_store(db_url)
     now = datetime.now(UTC)

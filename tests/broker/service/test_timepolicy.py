@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from sqlalchemy import select
 
-from broker.config import ConfigError, load_settings
+from broker.config.settings import ConfigError, load_settings
 from broker.service.schedule_config import PolicySchedule
 from broker.service.timepolicy import admission_check, apply_due_policies, due_overrides, last_fire, queue_of
 from broker.store import Store, open_store

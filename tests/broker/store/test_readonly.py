@@ -1,4 +1,4 @@
-"""`broker status` reads an embedded store with sqlite3 (broker/store/readonly.py): the same summaries,
+"""`broker status` reads an embedded store with sqlite3 (broker/status/readonly.py): the same summaries,
 so the same table and JSON, as the SQLAlchemy path, over stores holding every kind of job."""
 
 from __future__ import annotations
@@ -15,11 +15,11 @@ import pytest
 
 from broker.cli.job_output import print_status
 from broker.model import JobState
+from broker.status.orm_source import SessionSource
+from broker.status.readonly import open_readonly
+from broker.status.summary import summaries
 from broker.store import open_store
-from broker.store.orm_source import SessionSource
-from broker.store.readonly import open_readonly
 from broker.store.tables import LeaderLeaseRow
-from broker.summary import summaries
 from tests.status_stores import NOW, T0, store_with_every_kind_of_job
 
 ROOT = Path(__file__).resolve().parents[3]

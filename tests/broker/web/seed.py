@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from broker.market import PriceBook
+from broker.market.book import PriceBook
 from broker.store import Store
 from broker.store.tables import AllocationRow, ClusterRow, JobEventRow, JobRow, LedgerRow, NoticeRow
 from providers.base import SpotQuote

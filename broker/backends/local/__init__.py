@@ -1,0 +1,1 @@
+"""The local backend: clusters are local process groups replaying a market trace."""

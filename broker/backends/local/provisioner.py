@@ -1,0 +1,386 @@
+"""The local backend: clusters are process groups on this machine, the market is a replayed trace.
+
+Each cluster is a directory under ``$BROKER_HOME/local/clusters/`` and a detached host process
+(``broker.backends.local.host``) that plays the cloud. A job's nodes are node agents running the
+job's ``setup`` and ``run`` with the same variables SkyPilot gives a task.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+from broker.backends.base import (
+    ClusterInfo,
+    ClusterPhase,
+    ClusterStatus,
+    JobLaunch,
+    RunPhase,
+    RunStatus,
+)
+from broker.backends.local.claims import bury_unlaunched, claim_node, identity, missing_fate, node_fate, record_gang
+from broker.backends.local.host import process_alive, read_json, write_json
+from broker.clock import AcceleratedClock
+from providers.local import LocalMarket
+from providers.trace import MarketTrace, read_trace
+
+
+@dataclass(frozen=True)
+class LocalWorld:
+    """The replay every local cluster shares: which trace, and where tick 0 sits on the wall clock."""
+
+    trace_path: str
+    clock: AcceleratedClock
+
+    @classmethod
+    def load(cls, home: Path) -> LocalWorld | None:
+        data = read_json(home / "local" / "world.json")
+        if data is None:
+            return None
+        return cls(data["trace"], AcceleratedClock(data["wall_origin"], data["speed"]))
+
+    @classmethod
+    def begin(cls, home: Path, trace_path: str, speed: float) -> LocalWorld:
+        world = cls(str(Path(trace_path).resolve()), AcceleratedClock.starting_now(speed))
+        (home / "local").mkdir(parents=True, exist_ok=True)
+        write_json(home / "local" / "world.json",
+                   {"trace": world.trace_path, "wall_origin": world.clock.wall_origin, "speed": speed})
+        return world
+
+    def market(self, trace: MarketTrace | None = None) -> LocalMarket:
+        return LocalMarket(trace or read_trace(self.trace_path), self.clock.origin)
+
+
+START_FAILED = "start_failed"  # a node's note that its setup (or cd) failed, so ``run`` never began
+# How long a claimed node may wait for its process while its claimer lives (frozen, or slow): past it,
+# the run is NO_PROCESS. A claimer that died is given up sooner (``local_claims``).
+CLAIM_SECONDS = 60.0
+# Linux's limit on one string of an exec's arguments or environment (MAX_ARG_STRLEN).
+MAX_EXPORTED_BYTES = 128 * 1024
+
+
+def private_file(path: Path, text: str) -> Path:
+    """Write ``text`` to a file only its owner may read (created so, never widened after)."""
+    with contextlib.suppress(FileNotFoundError):
+        path.unlink()
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(descriptor, "w") as handle:
+        handle.write(text)
+    return path
+
+
+def env_file(node_dir: Path, variables: dict[str, str]) -> Path:
+    """The node's variables, as a private shell file its scripts source."""
+    lines = []
+    for name, value in variables.items():
+        if not name.isidentifier():
+            continue
+        if len(name) + len(value) + 2 > MAX_EXPORTED_BYTES:
+            # Linux refuses to exec anything whose environment holds a string this long, so the
+            # variable is the job script's own and its commands do not inherit it.
+            lines.append(f"{name}={shlex.quote(value)}\n")
+            warning = (f"[broker] {name} holds {len(value)} bytes, over the {MAX_EXPORTED_BYTES} an exported "
+                       "variable may: set in the job script, not exported")
+            lines.append(f"echo {shlex.quote(warning)} >&2\n")
+        else:
+            lines.append(f"export {name}={shlex.quote(value)}\n")
+    return private_file(node_dir / "env.sh", "".join(lines))
+
+
+def setup_script(node_dir: Path, head: list[str], workdir: Path, setup: str) -> Path:
+    # As on SkyPilot, setup is a process of its own: what it exports or where it cds stays there.
+    lines = [*head, "set -e", f"cd {shlex.quote(str(workdir))}", setup, ""]
+    return private_file(node_dir / "setup.sh", "\n".join(lines))
+
+
+def script_head(node_dir: Path, signal_name: str, variables: dict[str, str]) -> list[str]:
+    return [f"trap '' {signal_name.removeprefix('SIG')}", f". {shlex.quote(str(env_file(node_dir, variables)))}"]
+
+
+def job_script(node_dir: Path, signal_name: str, workdir: Path, setup: str | None, run: str,
+               variables: dict[str, str]) -> Path:
+    """The node's shell script: its variables (from a private file), then ``setup`` and ``run``."""
+    failed = shlex.quote(str(node_dir / START_FAILED))
+    where = shlex.quote(str(workdir))
+    head = script_head(node_dir, signal_name, variables)
+    # Until ``run`` begins, a failure is the start's, not the job's: it is written down as such.
+    steps = [f"cd {where} || {{ echo {shlex.quote(f'cannot enter the working directory {workdir}')} > {failed}; "
+             "exit 1; }"]
+    if setup:
+        setup_file = setup_script(node_dir, head, workdir, setup)
+        steps.append(f"bash {shlex.quote(str(setup_file))} || {{ code=$?; "
+                     f'echo "setup exited with code $code" > {failed}; exit $code; }}')
+    return private_file(node_dir / "job.sh", "\n".join([*head, *steps, "set -e", run, ""]))
+
+
+class LocalProvisioner:
+    name = "local"
+
+    def __init__(self, home: Path, world: LocalWorld, provision_seconds: float = 120.0,
+                 agent_poll: str = "100ms", claim_seconds: float = CLAIM_SECONDS) -> None:
+        self.root = home / "local" / "clusters"
+        self.world = world
+        self.provision_seconds = provision_seconds
+        self.agent_poll = agent_poll
+        self.claim_seconds = claim_seconds
+
+    def cluster_dir(self, cluster: ClusterInfo) -> Path:
+        return self.root / cluster.id
+
+    def launch(self, cluster: ClusterInfo) -> None:
+        directory = self.cluster_dir(cluster)
+        if (directory / "cluster.json").exists():
+            return  # already launched: launching again is a no-op
+        directory.mkdir(parents=True, exist_ok=True)
+        (directory / "procs").mkdir(exist_ok=True)
+        write_json(directory / "cluster.json", {
+            "cluster_id": cluster.id,
+            "trace": self.world.trace_path,
+            "wall_origin": self.world.clock.wall_origin,
+            "speed": self.world.clock.speed,
+            "key": {"cloud": cluster.cloud, "region": cluster.region, "zone": cluster.zone,
+                    "instance_type": cluster.instance_type},
+            "num_nodes": cluster.num_nodes,
+            "gpus_per_node": cluster.gpus_per_node,
+            "spot": cluster.spot,
+            "provision_seconds": self.provision_seconds,
+        })
+        with open(directory / "host.log", "ab") as log:
+            subprocess.Popen([sys.executable, "-m", "broker.backends.local.host", str(directory)],
+                             stdout=log, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True)
+
+    def status(self, cluster: ClusterInfo) -> ClusterStatus:
+        directory = self.cluster_dir(cluster)
+        if not (directory / "cluster.json").exists():
+            return ClusterStatus(ClusterPhase.UNKNOWN)
+        data = read_json(directory / "status.json")
+        if data is None:
+            if not self._host_alive(directory) and self._launch_age(directory) > 30:
+                return ClusterStatus(ClusterPhase.FAILED, reason="local cluster host never started")
+            return ClusterStatus(ClusterPhase.PROVISIONING)
+        phase = ClusterPhase(data["state"])
+        if phase in (ClusterPhase.PROVISIONING, ClusterPhase.UP) and not self._host_alive(directory):
+            # The host died without a word: the nodes are gone, as a vanished VM would be.
+            return ClusterStatus(ClusterPhase.TERMINATED, reason="local cluster host vanished",
+                                 ended_at=datetime.now(UTC))
+        clock = self.world.clock
+        return ClusterStatus(
+            phase=phase,
+            reason=data.get("reason"),
+            capacity_error=bool(data.get("capacity_error")),
+            up_at=clock.to_clock(data["up_wall"]) if data.get("up_wall") else None,
+            ended_at=clock.to_clock(data["ended_wall"]) if data.get("ended_wall") else None,
+            handle={"metadata_port": data.get("metadata_port"), "dir": str(directory)},
+            notice_action_at=clock.to_clock(data["notice_action_wall"]) if data.get("notice_action_wall") else None,
+        )
+
+    def _launch_age(self, directory: Path) -> float:
+        return time.time() - (directory / "cluster.json").stat().st_mtime
+
+    def _host_alive(self, directory: Path) -> bool:
+        data = read_json(directory / "status.json") or {}
+        pid = data.get("host_pid")
+        if pid is None:
+            return self._launch_age(directory) < 30
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        # A zombie (exited, not yet reaped by us) counts as dead.
+        try:
+            return "Z" not in Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
+        except OSError:
+            return True
+
+    def _node_dir(self, cluster: ClusterInfo, job_id: str, attempt: int, rank: int) -> Path:
+        return self.cluster_dir(cluster) / "runs" / f"{job_id}-{attempt}" / f"node-{rank}"
+
+    def start_job(self, cluster: ClusterInfo, launch: JobLaunch) -> None:
+        status = self.status(cluster)
+        if status.phase is not ClusterPhase.UP:
+            raise RuntimeError(f"cluster {cluster.id} is {status.phase}, not UP")
+        port = status.handle["metadata_port"]
+        spec = launch.spec
+        workdir = self._workdir(launch)
+        signal_name = spec.broker.checkpoint.signal
+        node_ips = ["127.0.0.1"] * len(launch.placement.nodes)
+        Path(launch.log_dir).mkdir(parents=True, exist_ok=True)
+        Path(launch.checkpoint_dir).mkdir(parents=True, exist_ok=True)
+        record_gang(self.cluster_dir(cluster) / "runs" / f"{launch.job_id}-{launch.attempt}", len(node_ips))
+        for rank in range(len(launch.placement.nodes)):
+            node_dir = self._node_dir(cluster, launch.job_id, launch.attempt, rank)
+            # The claim, atomic: of two callers starting one node (a restarted broker, or a stale
+            # leader that woke inside this call while the new one starts the job), only one goes on.
+            # One that dies before the launch leaves a claim ``run_status`` gives up (``local_claims``).
+            if not claim_node(node_dir):
+                continue  # started, or being started: do not start a second copy
+            variables = launch.env(rank, node_ips)
+            # The job's command and variables go through files: the argument list and the
+            # environment of an exec hold 128 KB per string, and a job file may hold more.
+            script = job_script(node_dir, signal_name, workdir, None if launch.setup_done else spec.setup, spec.run,
+                                variables)
+            command = [
+                sys.executable, "-m", "broker.agent", "--cloud", "local",
+                "--metadata-url", f"http://127.0.0.1:{port}",
+                "--signal", signal_name, "--poll", self.agent_poll,
+                "--cluster-id", cluster.id, "--node", str(rank),
+                "--checkpoint-dir", launch.checkpoint_dir,
+                "--status-file", str(node_dir / "status"),
+            ]
+            if launch.broker_url:
+                command += ["--broker-url", launch.broker_url]
+            if cluster.agent_token:
+                command += ["--token-file", str(private_file(node_dir / "token", cluster.agent_token))]
+            command += ["--", "bash", str(script)]
+            small = {k: v for k, v in variables.items() if k not in spec.envs and len(k) + len(v) < 4096}
+            self._spawn(cluster, node_dir, launch, rank, command, small)
+
+    def _workdir(self, launch: JobLaunch) -> Path:
+        spec = launch.spec
+        return spec.resolved_workdir() or (Path(spec.source).parent if spec.source else Path.cwd())
+
+    def _spawn(self, cluster: ClusterInfo, node_dir: Path, launch: JobLaunch, rank: int, command: list[str],
+               variables: dict[str, str]) -> None:
+        """Start one node's process, its output to the attempt's node log, recorded for teardown to kill."""
+        env = {**os.environ, **variables, "PYTHONUNBUFFERED": "1",
+               # A local node's `python` is the broker's own interpreter, as a cloud image's would be.
+               "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])}
+        log_path = Path(launch.log_dir) / f"attempt-{launch.attempt}-node-{rank}.log"
+        with open(log_path, "ab") as log:
+            if not node_dir.is_dir():  # set aside while this start was frozen: another attempt has the GPUs
+                raise RuntimeError(f"{node_dir.name} was given up before its launch; not launching it")
+            process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                       stdin=subprocess.DEVNULL, start_new_session=True)
+        (self.cluster_dir(cluster) / "procs" / str(process.pid)).write_text(str(process.pid))
+        (node_dir / "started").write_text(json.dumps(identity(process.pid)))
+
+    def _prepare_dir(self, cluster: ClusterInfo, job_id: str, attempt: int) -> Path:
+        return self.cluster_dir(cluster) / "prepare" / f"{job_id}-{attempt}"
+
+    def prepare_job(self, cluster: ClusterInfo, launch: JobLaunch) -> None:
+        """Each node of the gang runs the job's setup now, beside whatever runs there; its exit code is
+        written to ``exit_code`` and its output goes ahead of the run's in the attempt's node log."""
+        if self.status(cluster).phase is not ClusterPhase.UP:
+            raise RuntimeError(f"cluster {cluster.id} is not UP")
+        if not launch.spec.setup:
+            return
+        node_ips = ["127.0.0.1"] * len(launch.placement.nodes)
+        Path(launch.log_dir).mkdir(parents=True, exist_ok=True)
+        for rank in range(len(launch.placement.nodes)):
+            node_dir = self._prepare_dir(cluster, launch.job_id, launch.attempt) / f"node-{rank}"
+            if (node_dir / "started").exists():
+                continue
+            node_dir.mkdir(parents=True, exist_ok=True)
+            head = script_head(node_dir, launch.spec.broker.checkpoint.signal, launch.env(rank, node_ips))
+            setup = shlex.quote(str(setup_script(node_dir, head, self._workdir(launch), launch.spec.setup)))
+            done = shlex.quote(str(node_dir / "exit_code"))
+            self._spawn(cluster, node_dir, launch, rank,
+                        ["bash", "-c", f"bash {setup}; echo $? > {done}.tmp; mv {done}.tmp {done}"], {})
+
+    def prepare_status(self, cluster: ClusterInfo, job_id: str, attempt: int) -> RunStatus:
+        nodes = sorted(self._prepare_dir(cluster, job_id, attempt).glob("node-*"))
+        if not nodes:
+            return RunStatus(RunPhase.NOT_STARTED)
+        codes: list[int | None] = []
+        for node in nodes:
+            try:
+                codes.append(int((node / "exit_code").read_text()))
+            except (OSError, ValueError):
+                codes.append(None)
+        for node, code in zip(nodes, codes, strict=True):
+            if code:
+                return RunStatus(RunPhase.FAILED, code, f"{node.name}: setup exited with code {code}")
+        if all(code == 0 for code in codes):
+            return RunStatus(RunPhase.SUCCEEDED, 0)
+        if self.status(cluster).phase in (ClusterPhase.TERMINATED, ClusterPhase.FAILED):
+            return RunStatus(RunPhase.LOST)
+        for node, code in zip(nodes, codes, strict=True):
+            if code is None and not process_alive((read_json(node / "started") or {}).get("pid")):
+                return RunStatus(RunPhase.FAILED, None, f"{node.name}: setup stopped before it ended")
+        return RunStatus(RunPhase.RUNNING)
+
+    def stop_prepare(self, cluster: ClusterInfo, job_id: str, attempt: int) -> None:
+        for node in self._prepare_dir(cluster, job_id, attempt).glob("node-*"):
+            pid = (read_json(node / "started") or {}).get("pid")
+            if pid is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(int(pid), signal.SIGKILL)
+
+    def run_status(self, cluster: ClusterInfo, job_id: str, attempt: int) -> RunStatus:
+        base = self.cluster_dir(cluster) / "runs" / f"{job_id}-{attempt}"
+        nodes = sorted(base.glob("node-*"))
+        if not nodes:
+            return RunStatus(RunPhase.NOT_STARTED)
+        codes = [read_json(n / "status") for n in nodes]
+        if all(c is not None for c in codes):
+            exit_codes = [int(c["exit_code"]) for c in codes if c is not None]
+            failed = [c for c in exit_codes if c != 0]
+            if not failed:
+                return RunStatus(RunPhase.SUCCEEDED, 0)
+            if self.status(cluster).phase is ClusterPhase.TERMINATED:
+                return RunStatus(RunPhase.LOST)
+            for node in nodes:
+                with contextlib.suppress(OSError):
+                    said = (node / START_FAILED).read_text(errors="replace").strip()
+                    return RunStatus(RunPhase.START_FAILED, failed[0], f"{node.name}: {said[:200]}")
+            return RunStatus(RunPhase.FAILED, failed[0])
+        if self.status(cluster).phase in (ClusterPhase.TERMINATED, ClusterPhase.FAILED):
+            return RunStatus(RunPhase.LOST)
+        # A node no process runs, nor ever will: its start died after the claim, or its agent did.
+        for node, code in zip(nodes, codes, strict=True):
+            fate = None if code is not None else node_fate(node, self.claim_seconds)
+            if fate is not None:
+                return RunStatus(RunPhase.NO_PROCESS, None, f"{node.name}: {fate}")
+        missing = missing_fate(base, nodes, self.claim_seconds)
+        return RunStatus(RunPhase.NO_PROCESS, None, missing) if missing else RunStatus(RunPhase.RUNNING)
+
+    def _run_groups(self, cluster: ClusterInfo, job_id: str, attempt: int) -> list[tuple[int, int | None]]:
+        """(agent pid, job process group) of every node of one run."""
+        groups = []
+        for node_dir in (self.cluster_dir(cluster) / "runs" / f"{job_id}-{attempt}").glob("node-*"):
+            started = read_json(node_dir / "started") or {}
+            try:
+                job_group: int | None = int((node_dir / "status.pgid").read_text())
+            except (OSError, ValueError):
+                job_group = None
+            if "pid" in started:
+                groups.append((int(started["pid"]), job_group))
+        return groups
+
+    def signal_job(self, cluster: ClusterInfo, job_id: str, attempt: int, signal_name: str) -> None:
+        number = signal.Signals[signal_name if signal_name.startswith("SIG") else f"SIG{signal_name}"]
+        for _, job_group in self._run_groups(cluster, job_id, attempt):
+            if job_group is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(job_group, number)
+
+    def stop_job(self, cluster: ClusterInfo, job_id: str, attempt: int) -> None:
+        for agent, job_group in self._run_groups(cluster, job_id, attempt):
+            for group in (job_group, agent):
+                if group is not None:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(group, signal.SIGKILL)
+        bury_unlaunched(self.cluster_dir(cluster) / "runs" / f"{job_id}-{attempt}", self.claim_seconds)
+
+    def terminate(self, cluster: ClusterInfo) -> None:
+        directory = self.cluster_dir(cluster)
+        if directory.exists():
+            (directory / "terminate").touch()
+
+    def events(self, cluster: ClusterInfo) -> list[dict[str, object]]:
+        """Every agent event on the cluster, for diagnostics and the notice-delay measurement."""
+        records: list[dict[str, object]] = []
+        for path in sorted(self.cluster_dir(cluster).glob("runs/*/node-*/status.events")):
+            records.extend(json.loads(line) for line in path.read_text().splitlines() if line.strip())
+        return records

@@ -1,0 +1,1 @@
+"""The SkyPilot backend: real clusters on the clouds, through SkyPilot's SDK."""

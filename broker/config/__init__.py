@@ -1,0 +1,1 @@
+"""The broker's settings: the settings model, its environment variables and the settings file."""

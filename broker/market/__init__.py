@@ -1,0 +1,1 @@
+"""The market: the Market protocol, the price book, polling the clouds, SkyPilot's catalog."""

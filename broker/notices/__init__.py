@@ -1,0 +1,1 @@
+"""Preemption notices: the one writer of the notice table, and the SQS/EventBridge listener."""

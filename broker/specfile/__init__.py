@@ -1,1 +1,0 @@
-"""The pieces behind ``broker.spec``: line-tracking YAML, the ``broker:`` section, SkyPilot checks."""

@@ -1,0 +1,61 @@
+"""The reads of a job's summary (``broker.status.summary``) in a SQLAlchemy session: every store, any dialect."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from broker.store.tables import AllocationRow, ClusterRow, JobRow, LedgerRow, PredictionRow, ProgressRow
+
+if TYPE_CHECKING:
+    from broker.status.summary import Allocation, Cluster, Job, Prediction, Progress
+
+
+class SessionSource:
+    """``broker.status.summary.SummarySource`` over a session; ``broker.status.readonly`` asks SQLite the same."""
+
+    def __init__(self, s: Session) -> None:
+        self.s = s
+        self.memo: dict[str, Any] = s.info  # lives as long as the session, like its identity map
+
+    def jobs(self) -> list[Job]:
+        return list(self.s.scalars(select(JobRow).order_by(JobRow.created_at)))
+
+    def job(self, job_id: str) -> Job | None:
+        return self.s.get(JobRow, job_id)
+
+    def costs(self, job_id: str) -> tuple[float, float]:
+        cost, on_demand = self.s.execute(
+            select(func.coalesce(func.sum(LedgerRow.cost), 0.0), func.coalesce(func.sum(LedgerRow.on_demand_cost), 0.0))
+            .where(LedgerRow.job_id == job_id)
+        ).one()
+        return cost, on_demand
+
+    def last_allocation(self, job_id: str) -> Allocation | None:
+        return self.s.scalar(select(AllocationRow).where(AllocationRow.job_id == job_id)
+                             .order_by(AllocationRow.attempt.desc()).limit(1))
+
+    def cluster(self, cluster_id: str) -> Cluster | None:
+        return self.s.get(ClusterRow, cluster_id)
+
+    def newest_cluster_up(self, job_id: str) -> Cluster | None:
+        return self.s.scalar(select(ClusterRow).where(ClusterRow.job_id == job_id, ClusterRow.up_at.is_not(None))
+                             .order_by(ClusterRow.created_at.desc()))
+
+    def last_progress(self, job_id: str) -> Progress | None:
+        return self.s.scalar(select(ProgressRow).where(ProgressRow.job_id == job_id)
+                             .order_by(ProgressRow.at.desc(), ProgressRow.id.desc()).limit(1))
+
+    def last_prediction(self, job_id: str) -> Prediction | None:
+        return self.s.scalar(select(PredictionRow).where(PredictionRow.job_id == job_id)
+                             .order_by(PredictionRow.made_at.desc(), PredictionRow.id.desc()).limit(1))
+
+    def predictions(self, job_id: str) -> list[Prediction]:
+        return list(self.s.scalars(select(PredictionRow).where(PredictionRow.job_id == job_id)))
+
+    def succeeded(self, name: str, team: str, limit: int) -> list[Job]:
+        return list(self.s.scalars(select(JobRow).where(JobRow.name == name, JobRow.team == team,
+                                                        JobRow.state == "SUCCEEDED")
+                                   .order_by(JobRow.finished_at.desc()).limit(limit)))

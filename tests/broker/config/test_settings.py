@@ -1,0 +1,133 @@
+"""Broken settings: one line naming the setting or file, exit 2, no traceback."""
+
+from __future__ import annotations
+
+import gzip
+import os
+from pathlib import Path
+
+import pytest
+
+from broker.cli import main
+
+HEADER = b"time,cloud,region,zone,instance_type,accelerator,gpus_per_node,spot_price,on_demand_price,available_nodes\n"
+ROW = b"2024-01-01T00:00:00Z,aws,us-east-1,us-east-1a,p3.2xlarge,V100,1,0.9,3.06,2\n"
+JOB = "name: t\nresources:\n  accelerators: V100:1\nrun: 'true'\n"
+
+
+def _fails(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    captured = capsys.readouterr()
+    assert exit_info.value.code == 2, captured.err
+    assert "Traceback" not in captured.err + captured.out
+    lines = [line for line in captured.err.splitlines() if line.strip()]
+    assert len(lines) == 1, captured.err
+    return lines[0]
+
+
+@pytest.mark.parametrize(("content", "words"), [
+    (os.urandom(64) + b"\xff\xfe\x00", "not text"),
+    (b"\x00\x01\x02 binary", "not text"),
+    (b"- just\n- a list\n", "expected a mapping"),
+    (b"home: [unclosed\n", "not valid YAML"),
+    (b"colour: blue\n", "colour"),
+    (b"speed: -1\n", "speed"),
+    (b"a: " + b"[" * 20_000 + b"]" * 20_000 + b"\n", "config.yaml"),
+    (b"#" * (2 * 1024 * 1024), "larger than"),
+], ids=["random-binary", "nul-binary", "list", "yaml-syntax", "unknown-key", "negative-speed", "deep", "huge"])
+def test_a_binary_or_wrong_config_file(tmp_path: Path, capsys: pytest.CaptureFixture[str], content: bytes,
+                                       words: str) -> None:
+    config = tmp_path / "config.yaml"
+    config.write_bytes(content)
+    line = _fails(["status", "--config", str(config)], capsys)
+    assert words in line
+
+
+@pytest.mark.parametrize(("db_url", "words"), [
+    ("not a url", "db_url: Value error, not a database URL"),
+    ("mysql://localhost/db", "unsupported database 'mysql'"),
+    ("sqlite:///x\x00y", "NUL"),
+    ("postgresql://127.0.0.1:1/nothing", "cannot open the store"),
+])
+def test_a_bad_db_url(tmp_path: Path, capsys: pytest.CaptureFixture[str], db_url: str, words: str) -> None:
+    config = tmp_path / "config.yaml"
+    config.write_text(f'db_url: "{db_url.replace(chr(0), chr(92) + "0")}"\n')
+    assert words in _fails(["status", "--config", str(config)], capsys)
+
+
+def test_home_that_is_a_file(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                             monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("BROKER_HOME")  # the environment would win over the file
+    config = tmp_path / "config.yaml"
+    config.write_text("home: /etc/passwd\n")
+    line = _fails(["status", "--config", str(config)], capsys)
+    assert "home" in line and "/etc/passwd is not a directory" in line
+
+
+def test_home_that_is_a_file_from_the_environment(capsys: pytest.CaptureFixture[str],
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("BROKER_HOME", "/etc/passwd")
+    line = _fails(["status"], capsys)
+    assert "/etc/passwd" in line
+
+
+@pytest.mark.parametrize(("name", "content", "words"), [
+    ("fake.csv.gz", b"time,cloud\nthis is not gzip\n", "not gzip data"),
+    ("cut.csv.gz", gzip.compress(HEADER + ROW * 5000)[:-200], "truncated or corrupt gzip"),
+    ("binary.csv", os.urandom(256) + b"\xff", "not text"),
+    ("nul.csv", HEADER + ROW.replace(b"us-east-1a", b"us-east\x00-1a"), "column zone: a NUL byte"),
+    ("nan.csv", HEADER + ROW.replace(b",0.9,", b",NaN,"), "nan.csv:2: column spot_price: expected a non-negative"),
+    ("inf.csv", HEADER + ROW.replace(b",3.06,", b",inf,"), "inf.csv:2: column on_demand_price"),
+    ("negative.csv", HEADER + ROW.replace(b",2\n", b",-3\n"), "negative.csv:2: column available_nodes"),
+    ("huge.csv", HEADER + ROW.replace(b",2\n", b",1e30\n"), "huge.csv:2: column available_nodes"),
+    ("far.csv", HEADER + ROW + ROW.replace(b":00Z", b":01Z", 1) + ROW.replace(b"2024-", b"9999-"),
+     "column time"),
+], ids=["fake-gzip", "truncated-gzip", "binary", "nul", "nan", "inf", "negative-nodes", "huge-nodes", "far-tick"])
+def test_a_binary_or_fake_gzip_market_file(tmp_path: Path, capsys: pytest.CaptureFixture[str], name: str,
+                                           content: bytes, words: str) -> None:
+    market = tmp_path / name
+    market.write_bytes(content)
+    job = tmp_path / "job.yaml"
+    job.write_text(JOB)
+    line = _fails(["launch", str(job), "--market", str(market)], capsys)
+    assert name in line and words in line
+
+
+@pytest.mark.parametrize(("name", "value", "words"), [
+    ("eager_policy", "eagre", "eager_policy: Value error, unknown eager policy 'eagre'; registered: eager, off"),
+    ("eager_policy", "x\x00" * 5000, "unknown eager policy"),
+    ("eager_lead_seconds", -1, "eager_lead_seconds: Input should be greater than or equal to 0"),
+    ("eager_lead_seconds", float("nan"), "eager_lead_seconds"),
+    ("eager_lead_seconds", 10**12, "eager_lead_seconds: Input should be less than or equal to 86400"),
+    ("pool_idle_seconds", "soon", "pool_idle_seconds: Input should be a valid number"),
+    ("pool_idle_seconds", -5, "pool_idle_seconds"),
+    ("start_retries", -1, "start_retries: Input should be greater than or equal to 0"),
+    ("start_retries", 10**9, "start_retries: Input should be less than or equal to 100"),
+    ("start_retries", "twice\x00", "start_retries: Input should be a valid integer"),
+])
+def test_eager_and_pool_settings_refuse_garbage_in_one_line(name: str, value: object, words: str) -> None:
+    from broker.config.file import ConfigError
+    from broker.config.settings import load_settings
+
+    with pytest.raises(ConfigError) as error:
+        load_settings(**{name: value})
+    message = str(error.value)
+    assert words in message and "\n" not in message and len(message) < 600
+
+
+@pytest.mark.parametrize(("value", "words"), [
+    ({"trainin": 4}, "unknown queue 'trainin'; expected one of inference, training, batch, custom"),
+    ({"training": 0}, "training: GPUs must be at least 1, got 0"),
+    ({"training": "many"}, "queue_max_gpus.training: Input should be a valid integer"),
+    ({"x" * 100_000: 1}, "unknown queue 'xxxxxxxx"),
+    ("training=4", "queue_max_gpus: Input should be a valid dictionary"),
+])
+def test_queue_gpu_limits_refuse_garbage_in_one_line(value: object, words: str) -> None:
+    from broker.config.file import ConfigError
+    from broker.config.settings import load_settings
+
+    with pytest.raises(ConfigError) as error:
+        load_settings(queue_max_gpus=value)
+    message = str(error.value)
+    assert words in message and "\n" not in message and len(message) < 600
