@@ -14,12 +14,18 @@ fi
 # checkov (tests/terraform) pins versions that conflict with ours: it gets a venv of its own.
 if [ ! -x .venv-checkov/bin/checkov ]; then
   .venv/bin/uv venv -q --python .venv/bin/python .venv-checkov
-  .venv/bin/uv pip install -q --python .venv-checkov/bin/python checkov==3.3.30
+  .venv/bin/uv pip install -q --python .venv-checkov/bin/python --compile-bytecode checkov==3.3.30
 fi
 .venv/bin/ruff check .
 .venv/bin/mypy
+# The project's own modules compiled once, as setup.sh compiles the dependencies: the tests start
+# many broker processes, and PYTHONDONTWRITEBYTECODE may be set.
+.venv/bin/python -m compileall -q -j 0 broker providers policies tests benchmarks >/dev/null
+# The suite runs in parallel: most slow tests wait on processes they started, so more workers than
+# cores pay; each test has its own broker home, ports and PostgreSQL database. The ten slowest are
+# printed at the end.
 set +e
-.venv/bin/pytest "$@"
+.venv/bin/pytest -n "${TEST_WORKERS:-4}" --dist worksteal --durations=10 "$@"
 status=$?
 set -e
 if [ "$status" -eq 5 ]; then

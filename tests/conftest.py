@@ -9,9 +9,31 @@ from pathlib import Path
 
 import pytest
 
+from tests.leftovers import SESSION_MARK, reap_leftovers
+
 SHARED = Path(__file__).resolve().parents[2] / "shared"
 TRACES = SHARED / "traces"
 POSTGRES_ADMIN_URL = os.environ.get("BROKER_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/postgres")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # Set once by the controlling process; xdist's workers and every process a test starts inherit it.
+    os.environ.setdefault(SESSION_MARK, uuid.uuid4().hex)
+
+
+@pytest.hookimpl(trylast=True)  # after xdist has stopped its workers
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Fail the run if a test left a process behind (checked once, by the controlling process)."""
+    if hasattr(session.config, "workerinput"):
+        return
+    factory = getattr(session.config, "_tmp_path_factory", None)
+    temp_root = str(factory.getbasetemp()) if factory is not None else "\0no temp root"
+    left = reap_leftovers(os.environ[SESSION_MARK], temp_root)
+    if left:
+        lines = "\n".join(f"  pid {pid}: {command}" for pid, command in sorted(left.items()))
+        session.config.pluginmanager.get_plugin("terminalreporter").write_line(
+            f"the tests left {len(left)} process(es) running (now killed):\n{lines}", red=True)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 @pytest.fixture(autouse=True)
