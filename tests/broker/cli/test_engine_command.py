@@ -24,7 +24,7 @@ name: small
 resources:
   accelerators: V100:1
 workdir: {workdir}
-run: python train.py --steps {steps} --step-seconds 0.05 --checkpoint-every 20
+run: {gate}python train.py --steps {steps} --step-seconds 0.05 --checkpoint-every 20
 """
 
 
@@ -47,9 +47,11 @@ def _wait(what: Any, timeout: float = 120) -> Any:
     raise AssertionError("timed out")
 
 
-def _launch_and_kill_its_engine(home: Path, tmp_path: Path, steps: int) -> str:
+def _launch_and_kill_its_engine(home: Path, tmp_path: Path, steps: int, gate: Path | None = None) -> str:
+    """Launch detached and kill the engine; a ``gate`` holds the job's run until that file exists."""
     job = tmp_path / f"job-{steps}.yaml"
-    job.write_text(JOB.format(workdir=ROOT / "examples", steps=steps))
+    wait = f"while [ ! -e {gate} ]; do sleep 0.1; done; " if gate is not None else ""
+    job.write_text(JOB.format(workdir=ROOT / "examples", steps=steps, gate=wait))
     launched = _broker(home, "launch", str(job), "--detach", "--json")
     assert launched.returncode == 0, launched.stderr
     job_id = str(json.loads(launched.stdout)["job_id"])
@@ -93,7 +95,8 @@ def test_status_restarts_a_dead_detached_engine_and_the_job_finishes(broker_home
 @pytest.mark.slow
 def test_broker_engine_runs_in_the_foreground_and_ctrl_c_leaves_the_job_for_the_next(broker_home: Path,
                                                                                      tmp_path: Path) -> None:
-    job_id = _launch_and_kill_its_engine(broker_home, tmp_path, steps=400)
+    gate = tmp_path / "go"  # the job cannot finish before Ctrl-C, however slow the machine
+    job_id = _launch_and_kill_its_engine(broker_home, tmp_path, steps=40, gate=gate)
     engine = subprocess.Popen([sys.executable, "-m", "broker", "engine"], cwd=ROOT, env=_env(broker_home),
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
@@ -110,6 +113,7 @@ def test_broker_engine_runs_in_the_foreground_and_ctrl_c_leaves_the_job_for_the_
     assert "engine stopped: 1 job(s) still active" in err and "Traceback" not in err
     assert _stored_state(broker_home, job_id) == "RUNNING"  # left as it was (`status` would restart an engine)
 
+    gate.touch()
     finished = subprocess.run([sys.executable, "-m", "broker", "engine"], cwd=ROOT, env=_env(broker_home),
                               capture_output=True, text=True, timeout=300)
     assert finished.returncode == 0, finished.stderr
