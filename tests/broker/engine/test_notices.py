@@ -18,7 +18,7 @@ from sqlalchemy import select
 from broker.store import open_store
 from broker.store.tables import ClusterRow, JobRow
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 BOUND_SECONDS = 5.0
 
 

@@ -63,7 +63,7 @@ def _step_until(engine: Engine, job_id: str, states: set[str], timeout: float = 
 def test_engine_killed_mid_migration_is_finished_by_the_next(tmp_path: Path, broker_home: Path, db_url: str) -> None:
     settings = load_settings(market=_trace(tmp_path / "market.csv"), speed=60.0, db_url=db_url,
                              local_provision_seconds=60.0)
-    examples = Path(__file__).resolve().parents[2] / "examples"
+    examples = Path(__file__).resolve().parents[3] / "examples"
     spec = parse_job_spec(JOB.format(workdir=examples), source=str(tmp_path / "job.yaml"))
 
     first = EmbeddedBroker(settings, fresh_market=True)
