@@ -26,8 +26,8 @@ JOB = "name: train\nresources:\n  accelerators: V100:4\nrun: python train.py\n"
 
 
 def stopped_clock(at: datetime = T0) -> AcceleratedClock:
-    """A market clock that stays at ``at`` for the length of a test."""
-    return AcceleratedClock(at.timestamp(), 1e-12)
+    """A market clock that reads ``at`` to the microsecond for years of wall time after it."""
+    return AcceleratedClock(at.timestamp(), 1e-15)
 
 
 def submitted(store: Store, home: Path, text: str = JOB, at: datetime = T0) -> str:
