@@ -79,10 +79,12 @@ def add(store: Store, *rows: object) -> None:
             s.flush()
 
 
-def make_parts(store: Store, home: Path, clock: AcceleratedClock | None = None, **options: Any) -> Parts:
-    """An engine's parts on the one-zone market, with the local provisioner under ``home``."""
+def make_parts(store: Store, home: Path, clock: AcceleratedClock | None = None, trace_path: Path | None = None,
+               **options: Any) -> Parts:
+    """An engine's parts on a market trace (the one-zone market unless given), with the local
+    provisioner under ``home``."""
     clock = clock or stopped_clock()
-    trace_path = one_zone_market(home.parent / "one-zone.csv", available=4, minutes=120, start=T0)
+    trace_path = trace_path or one_zone_market(home.parent / "one-zone.csv", available=4, minutes=120, start=T0)
     world = LocalWorld(str(trace_path), clock)
     market = LocalMarket(read_trace(trace_path), T0)
     return Parts(store, clock, market, LocalProvisioner(home, world), EngineOptions(home=home, **options),
