@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 from sqlalchemy import func, select
@@ -18,12 +19,25 @@ from tests.broker.engine.store_rows import T0, add, get, new_allocation, new_clu
 RECEIVED = T0 + timedelta(minutes=30)
 
 
-@pytest.fixture
-def store(db_url: str) -> Iterator[Store]:
-    opened = open_store(db_url)
+def _opened(url: str) -> Store:
+    opened = open_store(url)
     add(opened, new_job("j1"), new_job("j2"), new_cluster("c1", job_id="j1"), new_cluster("c2", job_id="j2"),
         new_allocation("j1", "c1", ended_at=T0 + timedelta(minutes=5), outcome="preempted"),
         new_allocation("j2", "c2"))
+    return opened
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[Store]:
+    opened = _opened(f"sqlite:///{tmp_path / 'store.db'}")
+    yield opened
+    opened.dispose()
+
+
+@pytest.fixture
+def db_store(db_url: str) -> Iterator[Store]:
+    """On SQLite and PostgreSQL: the unique (job, path) a duplicate runs into, and the newest's ordering."""
+    opened = _opened(db_url)
     yield opened
     opened.dispose()
 
@@ -92,19 +106,19 @@ def test_resolve_names_the_checkpoint_inside_the_jobs_directory(directory: str, 
     assert checkpoint_reports.resolve(directory, relative) == named
 
 
-def test_a_report_is_recorded_once_per_job_and_path(store: Store) -> None:
-    first, duplicate = checkpoint_reports.record(store, _report("step-1/m.pt", step=1), RECEIVED)
+def test_a_report_is_recorded_once_per_job_and_path(db_store: Store) -> None:
+    first, duplicate = checkpoint_reports.record(db_store, _report("step-1/m.pt", step=1), RECEIVED)
     assert not duplicate
     # The same checkpoint reported again (another node, a retry), spelled another way: the first record.
-    assert checkpoint_reports.record(store, _report("./step-1//m.pt", 2, step=9), RECEIVED) == (first, True)
-    second, duplicate = checkpoint_reports.record(store, _report("step-2/m.pt", 3, step=2), RECEIVED)
+    assert checkpoint_reports.record(db_store, _report("./step-1//m.pt", 2, step=9), RECEIVED) == (first, True)
+    second, duplicate = checkpoint_reports.record(db_store, _report("step-2/m.pt", 3, step=2), RECEIVED)
     assert second != first and not duplicate
-    other, duplicate = checkpoint_reports.record(store, _report("step-1/m.pt", job_id="j2", cluster_id="c2"),
+    other, duplicate = checkpoint_reports.record(db_store, _report("step-1/m.pt", job_id="j2", cluster_id="c2"),
                                                  RECEIVED)
     assert other not in (first, second) and not duplicate  # the same path of another job is its own
-    assert _stored(store) == [("j1", "c1", "step-1/m.pt", 1), ("j1", "c1", "step-2/m.pt", 2),
+    assert _stored(db_store) == [("j1", "c1", "step-1/m.pt", 1), ("j1", "c1", "step-2/m.pt", 2),
                               ("j2", "c2", "step-1/m.pt", None)]
-    with store.transaction() as s:
+    with db_store.transaction() as s:
         row = get(s, CheckpointReportRow, first)
         assert (row.written_at, row.received_at, row.node) == (T0, RECEIVED, "0")
 
@@ -123,14 +137,14 @@ def test_a_refused_path_stores_nothing(store: Store) -> None:
         assert s.scalar(select(func.count()).select_from(CheckpointReportRow)) == 0
 
 
-def test_newest_is_the_latest_written_and_since_bounds_it(store: Store) -> None:
-    with store.transaction() as s:
+def test_newest_is_the_latest_written_and_since_bounds_it(db_store: Store) -> None:
+    with db_store.transaction() as s:
         assert checkpoint_reports.newest(s, get(s, JobRow, "j1")) is None
     # Reported out of order: the newest is the one written last, not the one received last.
     for path, minutes in (("b", 20), ("a", 10), ("c", 15)):
-        checkpoint_reports.record(store, _report(path, minutes), RECEIVED)
-    checkpoint_reports.record(store, _report("later", 99, job_id="j2", cluster_id="c2"), RECEIVED)
-    with store.transaction() as s:
+        checkpoint_reports.record(db_store, _report(path, minutes), RECEIVED)
+    checkpoint_reports.record(db_store, _report("later", 99, job_id="j2", cluster_id="c2"), RECEIVED)
+    with db_store.transaction() as s:
         job = get(s, JobRow, "j1")
         newest = checkpoint_reports.newest(s, job)
         assert newest is not None and newest.path == "b"
@@ -139,9 +153,9 @@ def test_newest_is_the_latest_written_and_since_bounds_it(store: Store) -> None:
         assert checkpoint_reports.newest(s, job, since=T0 + timedelta(minutes=20, microseconds=1)) is None
 
 
-def test_of_two_written_at_the_same_moment_the_later_report_is_newest(store: Store) -> None:
-    checkpoint_reports.record(store, _report("first", 10), RECEIVED)
-    checkpoint_reports.record(store, _report("second", 10), RECEIVED)
-    with store.transaction() as s:
+def test_of_two_written_at_the_same_moment_the_later_report_is_newest(db_store: Store) -> None:
+    checkpoint_reports.record(db_store, _report("first", 10), RECEIVED)
+    checkpoint_reports.record(db_store, _report("second", 10), RECEIVED)
+    with db_store.transaction() as s:
         newest = checkpoint_reports.newest(s, get(s, JobRow, "j1"))
         assert newest is not None and newest.path == "second"
