@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -214,7 +214,8 @@ def test_a_notice_the_backend_saw_is_recorded_once(store: Store, broker_home: Pa
         notices = list(s.scalars(select(NoticeRow)))
         assert [(n.cluster_id, n.kind, n.source, n.dedup_key) for n in notices] == [
             ("c1", "terminate", "backend", "c1:terminate")]
-        assert abs((notices[0].action_time - parts.clock.to_clock(action_wall)).total_seconds()) < 1e-3
+        action_time = notices[0].action_time
+        assert action_time is not None and abs((action_time - parts.clock.to_clock(action_wall)).total_seconds()) < 1e-3
     assert _cluster(store, "c1").state == "UP"
 
 
@@ -287,7 +288,7 @@ def test_a_limit_is_recorded_once_per_spell(db_store: Store, broker_home: Path) 
 # ----------------------------------------------------------------------------- launch
 
 
-def _launch(store: Store, parts: Parts, job_id: str, plan: Plan, exclude: frozenset[str] = frozenset(),
+def _launch(store: Store, parts: Parts, job_id: str, plan: Plan, exclude: Collection[str] = (),
             leaving: str | None = None) -> tuple[str | None, AfterCommit]:
     after = AfterCommit()
     with store.transaction() as s:

@@ -8,6 +8,7 @@ import math
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 from sqlalchemy import select
@@ -45,7 +46,7 @@ def store(tmp_path: Path) -> Iterator[Store]:
     ({"backend": "skypilot", "restart_overhead_s": 300.0}, 300.0),  # stated: taken as it is
     ({"backend": "local", "restart_overhead_s": 45.0}, 45.0),
 ])
-def test_the_restart_overhead_is_the_settings_or_what_the_backend_implies(overrides: dict[str, object],
+def test_the_restart_overhead_is_the_settings_or_what_the_backend_implies(overrides: dict[str, Any],
                                                                           expected: float) -> None:
     assert engine_parts.restart_overhead(load_settings(**overrides)) == expected
 
@@ -102,7 +103,8 @@ def test_parts_take_the_policies_the_options_name(store: Store, broker_home: Pat
 def test_parts_refuse_a_policy_a_live_engine_cannot_use(store: Store, broker_home: Path, option: str, name: str,
                                                         says: str) -> None:
     with pytest.raises(UnknownPolicy, match=says):
-        make_parts(store, broker_home, **{option: name})
+        options: dict[str, Any] = {option: name}
+        make_parts(store, broker_home, **options)
 
 
 def test_a_remembered_spec_is_the_one_used_and_another_is_read_back_from_the_store(store: Store,
@@ -199,7 +201,7 @@ def test_the_calls_are_made_in_order_and_a_failed_start_goes_to_its_handler(brok
     failed: list[tuple[str, str, str]] = []
     with caplog.at_level(logging.DEBUG):
         after.carry_out(provisioner, lambda info, launch, exc: failed.append((info.id, launch.job_id, str(exc))))
-    calls = [(r.args[0], r.args[1]) for r in caplog.records if r.name == "broker.backends.fenced"]
+    calls = [tuple(r.getMessage().split()[2:]) for r in caplog.records if r.name == "broker.backends.fenced"]
     assert calls == [("terminate", "a"), ("signal_job", "b"), ("stop_job", "c"), ("stop_prepare", "d"),
                      ("launch", "e"), ("prepare_job", "f"), ("start_job", "g"), ("start_job", "h")]
     assert (terminated / "terminate").exists()
