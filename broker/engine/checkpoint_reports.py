@@ -42,6 +42,8 @@ def clean_relative_path(path: str) -> str:
         raise CheckpointRefused(f"path: expected 1-{MAX_PATH_CHARS} characters")
     if "\x00" in path or "\\" in path:
         raise CheckpointRefused("path: NUL bytes and backslashes are not allowed")
+    if any("\ud800" <= c <= "\udfff" for c in path):  # not encodable: the store would raise, not refuse
+        raise CheckpointRefused("path: lone surrogates are not allowed")
     if path.startswith("/") or "://" in path:
         raise CheckpointRefused("path: expected a path relative to the job's checkpoint directory")
     normal = posixpath.normpath(path)

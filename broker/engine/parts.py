@@ -58,7 +58,7 @@ class EngineOptions:
 
 def restart_overhead(settings: Settings) -> float:
     """Seconds a restart costs a job, as the settings give it or the backend implies."""
-    if settings.restart_overhead_s:
+    if settings.restart_overhead_s is not None:  # 0 is a setting too
         return settings.restart_overhead_s
     return settings.local_provision_seconds + 60.0 if settings.backend == "local" else CLOUD_RESTART_OVERHEAD_S
 

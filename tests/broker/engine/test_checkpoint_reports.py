@@ -89,8 +89,6 @@ def test_a_path_that_is_empty_huge_hostile_or_outside_is_refused_naming_the_fiel
     assert len(message) < 120  # the input is never echoed back
 
 
-@pytest.mark.xfail(strict=True, reason="a lone surrogate passes clean_relative_path; the store then raises "
-                                       "UnicodeEncodeError instead of CheckpointRefused")
 def test_a_path_with_a_lone_surrogate_is_refused_naming_the_field() -> None:
     with pytest.raises(CheckpointRefused, match=r"^path: "):
         checkpoint_reports.clean_relative_path("ckpt-\ud800")

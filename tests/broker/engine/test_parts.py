@@ -51,8 +51,6 @@ def test_the_restart_overhead_is_the_settings_or_what_the_backend_implies(overri
     assert engine_parts.restart_overhead(load_settings(**overrides)) == expected
 
 
-@pytest.mark.xfail(strict=True, reason="restart_overhead tests the setting for truth: an explicit 0 (allowed, ge=0) "
-                                       "is ignored and the backend's default used instead")
 def test_a_restart_overhead_set_to_zero_is_zero() -> None:
     assert engine_parts.restart_overhead(load_settings(backend="skypilot", restart_overhead_s=0.0)) == 0.0
 

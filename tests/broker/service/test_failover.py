@@ -217,7 +217,8 @@ def test_chaos_the_leader_killed_at_twenty_random_moments(tmp_path: Path, broker
                                                           postgres_url: str) -> None:
     """SIGKILL the leader 20 times while a queue with preemptions runs: every job finishes, nothing twice."""
     market = flapping_trace(tmp_path / "market.csv")
-    fleet = Fleet(tmp_path, broker_home, postgres_url, market, BROKER_LEADER_CHECK_SECONDS="1")
+    # A lease of 2.5 s (five checks of 0.5 s): each of the twenty takeovers waits out one lease.
+    fleet = Fleet(tmp_path, broker_home, postgres_url, market, BROKER_LEADER_CHECK_SECONDS="0.5")
     try:
         fleet.start(4)
         # Jobs of 50 s outlast the market's 45 s cycle: one on the cheap zone is preempted during the kills.
