@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from policies.errors import PolicyError
 from policies.registry import register
 from policies.selection import Plan, SelectionRequest
 
@@ -24,7 +25,7 @@ IDLE_CODE = -1
 ON_DEMAND_CODE = -2
 
 
-class OmniscientOnly(RuntimeError):
+class OmniscientOnly(PolicyError, RuntimeError):
     """``optimal`` needs the whole trace: only the simulator can run it."""
 
 

@@ -13,6 +13,8 @@ import importlib
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Literal, Protocol, TypeVar, overload
 
+from policies.errors import PolicyInputError
+
 if TYPE_CHECKING:
     from policies.admission import AdmissionRequest
     from policies.checkpointing import CheckpointPlan, CheckpointRequest
@@ -90,7 +92,7 @@ _DEFAULTS: dict[str, str] = {}
 _SIMULATOR_ONLY: set[tuple[str, str]] = set()
 
 
-class UnknownPolicy(KeyError):
+class UnknownPolicy(PolicyInputError, KeyError):
     def __str__(self) -> str:
         return str(self.args[0])
 

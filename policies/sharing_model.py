@@ -12,6 +12,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from policies.errors import PolicyError
+
 if TYPE_CHECKING:
     import numpy as np
     import numpy.typing as npt
@@ -25,7 +27,7 @@ NO_GPU_MEMORY_LIMIT = 1 << 40  # MiB; a node whose GPU memory is unknown limits 
 MAX_SHAPES = 48  # the most frequent task shapes the fragmentation measure weighs
 
 
-class PlacementRefused(ValueError):
+class PlacementRefused(PolicyError, ValueError):
     """A placement that would break a hard rule (oversubscription, wrong GPU model, spread fraction)."""
 
 

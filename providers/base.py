@@ -54,7 +54,15 @@ class SpotQuote:
         return OfferKey(self.cloud, self.region, self.zone, self.instance_type)
 
 
-class CloudUnavailable(RuntimeError):
+class ProviderError(Exception):
+    """The error base of ``providers/`` (which may not import ``broker``; ``broker.errors`` maps these)."""
+
+
+class ProviderInputError(ProviderError):
+    """Input the user can fix (a trace file, an instance type they named): exit 2 in the CLI."""
+
+
+class CloudUnavailable(ProviderError, RuntimeError):
     """The cloud cannot be asked at all (no credentials, SDK missing); skip it with one line."""
 
 

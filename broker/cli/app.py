@@ -16,6 +16,8 @@ from typer import _click
 from typer._coercion import RuntimeParam
 from typer.core import TyperCommand, TyperGroup, _TyperParameter
 
+from broker.errors import UserError
+
 if TYPE_CHECKING:
     from rich.console import Console
 
@@ -205,7 +207,7 @@ ConfigOption = Annotated[Path | None, typer.Option(
 JsonOption = Annotated[bool, typer.Option("--json", help="print JSON instead of a table")]
 
 
-class UsageError(Exception):
+class UsageError(UserError):
     """A user error to print as one line and exit 2 (bad input, unknown job, missing file)."""
 
 

@@ -22,6 +22,7 @@ from broker.engine import autoscale, packing
 from broker.engine.checkpoints import end_allocation
 from broker.engine.notices import record_backend_notice
 from broker.engine.parts import AfterCommit, Parts, cluster_info, jsonable
+from broker.errors import BrokerError
 from broker.model import LIVE_CLUSTER_STATES, ClusterState, JobState, TeardownReason
 from broker.store.tables import AllocationRow, ClusterRow, JobEventRow, JobRow
 from broker.tokens import token_digest
@@ -40,7 +41,7 @@ CLUSTER_TRANSITIONS: dict[ClusterState, frozenset[ClusterState]] = {
 HOLDING = [ClusterState.PROVISIONING.value, ClusterState.UP.value]  # clusters whose GPUs count
 
 
-class IllegalClusterTransition(RuntimeError):
+class IllegalClusterTransition(BrokerError, RuntimeError):
     pass
 
 

@@ -25,6 +25,7 @@ from broker.api.notices import NoticeAccepted, NoticeReport, record_notice
 from broker.api.validation import one_line
 from broker.clock import Clock
 from broker.config.settings import Settings
+from broker.errors import BrokerError
 from broker.model import ClusterState
 from broker.store import Store
 from broker.store.tables import ClusterRow
@@ -67,7 +68,7 @@ def parse_event(body: str) -> dict[str, Any] | None:
     return event
 
 
-class Malformed(ValueError):
+class Malformed(BrokerError, ValueError):
     """An EventBridge event of ours with a field that cannot be what AWS sends."""
 
 

@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from broker.errors import UserError
 from policies.sharing import (
     MILLI,
     SharingCluster,
@@ -49,7 +50,7 @@ MAX_INFLATED_TASKS = 200_000
 Policy = Callable[[SharingRequest, SharingCluster], SharingPlacement | None]
 
 
-class TraceError(ValueError):
+class TraceError(UserError, ValueError):
     """A trace file that cannot be used; the message names the file, the row and the column."""
 
 
