@@ -18,8 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from policies.errors import PolicyError
-from policies.registry import register
-from policies.selection import Plan, SelectionRequest
+from policies.selection import SELECTION_POLICIES, Plan, SelectionRequest
 
 IDLE_CODE = -1
 ON_DEMAND_CODE = -2
@@ -50,7 +49,7 @@ class Solution:
     feasible: bool  # False: not even on-demand meets the deadline; the schedule is on-demand at once
 
 
-@register("selection", "optimal", simulator_only=True)
+@SELECTION_POLICIES.register("optimal", simulator_only=True)
 def optimal(request: SelectionRequest) -> Plan:
     raise OmniscientOnly("the optimal policy sees the whole trace; run it with `broker simulate`")
 

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from policies.errors import PolicyError
+from policies.registry import Registry
 
 if TYPE_CHECKING:
     import numpy as np
@@ -355,3 +356,12 @@ def _row_aggregates(row: Any, milli: Any) -> tuple[Any, Any]:
     fits = row[None, :] >= milli[:, None]
     short = np.where(~fits & (row > 0), row, 0).sum(axis=1)
     return fits.sum(axis=1), short
+
+
+class SharingPolicy(Protocol):
+    """Which node and GPU fractions a task that shares GPUs takes; None if it does not fit."""
+
+    def __call__(self, request: SharingRequest, cluster: SharingCluster, /) -> SharingPlacement | None: ...
+
+
+SHARING_POLICIES: Registry[SharingPolicy] = Registry("sharing")

@@ -128,13 +128,13 @@ class Settings(BaseSettings):
     @field_validator("selection_policy", "placement_policy", "preemption_policy", "eager_policy")
     @classmethod
     def _known_policy(cls, value: str | None, info: ValidationInfo) -> str | None:
-        from policies import registry
+        from policies import kinds
 
         try:
             kind = {"selection_policy": "selection", "placement_policy": "placement",
                     "eager_policy": "eager"}.get(info.field_name or "", "preemption")
-            return registry.check(kind, value)
-        except registry.UnknownPolicy as exc:
+            return kinds.of(kind).check(value)
+        except kinds.UnknownPolicy as exc:
             raise ValueError(str(exc)) from None
 
     @field_validator("queue_max_gpus", mode="after")

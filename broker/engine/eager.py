@@ -48,7 +48,6 @@ from broker.engine.parts import AfterCommit, Parts
 from broker.engine.planning import Planner
 from broker.model import ACTIVE_STATES, ClusterState, JobState, TeardownReason
 from broker.store.tables import AllocationRow, ClusterRow, JobEventRow, JobRow, PredictionRow
-from policies import registry
 from policies.eager import EagerRequest
 from policies.gang import GangPlacement
 from policies.placement import ClusterSnapshot
@@ -71,7 +70,7 @@ class Finishing:
 
 
 def enabled(parts: Parts) -> bool:
-    return (parts.options.eager_policy or registry.default_name("eager")) != "off"
+    return parts.policies.eager_name != "off"
 
 
 def ready_next(parts: Parts, planner: Planner) -> None:
