@@ -5,8 +5,11 @@ from __future__ import annotations
 import logging
 import sys
 
-from broker.cli.app import app, register_all
+from broker.cli.app import LazyGroup, app, register_all
+from broker.cli.commands import COMMANDS, HIDDEN
 from broker.errors import is_user_error
+
+LazyGroup.table, LazyGroup.hidden_names = COMMANDS, HIDDEN
 
 
 def _register() -> None:

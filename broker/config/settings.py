@@ -168,9 +168,12 @@ class Settings(BaseSettings):
     price_poll_seconds: dict[str, float] = Field(
         default_factory=lambda: {"aws": 300.0, "gcp": 300.0, "azure": 300.0},
         description="cloud -> seconds between price polls")
-    price_poller: str = Field("broker.service.hooks:poll_prices", description="module:function polling one cloud")
+    # None: the built-in hook (broker/service/hooks.py), which imports these settings itself.
+    price_poller: str | None = Field(None, description="module:function polling one cloud; default: the built-in "
+                                                       "poller into the price book")
     report_check_seconds: float = Field(60.0, gt=0, description="how often due report schedules are looked for")
-    report_runner: str = Field("broker.service.hooks:run_due_reports", description="module:function sending reports")
+    report_runner: str | None = Field(None, description="module:function sending reports; default: the built-in "
+                                                        "runner of due reports and budget alerts")
     capacity_gpus: int | None = Field(None, ge=1, description="GPUs running jobs may hold; shares are fractions of it")
     offline_catalog: bool = Field(False, description="validate submitted job files against the built-in catalog only")
     policy_schedules: list[PolicySchedule] = Field(default_factory=list, description="time-based policy changes")
