@@ -7,12 +7,11 @@ otherwise) with the message. Anything else is a ``BrokerError`` (or a plain bug)
 user's to fix.
 
 ``providers/`` and ``policies/`` may not import ``broker``, so they keep their own small bases;
-``USER_ERRORS`` names the ones that count as user errors here, in this one place.
+``user_errors()`` names the ones that count as user errors here, in this one place.
 """
 
 from __future__ import annotations
 
-from policies.errors import PolicyInputError
 from providers.base import ProviderInputError
 
 
@@ -26,9 +25,13 @@ class UserError(BrokerError):
     http_status = 422
 
 
-# What the CLI prints as one line with exit 2, and the API answers with a client error.
-USER_ERRORS: tuple[type[Exception], ...] = (UserError, ProviderInputError, PolicyInputError)
+def user_errors() -> tuple[type[Exception], ...]:
+    """What the CLI prints as one line with exit 2, and the API answers with a client error."""
+    # Imported here: the node agent's wheel carries broker/ and providers/ but not policies/.
+    from policies.errors import PolicyInputError
+
+    return (UserError, ProviderInputError, PolicyInputError)
 
 
 def is_user_error(exc: BaseException) -> bool:
-    return isinstance(exc, USER_ERRORS)
+    return isinstance(exc, user_errors())

@@ -99,3 +99,14 @@ def test_a_user_error_no_route_caught_is_a_4xx_with_its_message(tmp_path: Path) 
     assert {what: a.status_code for what, a in answers.items()} == {"job": 404, "store": 503, "user": 422,
                                                                      "trace": 422}
     assert answers["job"].json() == {"detail": "no job 'j-9'"}
+
+
+def test_the_node_agent_imports_nothing_from_policies() -> None:
+    """The agent's wheel carries broker/ and providers/ only (broker/backends/agent_wheel.py)."""
+    import subprocess
+    import sys
+
+    probe = ("import sys, broker.agent.__main__, broker.agent.node, broker.errors;"
+             "print(sorted(m for m in sys.modules if m.split('.')[0] == 'policies'))")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=True)
+    assert done.stdout.strip() == "[]"
