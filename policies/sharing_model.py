@@ -220,9 +220,6 @@ class SharingCluster:
 
         return int(np.clip(self.gpu_left, 0, None).sum())
 
-    def free_gpu_milli(self, node: int) -> int:
-        return int(sum(max(0, int(v)) for v in self.gpu_left[node]))
-
     # -- the fragmentation aggregates ---------------------------------------------------------------
 
     def with_shapes(self, shapes: Iterable[TaskShape]) -> SharingCluster:

@@ -41,7 +41,6 @@ class EngineOptions:
     selection_policy: str | None = None
     placement_policy: str | None = None
     preemption_policy: str | None = None
-    checkpointing_policy: str | None = None
     broker_url: str | None = None
     restart_overhead_s: float = CLOUD_RESTART_OVERHEAD_S
     checkpoint_gb: float = 0.0  # size of a job's checkpoint, for the cost of moving it between regions
@@ -136,8 +135,7 @@ class Parts:
         self.options = options
         self.policies = kinds.choose(
             selection_name=options.selection_policy, placement_name=options.placement_policy,
-            preemption_name=options.preemption_policy, checkpointing_name=options.checkpointing_policy,
-            eager_name=options.eager_policy)
+            preemption_name=options.preemption_policy, eager_name=options.eager_policy)
         self.selection = self.policies.selection
         self.placement = self.policies.placement
         self.preemption = self.policies.preemption
