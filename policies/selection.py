@@ -13,6 +13,7 @@ from typing import Protocol
 
 from policies.history import MarketHistory
 from policies.registry import Registry
+from providers.base import OfferKey
 
 ON_DEMAND = "on_demand"
 IDLE = "idle"
@@ -35,7 +36,7 @@ class ZoneOffer:
 
     @property
     def location(self) -> str:
-        return f"{self.cloud}/{self.zone}/{self.instance_type}"
+        return str(OfferKey(self.cloud, self.region, self.zone, self.instance_type))
 
     @property
     def region_key(self) -> str:

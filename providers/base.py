@@ -10,7 +10,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Protocol
 
-CLOUDS: tuple[str, ...] = ("aws", "gcp", "azure", "local")
+# The clouds with a catalog and price APIs, and every cloud a job may name (``local``: this machine).
+PUBLIC_CLOUDS: tuple[str, ...] = ("aws", "gcp", "azure")
+CLOUDS: tuple[str, ...] = (*PUBLIC_CLOUDS, "local")
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,6 +15,7 @@ from pydantic_settings import BaseSettings, NoDecode, PydanticBaseSettingsSource
 from broker.config.file import ConfigError, check_db_url, check_home, read_settings_file
 from broker.reports.settings import BudgetSettings, ReportSchedule
 from broker.service.schedule_config import PolicySchedule
+from providers.base import PUBLIC_CLOUDS
 
 
 def default_home() -> Path:
@@ -166,7 +167,7 @@ class Settings(BaseSettings):
     leader_check_seconds: float = Field(3.0, gt=0, description="how often leadership is tried or re-checked")
     reconcile_seconds: float = Field(30.0, gt=0, description="interval of the reconcile pass")
     price_poll_seconds: dict[str, float] = Field(
-        default_factory=lambda: {"aws": 300.0, "gcp": 300.0, "azure": 300.0},
+        default_factory=lambda: dict.fromkeys(PUBLIC_CLOUDS, 300.0),
         description="cloud -> seconds between price polls")
     # None: the built-in hook (broker/service/hooks.py), which imports these settings itself.
     price_poller: str | None = Field(None, description="module:function polling one cloud; default: the built-in "

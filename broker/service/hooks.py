@@ -14,10 +14,10 @@ from typing import Any
 from broker.config.settings import ConfigError, Settings
 from broker.market.book import PriceBook
 from broker.market.polling import poll_prices as poll
-from broker.market.polling import price_sources
 from broker.reports.schedule import check_budgets
 from broker.reports.schedule import run_due_reports as run
 from broker.store import Store
+from providers.sources import price_sources
 
 
 def poll_prices(store: Store, settings: Settings, cloud: str) -> None:
