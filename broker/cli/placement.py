@@ -123,7 +123,7 @@ def _simulate_sharing(workload: Path, nodes_csv: Path, policy: str | None, seed:
                       plot: Path | None, as_json: bool) -> None:
     import math
 
-    from broker.sim.sharing import TraceError, inflate, read_nodes, read_pods, replay
+    from broker.sim.sharing import ClusterTraceError, inflate, read_nodes, read_pods, replay
     from broker.sim.sharing import plot as draw
     from policies import kinds
 
@@ -146,10 +146,10 @@ def _simulate_sharing(workload: Path, nodes_csv: Path, policy: str | None, seed:
         nodes = read_nodes(nodes_csv)
         capacity = 1000 * sum(n.gpus for n in nodes)
         if capacity <= 0:
-            raise TraceError(f"{nodes_csv}: no node has a GPU")
+            raise ClusterTraceError(f"{nodes_csv}: no node has a GPU")
         pods = read_pods(workload, nodes)
         tasks = inflate(pods, capacity, until, seed)
-    except TraceError as exc:
+    except ClusterTraceError as exc:
         raise UsageError(str(exc)) from None
     results = [replay(tasks, nodes, name, kinds.sharing.get(name), seed=seed, until=until) for name in names]
     if plot is not None:

@@ -107,7 +107,7 @@ BLOCKED = ("fleet_full", "queue_full")
 _UNBLOCKED = ("launch", "transition")
 
 
-def blocked(parts: Parts, s: Session, job: JobRow, kind: str, **detail: object) -> None:
+def record_blocked(parts: Parts, s: Session, job: JobRow, kind: str, **detail: object) -> None:
     """Record that a limit holds the job back, once per spell: not on every step it still waits for
     the same reason, only when it was last launched or moved, or held back by something else."""
     last = s.execute(select(JobEventRow.kind, JobEventRow.detail)
@@ -131,10 +131,10 @@ def launch(parts: Parts, s: Session, job: JobRow, plan: Plan, exclude: set[str],
         gpus = job.num_nodes * offer.gpus_per_node
         max_gpus = parts.options.max_gpus
         if max_gpus is not None and fleet_gpus(s, leaving) + gpus > max_gpus:
-            blocked(parts, s, job, "fleet_full", max_gpus=max_gpus)
+            record_blocked(parts, s, job, "fleet_full", max_gpus=max_gpus)
             return None
         if (limit := autoscale.queue_full(parts, s, job, gpus, leaving)) is not None:
-            blocked(parts, s, job, "queue_full", queue_max_gpus=limit)
+            record_blocked(parts, s, job, "queue_full", queue_max_gpus=limit)
             return None
         sequence = int(s.scalar(select(func.count()).select_from(ClusterRow)
                                 .where(ClusterRow.job_id == job.id)) or 0) + 1
@@ -186,7 +186,7 @@ def reap(parts: Parts) -> None:
                 holder = s.get(JobRow, alloc.job_id)
                 if holder is None or JobState(holder.state).terminal:
                     end_allocation(alloc, holder.state.lower() if holder else "orphaned", now)
-            if not packing.holdings(s, row.id) and not autoscale.keep(parts, s, row, now):
+            if not packing.claims(s, row.id) and not autoscale.keep(parts, s, row, now):
                 release(row, now, TeardownReason.IDLE)
         for row in s.scalars(select(ClusterRow).where(ClusterRow.state == ClusterState.TERMINATING.value)):
             after.terminations.append(cluster_info(row))

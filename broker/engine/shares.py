@@ -76,7 +76,7 @@ def gpu_use(held: Iterable[Holding]) -> dict[tuple[int, int], float]:
     return use
 
 
-def fits(held: Iterable[Holding], job_id: str, claim: GangPlacement, share: float | None) -> bool:
+def claim_fits(held: Iterable[Holding], job_id: str, claim: GangPlacement, share: float | None) -> bool:
     """The claim's GPUs have ``share`` (a whole GPU for None) left once the other holders are counted."""
     use = gpu_use(h for h in held if h.job_id != job_id)
     need = 1.0 if share is None else share

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from broker.sim.sharing import Pod, TraceError, inflate, read_nodes, read_pods, replay
+from broker.sim.sharing import ClusterTraceError, Pod, inflate, read_nodes, read_pods, replay
 from policies import kinds
 from policies.sharing import SharingNode, TaskShape
 
@@ -81,7 +81,7 @@ BAD_NODES = [
 @pytest.mark.parametrize(("text", "message"), BAD_NODES)
 def test_bad_node_lists_name_the_row_and_column(tmp_path: Path, text: str | bytes, message: str) -> None:
     path = write(tmp_path, "nodes.csv", text)
-    with pytest.raises(TraceError) as info:
+    with pytest.raises(ClusterTraceError) as info:
         read_nodes(path)
     assert message in str(info.value)
     assert str(path) in str(info.value)
@@ -108,7 +108,7 @@ BAD_PODS = [
 def test_bad_pod_lists_name_the_row_and_column(tmp_path: Path, text: str, message: str) -> None:
     nodes = read_nodes(write(tmp_path, "n.csv", NODES))
     path = write(tmp_path, "pods.csv", text)
-    with pytest.raises(TraceError) as info:
+    with pytest.raises(ClusterTraceError) as info:
         read_pods(path, nodes)
     assert message in str(info.value)
     assert "\n" not in str(info.value)
@@ -121,16 +121,16 @@ def test_a_huge_pod_list_is_refused_by_rows_without_reading_it_all(tmp_path: Pat
     monkeypatch.setattr(sharing, "MAX_ROWS", 100)
     nodes = read_nodes(write(tmp_path, "n.csv", NODES))
     path = write(tmp_path, "pods.csv", HEAD + "p,1,1,1,100,\n" * 500)
-    with pytest.raises(TraceError, match="row 102: more than 100 rows"):
+    with pytest.raises(ClusterTraceError, match="row 102: more than 100 rows"):
         read_pods(path, nodes)
     monkeypatch.setattr(sharing, "MAX_FILE_BYTES", 1000)
-    with pytest.raises(TraceError, match="bytes is more than"):
+    with pytest.raises(ClusterTraceError, match="bytes is more than"):
         read_pods(path, nodes)
 
 
 def test_an_inflation_too_big_to_replay_is_refused() -> None:
     pods = [Pod("tiny", TaskShape(0, 0, 1, 1))]  # a thousandth of a GPU
-    with pytest.raises(TraceError, match="more than the 200000 a replay may have; lower --until"):
+    with pytest.raises(ClusterTraceError, match="more than the 200000 a replay may have; lower --until"):
         inflate(pods, 64 * 1000 * 1000, 1.3, seed=0)
 
 
