@@ -24,7 +24,8 @@ from policies.registry import Registry, UnknownPolicy
 from policies.selection import SELECTION_POLICIES, SelectionPolicy
 from policies.sharing_model import SHARING_POLICIES, SharingPolicy
 
-# Modules that register policies of a kind defined elsewhere (the kinds' own modules are imported below).
+# Modules that register policies into a kind defined in another module (each kind's own module is
+# imported above for its registry).
 REGISTERING: tuple[ModuleType, ...] = (policies.baselines, policies.broker_policy, policies.optimal, policies.sharing)
 
 selection = SELECTION_POLICIES
