@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from broker.sim.placement import PlacementResult, simulate
 from broker.sim.speed import BandwidthSpeed, ProfileSpeed, SpeedModel
 from broker.sim.workload import read_workload
-from policies import registry
+from policies import kinds
 from policies.gang import GangPlacement
 from policies.placement import ClusterSnapshot, MeasuredSplitCost, PlacementRequest
 
@@ -47,7 +47,7 @@ def replay(traces: Path, speed: SpeedModel,
         for w in range(1, 5):
             jobs = read_workload(traces / "philly" / f"workload-{w}.csv")
             empty = ClusterSnapshot.empty(f"8x{instance}", instance, 8)
-            out[(instance, w)] = {p: simulate(jobs, empty, p, registry.get("placement", p), speed) for p in POLICIES}
+            out[(instance, w)] = {p: simulate(jobs, empty, p, kinds.placement.get(p), speed) for p in POLICIES}
     return out
 
 
@@ -112,13 +112,13 @@ def print_scale(repeat: int, measured: MeasuredSplitCost) -> None:
         for gpus in (4, 64):
             cells = []
             for p in POLICIES:
-                place = registry.get("placement", p)
+                place = kinds.placement.get(p)
                 got = place(PlacementRequest("probe", gpus), base)
                 assert got is not None and got.gpu_count == gpus
                 ms = median_ms(partial(_decide, place, gpus, base), repeat)
                 cells.append(f"{ms:13.3f}")
             print(f"{instance:13} {gpus:5d} " + " ".join(cells))
-        place = registry.get("placement", "topology")
+        place = kinds.placement.get("topology")
         timed = [f"{g}-GPU gang {median_ms(partial(_decide, place, g, base, measured=measured), repeat):.3f} ms"
                  for g in (4, 8, 64)]
         print(f"{instance:13} topology with measured split costs: " + ", ".join(timed))

@@ -22,7 +22,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from broker.sim.sharing import SharingResult, inflate, plot, read_nodes, read_pods, replay
-from policies import registry
+from policies import kinds
 
 DEFAULT_TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
 # Unallocated GPU % at 100 % arrived workload, default pod list, median of the authors' 10 seeds.
@@ -50,8 +50,8 @@ def main() -> None:
     pods = read_pods(folder / "openb_pod_list_default.csv", nodes)
     capacity = 1000 * sum(n.gpus for n in nodes)
     seeds = [int(s) for s in args.seeds.split(",")]
-    default = registry.default_name("sharing") or "fgd"
-    names = sorted(registry.names("sharing"), key=lambda n: (n != default, n))
+    default = kinds.sharing.default_name() or "fgd"
+    names = sorted(kinds.sharing.names(), key=lambda n: (n != default, n))
     print(f"{len(nodes)} nodes, {capacity // 1000} GPUs; {len(pods)} pods inflated to {args.until:g} x GPU "
           f"capacity; seed(s) {', '.join(map(str, seeds))}")
     runs: dict[str, list[SharingResult]] = {n: [] for n in names}
@@ -60,7 +60,7 @@ def main() -> None:
         tasks = inflate(pods, capacity, args.until, seed)
         for name in names:
             t0 = time.perf_counter()
-            runs[name].append(replay(tasks, nodes, name, registry.get("sharing", name), seed=seed, until=args.until))
+            runs[name].append(replay(tasks, nodes, name, kinds.sharing.get(name), seed=seed, until=args.until))
             print(f"  seed {seed} {name}: {len(tasks)} tasks in {time.perf_counter() - t0:.0f} s", flush=True)
     med = {n: median_result(r) for n, r in runs.items()}
     print(f"\nunallocated GPU % of capacity when N % of it has arrived (ours), the paper's at 100 %; "

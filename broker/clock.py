@@ -21,8 +21,6 @@ class Clock(Protocol):
 
     def to_clock(self, wall_epoch: float) -> datetime: ...
 
-    def wall_seconds(self, clock_seconds: float) -> float: ...
-
 
 class WallClock:
     speed = 1.0
@@ -32,9 +30,6 @@ class WallClock:
 
     def to_clock(self, wall_epoch: float) -> datetime:
         return datetime.fromtimestamp(wall_epoch, UTC)
-
-    def wall_seconds(self, clock_seconds: float) -> float:
-        return clock_seconds
 
 
 @dataclass(frozen=True)
@@ -60,6 +55,3 @@ class AcceleratedClock:
 
     def to_wall(self, when: datetime) -> float:
         return self.wall_origin + (when - self.origin).total_seconds() / self.speed
-
-    def wall_seconds(self, clock_seconds: float) -> float:
-        return clock_seconds / self.speed

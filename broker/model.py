@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import enum
 
+from broker.errors import BrokerError
+
 
 class JobState(enum.StrEnum):
     PENDING = "PENDING"
@@ -47,7 +49,7 @@ ALLOWED_TRANSITIONS: dict[JobState, frozenset[JobState]] = {
 }
 
 
-class IllegalTransition(RuntimeError):
+class IllegalTransition(BrokerError, RuntimeError):
     pass
 
 

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Protocol
 
-from policies.registry import register
+from policies.registry import Registry
 
 
 @dataclass(frozen=True, slots=True)
@@ -21,7 +22,16 @@ class AdmissionRequest:
     share: float | None  # None: no share set for this queue
 
 
-@register("admission", "capacity_share", default=True)
+class AdmissionPolicy(Protocol):
+    """Whether a queued job may be planned now."""
+
+    def __call__(self, request: AdmissionRequest, /) -> bool: ...
+
+
+ADMISSION_POLICIES: Registry[AdmissionPolicy] = Registry("admission")
+
+
+@ADMISSION_POLICIES.register("capacity_share", default=True)
 def capacity_share(request: AdmissionRequest) -> bool:
     if request.capacity_gpus is None or request.share is None:
         return True
@@ -29,6 +39,6 @@ def capacity_share(request: AdmissionRequest) -> bool:
     return request.held_by_queue + request.gpus <= allowed
 
 
-@register("admission", "admit_all")
+@ADMISSION_POLICIES.register("admit_all")
 def admit_all(request: AdmissionRequest) -> bool:
     return True

@@ -15,9 +15,9 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-from policies.registry import register
 from policies.selection import (
     ON_DEMAND,
+    SELECTION_POLICIES,
     Budget,
     Location,
     Plan,
@@ -52,13 +52,13 @@ def _cheapest_up(request: SelectionRequest, offers: list[ZoneOffer]) -> list[Zon
                   key=lambda o: (o.spot_price / max(o.gpus_per_node, 1), o.location))
 
 
-@register("selection", "on_demand")
+@SELECTION_POLICIES.register("on_demand")
 def on_demand(request: SelectionRequest) -> Plan:
     """Always on-demand: the cost every saving is measured against."""
     return on_demand_plan(request, "on-demand only")
 
 
-@register("selection", "greedy")
+@SELECTION_POLICIES.register("greedy")
 @single_zone
 def greedy(request: SelectionRequest) -> Plan:
     """NSDI'24 greedy: spot whenever the zone has it, wait otherwise, on-demand once slack runs out."""
@@ -115,20 +115,20 @@ def _uniform_progress(request: SelectionRequest, offers: list[ZoneOffer]) -> Pla
     return WAIT
 
 
-@register("selection", "uniform_progress")
+@SELECTION_POLICIES.register("uniform_progress")
 @single_zone
 def uniform_progress(request: SelectionRequest) -> Plan:
     """NSDI'24 Uniform Progress in one zone: pace progress evenly to the deadline, with hysteresis."""
     return _uniform_progress(request, eligible_offers(request)[:1])
 
 
-@register("selection", "up_multi")
+@SELECTION_POLICIES.register("up_multi")
 def up_multi(request: SelectionRequest) -> Plan:
     """Uniform Progress over every zone: after a preemption, the cheapest zone with capacity."""
     return _uniform_progress(request, eligible_offers(request))
 
 
-@register("selection", "skypilot_eager")
+@SELECTION_POLICIES.register("skypilot_eager")
 def skypilot_eager(request: SelectionRequest) -> Plan:
     """SkyPilot EAGER_NEXT_REGION: relaunch at once, other regions than the preempted one first,
     cheapest first; no deadline or price-trend awareness, plus the on-demand safety net."""

@@ -68,9 +68,9 @@ from policies.broker_policy_runs import (
     recent_preemptions,
     spot_only_need,
 )
-from policies.registry import register
 from policies.selection import (
     ON_DEMAND,
+    SELECTION_POLICIES,
     Budget,
     Location,
     Plan,
@@ -105,7 +105,7 @@ class _Option:
     egress: float = 0.0  # checkpoint egress to enter, in price x node-steps
 
 
-@register("selection", "broker_lean")
+@SELECTION_POLICIES.register("broker_lean")
 def broker_lean(request: SelectionRequest) -> Plan:
     """``broker``, or the simpler rule that the job's own market shows is winning on it
     (``policies.broker_policy_replay``), under the same deadline floor."""
@@ -135,7 +135,7 @@ def _deadline_floor(request: SelectionRequest) -> Plan | None:
     return None
 
 
-@register("selection", "broker", default=True)
+@SELECTION_POLICIES.register("broker", default=True)
 def broker(request: SelectionRequest) -> Plan:
     """Cheapest expected progress among spot zones, waiting or on-demand as the slack allows."""
     request = _one_gpu_type(request)

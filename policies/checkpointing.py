@@ -26,8 +26,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Protocol
 
-from policies.registry import register
+from policies.registry import Registry
 
 # The agent gives up waiting for a checkpoint this long before the node goes (broker/agent).
 NOTICE_MARGIN_S = 1.0
@@ -93,7 +94,16 @@ def daly_interval(checkpoint_s: float, mean_time_to_loss_s: float) -> float:
     return math.sqrt(2 * d * m) * (1 + math.sqrt(d / (2 * m)) / 3 + d / (18 * m)) - d
 
 
-@register("checkpointing", "young_daly", default=True)
+class CheckpointingPolicy(Protocol):
+    """How often a running job should checkpoint."""
+
+    def __call__(self, request: CheckpointRequest, /) -> CheckpointPlan: ...
+
+
+CHECKPOINTING_POLICIES: Registry[CheckpointingPolicy] = Registry("checkpointing")
+
+
+@CHECKPOINTING_POLICIES.register("young_daly", default=True)
 def young_daly(request: CheckpointRequest) -> CheckpointPlan:
     lam = request.loss_hazard_per_s
     if lam <= 0:
@@ -106,11 +116,11 @@ def young_daly(request: CheckpointRequest) -> CheckpointPlan:
     return CheckpointPlan(interval, f"{why}: one every {interval / 60:.1f} min of work")
 
 
-@register("checkpointing", "notice_only")
+@CHECKPOINTING_POLICIES.register("notice_only")
 def notice_only(request: CheckpointRequest) -> CheckpointPlan:
     return CheckpointPlan(None, "checkpoint only on a notice")
 
 
-@register("checkpointing", "fixed_interval")
+@CHECKPOINTING_POLICIES.register("fixed_interval")
 def fixed_interval(request: CheckpointRequest) -> CheckpointPlan:
     return CheckpointPlan(FIXED_INTERVAL_S, "every 15 minutes")

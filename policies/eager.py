@@ -31,9 +31,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, Protocol
 
-from policies.registry import register
+from policies.registry import Registry
 
 Kind = Literal["reserve", "boot", "release"]
 
@@ -69,7 +69,16 @@ class EagerDecision:
     idle_removed_s: float = 0.0  # market seconds of the queued job's wait removed
 
 
-@register("eager", "eager")
+class EagerPolicy(Protocol):
+    """Whether to ready a queued job now, before a running job's predicted finish."""
+
+    def __call__(self, request: EagerRequest, /) -> EagerDecision: ...
+
+
+EAGER_POLICIES: Registry[EagerPolicy] = Registry("eager")
+
+
+@EAGER_POLICIES.register("eager")
 def eager(request: EagerRequest) -> EagerDecision:
     if request.kind == "release":
         return _release(request)
@@ -112,6 +121,6 @@ def _release(request: EagerRequest) -> EagerDecision:
                                "reservation up", idle_removed_s=expected - request.elsewhere_s)
 
 
-@register("eager", "off", default=True)
+@EAGER_POLICIES.register("off", default=True)
 def off(request: EagerRequest) -> EagerDecision:
     return EagerDecision(False, "eager allocation is off")

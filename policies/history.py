@@ -14,6 +14,8 @@ from typing import Any
 
 import numpy as np
 
+from providers.base import OfferKey
+
 
 def _frozen(array: np.ndarray) -> np.ndarray:
     array = np.ascontiguousarray(array)
@@ -84,7 +86,7 @@ class MarketSeries:
     def from_trace(cls, trace: Any) -> MarketSeries:
         """From a ``providers.trace.MarketTrace`` (or anything with its fields)."""
         return cls(
-            locations=tuple(f"{z.cloud}/{z.zone}/{z.instance_type}" for z in trace.zones),
+            locations=tuple(str(OfferKey(z.cloud, z.region, z.zone, z.instance_type)) for z in trace.zones),
             regions=tuple(f"{z.cloud}/{z.region}" for z in trace.zones),
             tick_seconds=trace.tick_seconds,
             spot_price=trace.spot_price,

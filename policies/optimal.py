@@ -17,14 +17,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from policies.registry import register
-from policies.selection import Plan, SelectionRequest
+from policies.errors import PolicyError
+from policies.selection import SELECTION_POLICIES, Plan, SelectionRequest
 
 IDLE_CODE = -1
 ON_DEMAND_CODE = -2
 
 
-class OmniscientOnly(RuntimeError):
+class OmniscientOnly(PolicyError, RuntimeError):
     """``optimal`` needs the whole trace: only the simulator can run it."""
 
 
@@ -49,7 +49,7 @@ class Solution:
     feasible: bool  # False: not even on-demand meets the deadline; the schedule is on-demand at once
 
 
-@register("selection", "optimal", simulator_only=True)
+@SELECTION_POLICIES.register("optimal", simulator_only=True)
 def optimal(request: SelectionRequest) -> Plan:
     raise OmniscientOnly("the optimal policy sees the whole trace; run it with `broker simulate`")
 

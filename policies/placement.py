@@ -40,9 +40,10 @@ from bisect import insort
 from dataclasses import dataclass, field
 from functools import cached_property, lru_cache
 from operator import is_
+from typing import Protocol
 
 from policies.gang import GangPlacement
-from policies.registry import register
+from policies.registry import Registry
 from providers.topology import NodeTopology, ring_table, topology
 
 LEVEL_NODE = "node"
@@ -520,7 +521,16 @@ def _required_fail(request: PlacementRequest, cluster: ClusterSnapshot) -> bool:
             and (request.gpus > cluster.topology.gpus or (request.num_nodes or 1) > 1))
 
 
-@register("placement", "topology", default=True)
+class PlacementPolicy(Protocol):
+    """Which GPUs of a cluster a gang takes; None if it does not fit."""
+
+    def __call__(self, request: PlacementRequest, cluster: ClusterSnapshot, /) -> GangPlacement | None: ...
+
+
+PLACEMENT_POLICIES: Registry[PlacementPolicy] = Registry("placement")
+
+
+@PLACEMENT_POLICIES.register("topology", default=True)
 def topology_aware(request: PlacementRequest, cluster: ClusterSnapshot) -> GangPlacement | None:
     """Least communication cost (fewest nodes, strongest ring), then best fit; see the module doc."""
     if cluster.free_gpus < request.gpus or _required_fail(request, cluster):
@@ -547,7 +557,7 @@ def topology_aware(request: PlacementRequest, cluster: ClusterSnapshot) -> GangP
 # --- baselines -----------------------------------------------------------------------------------
 
 
-@register("placement", "first_fit")
+@PLACEMENT_POLICIES.register("first_fit")
 def first_fit(request: PlacementRequest, cluster: ClusterSnapshot) -> GangPlacement | None:
     """Nodes in rank order, GPUs in index order: the first free ones that make up the gang."""
     if cluster.free_gpus < request.gpus or _required_fail(request, cluster):
@@ -580,7 +590,7 @@ def first_fit(request: PlacementRequest, cluster: ClusterSnapshot) -> GangPlacem
     return None
 
 
-@register("placement", "random")
+@PLACEMENT_POLICIES.register("random")
 def random_fit(request: PlacementRequest, cluster: ClusterSnapshot) -> GangPlacement | None:
     """Free GPUs drawn at random (seeded by the request's seed and job id, so replays repeat)."""
     if cluster.free_gpus < request.gpus or _required_fail(request, cluster):
@@ -620,7 +630,7 @@ def _mask(gpus: list[int]) -> int:
     return m
 
 
-@register("placement", "packed_sticky")
+@PLACEMENT_POLICIES.register("packed_sticky")
 def packed_sticky(request: PlacementRequest, cluster: ClusterSnapshot) -> GangPlacement | None:
     """PAL's packed-sticky baseline: keep the previous placement if it is free; else a node with
     exactly or the fewest more free GPUs than needed (lowest GPU indices); else the nodes with the

@@ -28,10 +28,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 from policies.gang import GangPlacement
 from policies.placement import ClusterSnapshot, PlacementRequest, topology_aware
-from policies.registry import register
+from policies.registry import Registry
 
 Placer = Callable[[PlacementRequest, ClusterSnapshot], GangPlacement | None]
 
@@ -88,7 +89,17 @@ def victim_order(request: PreemptionRequest, running: tuple[RunningGang, ...]) -
     )
 
 
-@register("preemption", "checkpoint_aware", default=True)
+class PreemptionPolicy(Protocol):
+    """Which lower-priority gangs give up their GPUs for a waiting one; None: nobody."""
+
+    def __call__(self, request: PreemptionRequest, cluster: ClusterSnapshot,
+                 running: tuple[RunningGang, ...], /) -> PreemptionPlan | None: ...
+
+
+PREEMPTION_POLICIES: Registry[PreemptionPolicy] = Registry("preemption")
+
+
+@PREEMPTION_POLICIES.register("checkpoint_aware", default=True)
 def plan_preemption(request: PreemptionRequest, cluster: ClusterSnapshot, running: tuple[RunningGang, ...],
                     placer: Placer = topology_aware) -> PreemptionPlan | None:
     """The victims to preempt so ``request`` fits, or None (it fits already, cannot fit, or is not worth it)."""

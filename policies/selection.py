@@ -9,9 +9,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Protocol
 
 from policies.history import MarketHistory
-from policies.registry import register
+from policies.registry import Registry
+from providers.base import OfferKey
 
 ON_DEMAND = "on_demand"
 IDLE = "idle"
@@ -34,7 +36,7 @@ class ZoneOffer:
 
     @property
     def location(self) -> str:
-        return f"{self.cloud}/{self.zone}/{self.instance_type}"
+        return str(OfferKey(self.cloud, self.region, self.zone, self.instance_type))
 
     @property
     def region_key(self) -> str:
@@ -195,7 +197,16 @@ def _eligible(request: SelectionRequest) -> list[ZoneOffer]:
     return [o for o in request.offers if o.location not in request.excluded and _allowed(request.job, o)]
 
 
-@register("selection", "cheapest_spot")
+class SelectionPolicy(Protocol):
+    """Where a job should run, best first."""
+
+    def __call__(self, request: SelectionRequest, /) -> Plan: ...
+
+
+SELECTION_POLICIES: Registry[SelectionPolicy] = Registry("selection")
+
+
+@SELECTION_POLICIES.register("cheapest_spot")
 def cheapest_spot(request: SelectionRequest) -> Plan:
     """Spot offers with capacity for the whole gang, cheapest first, then on-demand as fallback."""
     offers = _eligible(request)

@@ -12,15 +12,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from policies.registry import register
 from policies.sharing_fit import Candidates, best_index, candidates, node_score
-from policies.sharing_model import MILLI, SharingCluster, SharingPlacement, SharingRequest
+from policies.sharing_model import MILLI, SHARING_POLICIES, SharingCluster, SharingPlacement, SharingRequest
 
 MAX_NODE_SCORE = 100  # kube-scheduler's framework.MaxNodeScore
 MAX_SPEC_GPU_NODE = 8  # the simulator's MaxSpecGpu (8000 milli): the largest node's GPUs
 
 
-@register("sharing", "first_fit")
+@SHARING_POLICIES.register("first_fit")
 def first_fit(request: SharingRequest, cluster: SharingCluster) -> SharingPlacement | None:
     """The first node in list order that fits; its first GPUs that fit."""
     import numpy as np
@@ -34,7 +33,7 @@ def first_fit(request: SharingRequest, cluster: SharingCluster) -> SharingPlacem
     return found.place(node)
 
 
-@register("sharing", "random")
+@SHARING_POLICIES.register("random")
 def random_fit(request: SharingRequest, cluster: SharingCluster) -> SharingPlacement | None:
     """A random node that fits, and random GPUs of it that fit (seeded by the request)."""
     import numpy as np
@@ -60,7 +59,7 @@ def best_fit(c: Candidates) -> Any:
             + 0.5 * (gpu_free - task.total_gpu_milli) / (MILLI * cluster.gpus_max))
 
 
-@register("sharing", "dot_product")
+@SHARING_POLICIES.register("dot_product")
 def dot_product(request: SharingRequest, cluster: SharingCluster) -> SharingPlacement | None:
     """Tetris-style alignment as FGD's simulator scores it: the smallest dot product of the node's
     free (CPU, GPU) and the task's demand, both normalised; for a fraction, per GPU."""

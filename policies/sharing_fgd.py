@@ -16,9 +16,16 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
-from policies.registry import register
 from policies.sharing_fit import best_index, candidates
-from policies.sharing_model import MILLI, SharingCluster, SharingPlacement, SharingRequest, TaskShape, WorkloadMix
+from policies.sharing_model import (
+    MILLI,
+    SHARING_POLICIES,
+    SharingCluster,
+    SharingPlacement,
+    SharingRequest,
+    TaskShape,
+    WorkloadMix,
+)
 
 
 @dataclass(frozen=True, eq=False)
@@ -86,7 +93,7 @@ def expected_fragmentation(cluster: SharingCluster, mix: WorkloadMix) -> Any:
     return frag @ arrays.weights
 
 
-@register("sharing", "fgd", default=True)
+@SHARING_POLICIES.register("fgd", default=True)
 def fgd(request: SharingRequest, cluster: SharingCluster) -> SharingPlacement | None:
     """The node and GPU whose expected fragmentation (against the mix seen so far) grows least."""
     import numpy as np

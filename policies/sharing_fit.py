@@ -15,8 +15,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
-from policies.registry import register
-from policies.sharing_model import SharingCluster, SharingPlacement, SharingRequest, TaskShape
+from policies.sharing_model import SHARING_POLICIES, SharingCluster, SharingPlacement, SharingRequest, TaskShape
 
 Policy = Callable[[SharingRequest, SharingCluster], SharingPlacement | None]
 
@@ -129,5 +128,5 @@ def node_score(name: str, *, maximise: bool = True, default: bool = False) -> Ca
 
         policy.__name__ = policy.__qualname__ = score.__name__
         policy.__doc__ = score.__doc__
-        return register("sharing", name, default=default)(policy)
+        return SHARING_POLICIES.register(name, default=default)(policy)
     return wrap

@@ -10,7 +10,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
+
+from policies.errors import PolicyError
+from policies.registry import Registry
 
 if TYPE_CHECKING:
     import numpy as np
@@ -25,7 +28,7 @@ NO_GPU_MEMORY_LIMIT = 1 << 40  # MiB; a node whose GPU memory is unknown limits 
 MAX_SHAPES = 48  # the most frequent task shapes the fragmentation measure weighs
 
 
-class PlacementRefused(ValueError):
+class PlacementRefused(PolicyError, ValueError):
     """A placement that would break a hard rule (oversubscription, wrong GPU model, spread fraction)."""
 
 
@@ -217,9 +220,6 @@ class SharingCluster:
 
         return int(np.clip(self.gpu_left, 0, None).sum())
 
-    def free_gpu_milli(self, node: int) -> int:
-        return int(sum(max(0, int(v)) for v in self.gpu_left[node]))
-
     # -- the fragmentation aggregates ---------------------------------------------------------------
 
     def with_shapes(self, shapes: Iterable[TaskShape]) -> SharingCluster:
@@ -353,3 +353,12 @@ def _row_aggregates(row: Any, milli: Any) -> tuple[Any, Any]:
     fits = row[None, :] >= milli[:, None]
     short = np.where(~fits & (row > 0), row, 0).sum(axis=1)
     return fits.sum(axis=1), short
+
+
+class SharingPolicy(Protocol):
+    """Which node and GPU fractions a task that shares GPUs takes; None if it does not fit."""
+
+    def __call__(self, request: SharingRequest, cluster: SharingCluster, /) -> SharingPlacement | None: ...
+
+
+SHARING_POLICIES: Registry[SharingPolicy] = Registry("sharing")

@@ -395,3 +395,21 @@ class AwsImdsReader:
 
     def acknowledge(self, notice: NodeNotice) -> None:
         """EC2 takes the node at the notice's time whatever the node says."""
+
+
+MAX_EVENT_BODY = 256 * 1024  # SQS's own limit on a message; anything longer is no EventBridge event
+
+
+def eventbridge_event(body: str) -> dict[str, Any] | None:
+    """The EventBridge event in a message body, unwrapping an SNS envelope; None if it is not one."""
+    if len(body) > MAX_EVENT_BODY:
+        return None
+    try:
+        event = json.loads(body)
+        if isinstance(event, dict) and event.get("Type") == "Notification" and "Message" in event:
+            event = json.loads(event["Message"])
+    except (ValueError, TypeError, RecursionError):  # RecursionError: nesting deeper than the parser goes
+        return None
+    if not isinstance(event, dict) or not isinstance(event.get("detail"), dict):
+        return None
+    return event

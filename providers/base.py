@@ -10,7 +10,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Protocol
 
-CLOUDS: tuple[str, ...] = ("aws", "gcp", "azure", "local")
+# The clouds with a catalog and price APIs, and every cloud a job may name (``local``: this machine).
+PUBLIC_CLOUDS: tuple[str, ...] = ("aws", "gcp", "azure")
+CLOUDS: tuple[str, ...] = (*PUBLIC_CLOUDS, "local")
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,7 +56,15 @@ class SpotQuote:
         return OfferKey(self.cloud, self.region, self.zone, self.instance_type)
 
 
-class CloudUnavailable(RuntimeError):
+class ProviderError(Exception):
+    """The error base of ``providers/`` (which may not import ``broker``; ``broker.errors`` maps these)."""
+
+
+class ProviderInputError(ProviderError):
+    """Input the user can fix (a trace file, an instance type they named): exit 2 in the CLI."""
+
+
+class CloudUnavailable(ProviderError, RuntimeError):
     """The cloud cannot be asked at all (no credentials, SDK missing); skip it with one line."""
 
 

@@ -11,6 +11,7 @@ GB per GPU (the vendor's figure), interconnect how a node's GPUs reach each othe
 from __future__ import annotations
 
 import csv
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -106,3 +107,17 @@ def find_any(name: str, cloud: str | None = None) -> InstanceType | None:
         if t.name == name and (cloud is None or t.cloud == cloud):
             return t
     return None
+
+
+# How each cloud spells its instance types (family.size; series-kind-size; Standard_Size).
+INSTANCE_TYPE_NAMING: dict[str, re.Pattern[str]] = {
+    "aws": re.compile(r"^[a-z][a-z0-9-]*\.(nano|micro|small|medium|large|metal(-\d+xl)?|\d*xlarge)$"),
+    "gcp": re.compile(r"^[a-z][a-z0-9]*-[a-z]+-\d+[a-z]*(-[a-z0-9]+)*$|^[a-z][a-z0-9]*-(micro|small|medium)$"),
+    "azure": re.compile(r"^(Standard|Basic)_[A-Za-z0-9_-]+$"),
+}
+
+
+def spelt_as_instance_type(name: str, cloud: str) -> bool:
+    """``name`` follows ``cloud``'s spelling of instance types (whether or not the built-in rows hold it)."""
+    naming = INSTANCE_TYPE_NAMING.get(cloud)
+    return naming is not None and naming.match(name) is not None

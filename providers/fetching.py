@@ -14,6 +14,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from providers.base import ProviderError
+
 T = TypeVar("T")
 R = TypeVar("R")
 
@@ -35,7 +37,7 @@ class Backoff:
         return rng.uniform(0.0, min(self.max_seconds, self.base_seconds * (2**attempt)))
 
 
-class HttpStatusError(RuntimeError):
+class HttpStatusError(ProviderError, RuntimeError):
     """An HTTP answer that was not 2xx; ``retry_after`` is the server's hint in seconds, if any."""
 
     def __init__(self, url: str, status: int, body: str, retry_after: float | None = None) -> None:

@@ -27,6 +27,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import lru_cache
 
+from providers.base import ProviderInputError
+
 NVSWITCH = "nvswitch"
 NVLINK = "nvlink"
 PCIE = "pcie"
@@ -43,7 +45,7 @@ GCP_PLACEMENT = "compact placement policy"  # Compute Engine docs, "Placement po
 AZURE_PLACEMENT = "proximity placement group"  # Azure docs, "Proximity placement groups"
 
 
-class UnknownInstanceType(KeyError):
+class UnknownInstanceType(ProviderInputError, KeyError):
     def __str__(self) -> str:
         return str(self.args[0])
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from providers.base import OfferKey, SpotQuote
+from providers.base import OfferKey, ProviderInputError, SpotQuote
 
 COLUMNS: tuple[str, ...] = (
     "time",
@@ -41,7 +41,7 @@ MAX_COUNT = 1_000_000
 MAX_CELLS = 50_000_000
 
 
-class TraceError(ValueError):
+class TraceError(ProviderInputError, ValueError):
     """A trace file that does not follow the format; the message names the row and the column."""
 
 

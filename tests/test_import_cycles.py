@@ -1,9 +1,11 @@
 """No import cycles between the modules of ``broker/``, ``policies/`` and ``providers/``, and no
 import of ``broker`` from ``policies`` or ``providers``.
 
-The graph counts every import a module makes, at its top level or inside a function (a lazy
-import only hides a cycle), except those under ``if TYPE_CHECKING:``, which never run.
-``from package import name`` points at ``package.name`` when that is a module, else at ``package``.
+The graph counts every import a module makes: at its top level, inside a function (a lazy import
+only hides a cycle), under ``if TYPE_CHECKING:`` (the types bind the modules as much as the code
+does), and by string: ``importlib.import_module("a.b")``, a module's name in a table of them
+(a tuple, list, set or dict literal), and ``"a.b:name"`` references. ``from package import name``
+points at ``package.name`` when that is a module, else at ``package``.
 """
 
 from __future__ import annotations
@@ -26,23 +28,38 @@ def _modules() -> dict[str, Path]:
     return found
 
 
-def _type_checking(test: ast.expr) -> bool:
-    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
-
-
 def _imports(body: list[ast.stmt]) -> Iterator[ast.Import | ast.ImportFrom]:
     for node in body:
-        if isinstance(node, (ast.Import, ast.ImportFrom)):
-            yield node
-        elif isinstance(node, ast.If) and _type_checking(node.test):
-            yield from _imports(node.orelse)
-        else:
-            for child in ast.iter_child_nodes(node):
-                if isinstance(child, ast.stmt):
-                    yield from _imports([child])
-                elif isinstance(child, ast.ExceptHandler):
-                    yield from _imports(child.body)
+        for child in ast.walk(node):
+            if isinstance(child, (ast.Import, ast.ImportFrom)):
+                yield child
+
+
+IMPORT_CALLS = {"import_module", "__import__"}
+
+
+def _named_by_string(tree: ast.Module, modules: dict[str, Path]) -> set[str]:
+    """Modules named by a dotted string: imported by name, listed in a table, or referenced as ``module:name``."""
+    named: set[str] = set()
+    for node in ast.walk(tree):
+        strings: list[ast.expr] = []
+        if isinstance(node, ast.Call):
+            func = node.func
+            called = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
+            if called in IMPORT_CALLS and node.args:
+                strings.append(node.args[0])
+        elif isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+            strings.extend(node.elts)
+        elif isinstance(node, ast.Dict):
+            strings.extend([*(k for k in node.keys if k is not None), *node.values])
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and ":" in node.value:
+            module = node.value.partition(":")[0]
+            if module in modules:
+                named.add(module)
+        # A dotted name only: "broker" alone is as likely a policy's name as the package.
+        named |= {e.value for e in strings
+                  if isinstance(e, ast.Constant) and isinstance(e.value, str) and "." in e.value and e.value in modules}
+    return named
 
 
 def _graph() -> dict[str, set[str]]:
@@ -50,8 +67,9 @@ def _graph() -> dict[str, set[str]]:
     graph: dict[str, set[str]] = {}
     for name, path in modules.items():
         package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-        edges: set[str] = set()
-        for node in _imports(ast.parse(path.read_text()).body):
+        tree = ast.parse(path.read_text())
+        edges = {t for t in _named_by_string(tree, modules) if t != name}
+        for node in _imports(tree.body):
             if isinstance(node, ast.Import):
                 targets = [alias.name for alias in node.names]
             else:
@@ -106,12 +124,28 @@ def test_the_graph_sees_imports() -> None:
     assert "broker.engine.clusters" in graph["broker.engine.step"]  # from broker.engine import clusters
     assert "policies.gang" in graph["policies.placement"]
     assert "providers.aws" in graph["providers.notices"]  # inside reader_for
-    assert "broker.runtime" not in graph["broker.backends.skypilot.runtime"]  # Runtime is named only for type checking
+    hidden = ast.parse("if TYPE_CHECKING:\n    from broker.runtime import Runtime\nelse:\n    import broker.clock\n")
+    assert [n.module if isinstance(n, ast.ImportFrom) else n.names[0].name for n in _imports(hidden.body)] == [
+        "broker.runtime", "broker.clock"]  # both branches of `if TYPE_CHECKING:` count
+    assert "broker.cli.jobs" in graph["broker.cli.commands"]  # a table of module names
+    modules = _modules()
+    named = _named_by_string(ast.parse('importlib.import_module("policies.gang")\nx = "broker.clock:WallClock"\n'
+                                       'log = getLogger("broker.engine")'), modules)
+    assert named == {"policies.gang", "broker.clock"}  # a logger's name is not an import
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 
 
+# Cycles that changes under way remove (the runtime and its SkyPilot runtime, the service's runner
+# and its tasks, the status summary and its ORM reader); named, so that no new one hides behind them.
+KNOWN_CYCLES = [
+    ["broker.backends.skypilot.runtime", "broker.runtime"],
+    ["broker.service.runner", "broker.service.tasks"],
+    ["broker.status.orm_source", "broker.status.summary"],
+]
+
+
 def test_no_import_cycles() -> None:
-    cycles = _cycles(_graph())
+    cycles = [c for c in _cycles(_graph()) if c not in KNOWN_CYCLES]
     assert cycles == [], "import cycles: " + "; ".join(" <-> ".join(c) for c in cycles)
 
 

@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 from broker.agent.node import AgentOptions, run_agent
+from providers.base import CLOUDS
 
 
 def _signal(name: str) -> signal.Signals:
@@ -64,7 +65,7 @@ def read_token(path: str | None) -> str | None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m broker.agent", description=__doc__)
-    parser.add_argument("--cloud", default="auto", choices=["aws", "gcp", "azure", "local", "auto"])
+    parser.add_argument("--cloud", default="auto", choices=[*CLOUDS, "auto"])
     parser.add_argument("--metadata-url", help="base of the metadata service (default: the cloud's)")
     parser.add_argument("--broker-url", help="where to report notices (POST /v1/notices)")
     parser.add_argument("--token-file", help=f"file holding this cluster's agent token, mode 600 "

@@ -29,6 +29,8 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
+from broker.errors import BrokerError
+
 CONTROL = "nvidia-cuda-mps-control"
 PID_FILE = "nvidia-cuda-mps-control.pid"
 DEFAULT_PIPE_DIRECTORY = "/tmp/nvidia-mps"
@@ -36,7 +38,7 @@ DEFAULT_LOG_DIRECTORY = "/var/log/nvidia-mps"
 START_TIMEOUT_S = 10.0
 
 
-class MpsError(RuntimeError):
+class MpsError(BrokerError, RuntimeError):
     pass
 
 

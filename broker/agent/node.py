@@ -21,8 +21,6 @@ import subprocess
 import tempfile
 import threading
 import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -32,7 +30,7 @@ from broker.agent import mps
 from broker.agent.checkpoint import CheckpointMark, latest_checkpoint
 from broker.agent.progress import ProgressReporter, pass_through, read_progress_file
 from broker.agent.reporting import LatestOnly, post_with_retry
-from providers.notices import NodeNotice, NoticeReader, reader_for
+from providers.notices import NodeNotice, NoticeReader, detect_cloud, reader_for
 
 log = logging.getLogger("broker.agent")
 
@@ -72,28 +70,6 @@ class EventLog:
             return
         with self._lock, self.path.open("a") as handle:
             handle.write(json.dumps(record, default=str) + "\n")
-
-
-def detect_cloud(metadata_url: str | None) -> str:
-    """Ask each metadata service in turn, briefly; ``none`` when no cloud answers."""
-    probes = [
-        ("aws", "PUT", "/latest/api/token", {"X-aws-ec2-metadata-token-ttl-seconds": "60"},
-         metadata_url or "http://169.254.169.254"),
-        ("gcp", "GET", "/computeMetadata/v1/instance/id", {"Metadata-Flavor": "Google"},
-         metadata_url or "http://metadata.google.internal"),
-        ("azure", "GET", "/metadata/instance?api-version=2021-02-01", {"Metadata": "true"},
-         metadata_url or "http://169.254.169.254"),
-    ]
-    for cloud, method, path, headers, base in probes:
-        request = urllib.request.Request(base.rstrip("/") + path, method=method, headers=headers)
-        try:
-            with urllib.request.urlopen(request, timeout=0.5) as response:
-                # GCE's server also listens on 169.254.169.254: it is known by its Metadata-Flavor answer.
-                if response.status == 200 and (cloud != "gcp" or response.headers.get("Metadata-Flavor") == "Google"):
-                    return cloud
-        except (OSError, urllib.error.URLError):
-            continue
-    return "none"
 
 
 class NoticeReporter:

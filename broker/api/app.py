@@ -19,8 +19,9 @@ from broker.api.notices import notices_router
 from broker.api.pipelines import pipelines_router
 from broker.api.prices import prices_router
 from broker.api.reports import reports_router
-from broker.api.validation import validation_error_response
+from broker.api.validation import user_error_response, validation_error_response
 from broker.clock import Clock
+from broker.errors import user_errors
 from broker.store import Store
 
 
@@ -29,6 +30,8 @@ def create_app(store: Store, clock: Clock, intake: JobIntake | None = None,
     """The notice API alone (the embedded broker), or with ``intake`` the whole service API."""
     app = FastAPI(title="spot broker", version="1", docs_url=None, redoc_url=None)
     app.add_exception_handler(RequestValidationError, validation_error_response)
+    for error in user_errors():
+        app.add_exception_handler(error, user_error_response)
     app.include_router(notices_router(store, clock))
     app.include_router(agent_reports_router(store, clock))
 

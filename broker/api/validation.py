@@ -61,6 +61,11 @@ async def validation_error_response(request: Request, exc: Exception) -> JSONRes
     return JSONResponse(status_code=422, content={"detail": errors, "message": one_line(errors)})
 
 
+async def user_error_response(request: Request, exc: Exception) -> JSONResponse:
+    """A user error no route caught: its one-line message, with its class's 4xx status."""
+    return JSONResponse(status_code=getattr(exc, "http_status", 422), content={"detail": str(exc)})
+
+
 def json_body(model: type[Model]) -> Callable[[Request], Awaitable[Model]]:
     """A dependency reading the body as ``model``; declare it after the route's authentication."""
 

@@ -5,33 +5,15 @@ from __future__ import annotations
 import logging
 import sys
 
-from broker.cli.app import UsageError, app, register_all
+from broker.cli.app import LazyGroup, app, register_all
+from broker.cli.commands import COMMANDS, HIDDEN
+from broker.errors import is_user_error
 
-# The errors a command raises for bad input, as (module, class): printed as one line, exit 2. They
-# are looked up in sys.modules, so catching them imports nothing: an error whose module was never
-# imported cannot have been raised.
-USER_ERRORS = (
-    ("broker.config.file", "ConfigError"),
-    ("broker.engine.machine", "UnknownJob"),
-    ("broker.spec.job", "SpecError"),
-    ("broker.store.db", "StoreError"),
-    ("providers.trace", "TraceError"),
-)
+LazyGroup.table, LazyGroup.hidden_names = COMMANDS, HIDDEN
 
 
 def _register() -> None:
     register_all()
-
-
-def _is_user_error(exc: BaseException) -> bool:
-    if isinstance(exc, UsageError):
-        return True
-    for module_name, class_name in USER_ERRORS:
-        module = sys.modules.get(module_name)
-        error = getattr(module, class_name, None) if module is not None else None
-        if isinstance(error, type) and isinstance(exc, error):
-            return True
-    return False
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -47,7 +29,7 @@ def main(argv: list[str] | None = None) -> None:
         print("interrupted", file=sys.stderr)
         sys.exit(130)
     except Exception as exc:
-        if _is_user_error(exc):
+        if is_user_error(exc):
             from broker.cli.app import err_console
 
             err_console.print(f"[red]error:[/red] {exc}", highlight=False, markup=True, soft_wrap=True)

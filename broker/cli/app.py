@@ -1,7 +1,7 @@
 """The ``broker`` command: one Typer app; each group of commands lives in its own module.
 
 Start-up is kept to Typer itself: the root group knows every command's name and one-line help
-from ``COMMANDS`` and imports a command's module only when that command runs (or shows its own
+from ``broker.cli.commands`` and imports a command's module only when that command runs (or shows its own
 ``--help``). Rich is imported when a command first prints through ``console``/``err_console``.
 """
 
@@ -9,45 +9,18 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar
 
 import typer
 from typer import _click
 from typer._coercion import RuntimeParam
 from typer.core import TyperCommand, TyperGroup, _TyperParameter
 
+from broker.errors import UserError
+
 if TYPE_CHECKING:
     from rich.console import Console
 
-# Command name -> (module that registers it, the one-line help `broker --help` shows). A module
-# registers its commands on ``app`` when imported; a command missing here still runs (every
-# module is imported to find it) but is not listed. tests/broker/cli/test_startup.py checks the
-# help lines against the commands' own docstrings.
-COMMANDS: dict[str, tuple[str, str]] = {
-    "launch": ("broker.cli.jobs", "Validate a job file, run it on the cheapest spot capacity, and follow it to "
-                                  "the end."),
-    "status": ("broker.cli.jobs", "Show one job, or every job, with cost, preemptions and where it runs."),
-    "cancel": ("broker.cli.jobs", "Cancel a job; its clusters are torn down by the engine's next step."),
-    "logs": ("broker.cli.jobs", "Print a job's output, every attempt and node in order."),
-    "engine": ("broker.cli.engine", "Run the engine in the foreground until no job is active; Ctrl-C stops it, and "
-                                    "its jobs wait for the next."),
-    "prices": ("broker.cli.prices", "Spot and on-demand GPU prices, cheapest per GPU-hour first."),
-    "simulate": ("broker.cli.simulate", "Compare selection policies on a job over a recorded market: cost, "
-                                        "preemptions, deadlines."),
-    "simulate-placement": ("broker.cli.placement", "Replay a job trace on a fixed cluster and compare placement "
-                                                   "policies."),
-    "show-topology": ("broker.cli.placement", "Print how the GPUs of an instance type are linked, its network and its "
-                                              "placement level."),
-    "report": ("broker.cli.report", "Spend, on-demand equivalent, savings, preemptions and idle GPU-hours by job, "
-                                    "team, cloud, region, GPU."),
-    "serve": ("broker.cli.serve", "Run the broker as a service; start one per machine on a shared PostgreSQL for "
-                                  "high availability."),
-    "dashboard": ("broker.cli.dashboard", "Open the dashboard on this machine's store; prints a sign-in token that "
-                                          "is revoked when it stops."),
-    "token": ("broker.cli.tokens", "API tokens for teams (the service's `Authorization: Bearer` tokens)."),
-    "run-engine": ("broker.cli.jobs", ""),
-}
-HIDDEN = frozenset({"run-engine"})
 PIPE_WIDTH = 10_000  # columns when stdout is not a terminal: tables are printed whole, never cut
 
 
@@ -96,30 +69,36 @@ def register_all() -> None:
     """Import every command module (tests and shell completion want the whole app)."""
     import importlib
 
-    for module in dict.fromkeys(m for m, _ in COMMANDS.values()):
+    for module in dict.fromkeys(m for m, _ in LazyGroup.table.values()):
         importlib.import_module(module)
 
 
 class LazyGroup(TyperGroup):
-    """The root group: lists commands from ``COMMANDS`` and builds one only when it is used."""
+    """The root group: lists commands from its table and builds one only when it is used.
 
+    The table (``COMMANDS`` of ``broker.cli.commands``) is set by ``broker.cli`` when it is
+    imported: the command modules import this one, so this one does not name them.
+    """
+
+    table: ClassVar[dict[str, tuple[str, str]]] = {}
+    hidden_names: ClassVar[frozenset[str]] = frozenset()
     _listing = False
 
     def list_commands(self, ctx: _click.Context) -> list[str]:
-        names = [n for n in COMMANDS if n not in HIDDEN]
-        return names + [n for n in self.commands if n not in COMMANDS]
+        names = [n for n in self.table if n not in self.hidden_names]
+        return names + [n for n in self.commands if n not in self.table]
 
     def get_command(self, ctx: _click.Context, cmd_name: str) -> _click.Command | None:
         if cmd_name in self.commands:
             return self.commands[cmd_name]
-        if self._listing and cmd_name in COMMANDS:
-            short = COMMANDS[cmd_name][1]
-            return TyperCommand(name=cmd_name, help=short or None, hidden=cmd_name in HIDDEN,
+        if self._listing and cmd_name in self.table:
+            short = self.table[cmd_name][1]
+            return TyperCommand(name=cmd_name, help=short or None, hidden=cmd_name in self.hidden_names,
                                 rich_markup_mode=None)
-        if cmd_name in COMMANDS:
+        if cmd_name in self.table:
             import importlib
 
-            importlib.import_module(COMMANDS[cmd_name][0])
+            importlib.import_module(self.table[cmd_name][0])
         else:
             register_all()
         for name, command in typer.main.get_group(app).commands.items():
@@ -205,7 +184,7 @@ ConfigOption = Annotated[Path | None, typer.Option(
 JsonOption = Annotated[bool, typer.Option("--json", help="print JSON instead of a table")]
 
 
-class UsageError(Exception):
+class UsageError(UserError):
     """A user error to print as one line and exit 2 (bad input, unknown job, missing file)."""
 
 

@@ -7,10 +7,12 @@ import json
 from typing import Any
 from urllib.parse import urlencode, urlsplit
 
+from broker.errors import BrokerError
+
 MAX_ANSWER_BYTES = 64 * 2**20  # a page of jobs or logs; more is not an answer from the broker
 
 
-class ClientError(Exception):
+class ClientError(BrokerError):
     """The service refused a request, or could not be reached; ``str()`` is the one-line reason."""
 
 

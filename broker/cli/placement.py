@@ -72,12 +72,12 @@ def simulate_placement(workload: WorkloadOption, cluster: ClusterOption = None, 
     from broker.sim.placement import PlacementResult, simulate
     from broker.sim.speed import BandwidthSpeed, ProfileSpeed, SpeedModel, profile_model
     from broker.sim.workload import WorkloadError, read_workload
-    from policies import registry
+    from policies import kinds
     from policies.placement import ClusterSnapshot
 
     nodes, instance_type = parse_cluster(cluster)
-    known = registry.names("placement")
-    default = registry.default_name("placement")
+    known = kinds.placement.names()
+    default = kinds.placement.default_name()
     names = ([p.strip() for p in policy.split(",") if p.strip()] if policy
              else sorted(known, key=lambda n: (n != default, n)))
     unknown = [n for n in names if n not in known]
@@ -95,7 +95,7 @@ def simulate_placement(workload: WorkloadOption, cluster: ClusterOption = None, 
     results: list[PlacementResult] = []
     try:
         for name in names:
-            results.append(simulate(jobs, snapshot, name, registry.get("placement", name), speed, seed=seed))
+            results.append(simulate(jobs, snapshot, name, kinds.placement.get(name), speed, seed=seed))
     except WorkloadError as exc:
         raise UsageError(str(exc)) from None
     if as_json:
@@ -123,9 +123,9 @@ def _simulate_sharing(workload: Path, nodes_csv: Path, policy: str | None, seed:
                       plot: Path | None, as_json: bool) -> None:
     import math
 
-    from broker.sim.sharing import TraceError, inflate, read_nodes, read_pods, replay
+    from broker.sim.sharing import ClusterTraceError, inflate, read_nodes, read_pods, replay
     from broker.sim.sharing import plot as draw
-    from policies import registry
+    from policies import kinds
 
     if not math.isfinite(until) or not 0.1 <= until <= 5:
         raise UsageError(f"--until must be between 0.1 and 5 (times the cluster's GPU capacity), got {until}")
@@ -133,8 +133,8 @@ def _simulate_sharing(workload: Path, nodes_csv: Path, policy: str | None, seed:
         raise UsageError(f"--seed must be between 0 and {2**32 - 1}, got {seed}")
     if plot is not None and plot.suffix.lower() != ".png":
         raise UsageError(f"--plot must name a .png file, got {str(plot)!r}")
-    known = registry.names("sharing")
-    default = registry.default_name("sharing") or known[0]
+    known = kinds.sharing.names()
+    default = kinds.sharing.default_name() or known[0]
     names = ([p.strip() for p in policy.split(",") if p.strip()] if policy
              else sorted(known, key=lambda n: (n != default, n)))
     unknown = [n for n in names if n not in known]
@@ -146,12 +146,12 @@ def _simulate_sharing(workload: Path, nodes_csv: Path, policy: str | None, seed:
         nodes = read_nodes(nodes_csv)
         capacity = 1000 * sum(n.gpus for n in nodes)
         if capacity <= 0:
-            raise TraceError(f"{nodes_csv}: no node has a GPU")
+            raise ClusterTraceError(f"{nodes_csv}: no node has a GPU")
         pods = read_pods(workload, nodes)
         tasks = inflate(pods, capacity, until, seed)
-    except TraceError as exc:
+    except ClusterTraceError as exc:
         raise UsageError(str(exc)) from None
-    results = [replay(tasks, nodes, name, registry.get("sharing", name), seed=seed, until=until) for name in names]
+    results = [replay(tasks, nodes, name, kinds.sharing.get(name), seed=seed, until=until) for name in names]
     if plot is not None:
         try:
             draw(results, plot, f"{len(tasks)} tasks on {len(nodes)} nodes ({capacity // 1000} GPUs)")

@@ -25,15 +25,15 @@ def parse_duration(text: str, option: str) -> timedelta:
 
 
 def parse_clouds(text: str | None) -> tuple[str, ...]:
-    from broker.market.polling import POLLED_CLOUDS
+    from providers.base import PUBLIC_CLOUDS
 
     if not text:
-        return POLLED_CLOUDS
+        return PUBLIC_CLOUDS
     clouds = tuple(dict.fromkeys(part.strip().lower() for part in text.split(",") if part.strip()))
-    unknown = [c for c in clouds if c not in POLLED_CLOUDS]
+    unknown = [c for c in clouds if c not in PUBLIC_CLOUDS]
     if unknown or not clouds:
         raise UsageError(f"--cloud: unknown cloud {unknown[0] if unknown else text!r}; expected a comma-separated "
-                         f"list of {', '.join(POLLED_CLOUDS)}")
+                         f"list of {', '.join(PUBLIC_CLOUDS)}")
     return clouds
 
 
@@ -161,8 +161,9 @@ def _refresh(book: Any, settings: Any, clouds: tuple[str, ...], region: str | No
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from broker.cli.app import err_console
-    from broker.market.polling import poll_prices, price_sources
+    from broker.market.polling import poll_prices
     from providers.sdk import missing_sdk
+    from providers.sources import price_sources
 
     for cloud in clouds:
         if (reason := missing_sdk(cloud)) is not None:

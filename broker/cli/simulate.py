@@ -35,7 +35,6 @@ def simulate_command(
     from broker.sim.market import Market, SimJob
     from broker.sim.runs import random_starts, run_all
     from broker.spec.job import load_job_spec, market_offers
-    from policies import registry
     from providers.trace import parse_time, read_trace
 
     whole = read_trace(market)
@@ -48,7 +47,7 @@ def simulate_command(
     if not isinstance(spec.broker.deadline, timedelta):
         raise UsageError(f"{job_file}: broker.deadline: required for simulate, expected a duration after the "
                          "start like 60h")
-    names = _policy_names(policy, registry)
+    names = _policy_names(policy)
     overhead = _duration("--restart-overhead", restart_overhead)
     for flag, value in (("--checkpoint-gb", checkpoint_gb), ("--egress-per-gb", egress_per_gb)):
         if value < 0:
@@ -158,8 +157,10 @@ def _print_choice(choice: list[dict[str, Any]]) -> None:
     out.print(table)
 
 
-def _policy_names(option: str | None, registry: Any) -> list[str]:
-    known = registry.names("selection")
+def _policy_names(option: str | None) -> list[str]:
+    from policies import kinds
+
+    known = kinds.selection.names()
     if option is None:
         return [n for n in known if n != "optimal"] + (["optimal"] if "optimal" in known else [])
     names = [n.strip() for n in option.split(",") if n.strip()]

@@ -29,7 +29,7 @@ from broker.engine.parts import CLOUD_RESTART_OVERHEAD_S, restart_overhead
 from broker.engine.planning import fitting, offer_of, preview_request
 from broker.market.sky_catalog import SkyCatalogMarket
 from broker.spec.job import JobSpec
-from policies import registry
+from policies import kinds
 from policies.selection import IDLE, ON_DEMAND, Location, Plan, ZoneRecord
 from providers.base import SpotQuote
 
@@ -47,7 +47,7 @@ def preview_plan(spec: JobSpec, quotes: list[SpotQuote], policy: str | None,
     builder), with the broker's record of preemptions and failed launches per zone, and the recent
     past of each offer when ``past`` keeps one (the price book)."""
     request = preview_request(spec, quotes, WallClock().now(), restart_overhead_s, past)
-    return registry.get("selection", policy, live=True)(dataclasses.replace(request, record=record or {}))
+    return kinds.selection.get(policy, live=True)(dataclasses.replace(request, record=record or {}))
 
 
 TABLE_ROWS = 20

@@ -15,6 +15,7 @@ from pydantic_settings import BaseSettings, NoDecode, PydanticBaseSettingsSource
 from broker.config.file import ConfigError, check_db_url, check_home, read_settings_file
 from broker.reports.settings import BudgetSettings, ReportSchedule
 from broker.service.schedule_config import PolicySchedule
+from providers.base import PUBLIC_CLOUDS
 
 
 def default_home() -> Path:
@@ -128,13 +129,13 @@ class Settings(BaseSettings):
     @field_validator("selection_policy", "placement_policy", "preemption_policy", "eager_policy")
     @classmethod
     def _known_policy(cls, value: str | None, info: ValidationInfo) -> str | None:
-        from policies import registry
+        from policies import kinds
 
         try:
             kind = {"selection_policy": "selection", "placement_policy": "placement",
                     "eager_policy": "eager"}.get(info.field_name or "", "preemption")
-            return registry.check(kind, value)
-        except registry.UnknownPolicy as exc:
+            return kinds.of(kind).check(value)
+        except kinds.UnknownPolicy as exc:
             raise ValueError(str(exc)) from None
 
     @field_validator("queue_max_gpus", mode="after")
@@ -166,11 +167,14 @@ class Settings(BaseSettings):
     leader_check_seconds: float = Field(3.0, gt=0, description="how often leadership is tried or re-checked")
     reconcile_seconds: float = Field(30.0, gt=0, description="interval of the reconcile pass")
     price_poll_seconds: dict[str, float] = Field(
-        default_factory=lambda: {"aws": 300.0, "gcp": 300.0, "azure": 300.0},
+        default_factory=lambda: dict.fromkeys(PUBLIC_CLOUDS, 300.0),
         description="cloud -> seconds between price polls")
-    price_poller: str = Field("broker.service.hooks:poll_prices", description="module:function polling one cloud")
+    # None: the built-in hook (broker/service/hooks.py), which imports these settings itself.
+    price_poller: str | None = Field(None, description="module:function polling one cloud; default: the built-in "
+                                                       "poller into the price book")
     report_check_seconds: float = Field(60.0, gt=0, description="how often due report schedules are looked for")
-    report_runner: str = Field("broker.service.hooks:run_due_reports", description="module:function sending reports")
+    report_runner: str | None = Field(None, description="module:function sending reports; default: the built-in "
+                                                        "runner of due reports and budget alerts")
     capacity_gpus: int | None = Field(None, ge=1, description="GPUs running jobs may hold; shares are fractions of it")
     offline_catalog: bool = Field(False, description="validate submitted job files against the built-in catalog only")
     policy_schedules: list[PolicySchedule] = Field(default_factory=list, description="time-based policy changes")

@@ -34,7 +34,6 @@ from broker.store.tables import (
     JobRow,
     NoticeRow,
 )
-from policies import registry
 from policies.checkpointing import FIXED_INTERVAL_S, CheckpointRequest
 from providers.node_notice import NOTICE_LEAD_SECONDS
 
@@ -46,7 +45,7 @@ MEASURED_KEPT = 5
 class Cadence:
     def __init__(self, parts: Parts) -> None:
         self.parts = parts
-        self.policy = registry.get("checkpointing", parts.options.checkpointing_policy)
+        self.policy = parts.policies.checkpointing
 
     def maybe_ask(self, s: Session, job: JobRow, alloc: AllocationRow, cluster: ClusterRow,
                   after: AfterCommit) -> None:

@@ -16,13 +16,14 @@ from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from broker.errors import UserError
 from broker.store import Store
 from broker.store.tables import AllocationRow, CheckpointReportRow, JobRow
 
 MAX_PATH_CHARS = 1024
 
 
-class CheckpointRefused(ValueError):
+class CheckpointRefused(UserError, ValueError):
     """A report the broker will not record; the message names the field."""
 
 

@@ -22,6 +22,7 @@ from broker.engine import autoscale, packing
 from broker.engine.checkpoints import end_allocation
 from broker.engine.notices import record_backend_notice
 from broker.engine.parts import AfterCommit, Parts, cluster_info, jsonable
+from broker.errors import BrokerError
 from broker.model import LIVE_CLUSTER_STATES, ClusterState, JobState, TeardownReason
 from broker.store.tables import AllocationRow, ClusterRow, JobEventRow, JobRow
 from broker.tokens import token_digest
@@ -40,7 +41,7 @@ CLUSTER_TRANSITIONS: dict[ClusterState, frozenset[ClusterState]] = {
 HOLDING = [ClusterState.PROVISIONING.value, ClusterState.UP.value]  # clusters whose GPUs count
 
 
-class IllegalClusterTransition(RuntimeError):
+class IllegalClusterTransition(BrokerError, RuntimeError):
     pass
 
 
@@ -106,7 +107,7 @@ BLOCKED = ("fleet_full", "queue_full")
 _UNBLOCKED = ("launch", "transition")
 
 
-def blocked(parts: Parts, s: Session, job: JobRow, kind: str, **detail: object) -> None:
+def record_blocked(parts: Parts, s: Session, job: JobRow, kind: str, **detail: object) -> None:
     """Record that a limit holds the job back, once per spell: not on every step it still waits for
     the same reason, only when it was last launched or moved, or held back by something else."""
     last = s.execute(select(JobEventRow.kind, JobEventRow.detail)
@@ -130,10 +131,10 @@ def launch(parts: Parts, s: Session, job: JobRow, plan: Plan, exclude: set[str],
         gpus = job.num_nodes * offer.gpus_per_node
         max_gpus = parts.options.max_gpus
         if max_gpus is not None and fleet_gpus(s, leaving) + gpus > max_gpus:
-            blocked(parts, s, job, "fleet_full", max_gpus=max_gpus)
+            record_blocked(parts, s, job, "fleet_full", max_gpus=max_gpus)
             return None
         if (limit := autoscale.queue_full(parts, s, job, gpus, leaving)) is not None:
-            blocked(parts, s, job, "queue_full", queue_max_gpus=limit)
+            record_blocked(parts, s, job, "queue_full", queue_max_gpus=limit)
             return None
         sequence = int(s.scalar(select(func.count()).select_from(ClusterRow)
                                 .where(ClusterRow.job_id == job.id)) or 0) + 1
@@ -185,7 +186,7 @@ def reap(parts: Parts) -> None:
                 holder = s.get(JobRow, alloc.job_id)
                 if holder is None or JobState(holder.state).terminal:
                     end_allocation(alloc, holder.state.lower() if holder else "orphaned", now)
-            if not packing.holdings(s, row.id) and not autoscale.keep(parts, s, row, now):
+            if not packing.claims(s, row.id) and not autoscale.keep(parts, s, row, now):
                 release(row, now, TeardownReason.IDLE)
         for row in s.scalars(select(ClusterRow).where(ClusterRow.state == ClusterState.TERMINATING.value)):
             after.terminations.append(cluster_info(row))

@@ -9,7 +9,7 @@ soonest:
   starts only once the running job's allocation has ended (``JobStepper.start_if_ready`` refuses
   GPUs someone else still holds), so a job that runs longer than predicted keeps its GPUs and the
   next job waits. If the reserving job is cancelled or fails, its claim is gone with it
-  (``packing.holdings`` counts active jobs only).
+  (``packing.claims`` counts active jobs only).
 - **boot**: if it needs a new cluster and only the pool's size (``max_gpus``) holds it back, the
   clusters of the jobs finishing soonest (each the only holder of its cluster, and none that another
   queued job could run on: that one would take it with no boot at all) are counted as
@@ -48,7 +48,6 @@ from broker.engine.parts import AfterCommit, Parts
 from broker.engine.planning import Planner
 from broker.model import ACTIVE_STATES, ClusterState, JobState, TeardownReason
 from broker.store.tables import AllocationRow, ClusterRow, JobEventRow, JobRow, PredictionRow
-from policies import registry
 from policies.eager import EagerRequest
 from policies.gang import GangPlacement
 from policies.placement import ClusterSnapshot
@@ -71,7 +70,7 @@ class Finishing:
 
 
 def enabled(parts: Parts) -> bool:
-    return (parts.options.eager_policy or registry.default_name("eager")) != "off"
+    return parts.policies.eager_name != "off"
 
 
 def ready_next(parts: Parts, planner: Planner) -> None:
@@ -145,7 +144,7 @@ def _fits_after(parts: Parts, s: Session, item: Finishing, job: JobRow, per_node
     """Where ``job`` would go on the cluster once ``item.job`` has left (other claims stay)."""
     snap = ClusterSnapshot.empty(item.cluster.id, packing.node_topology(item.cluster), item.cluster.num_nodes)
     try:
-        for holder, placement in packing.holdings(s, item.cluster.id).items():
+        for holder, placement in packing.claims(s, item.cluster.id).items():
             if holder != item.job.id:
                 snap = snap.with_placement(holder, placement)
     except ValueError:
@@ -182,7 +181,7 @@ def _boot(parts: Parts, planner: Planner, s: Session, job: JobRow, finishing: li
     # Soonest first, the clusters whose only holder is a finishing job, until their GPUs make room.
     freeing: list[Finishing] = []
     for item in finishing:
-        if item.cluster.id in leaving | useful or set(packing.holdings(s, item.cluster.id)) != {item.job.id}:
+        if item.cluster.id in leaving | useful or set(packing.claims(s, item.cluster.id)) != {item.job.id}:
             continue
         freeing.append(item)
         if clusters.fleet_gpus(s, [f.cluster.id for f in freeing]) + gpus <= max_gpus:
@@ -261,7 +260,7 @@ def _elsewhere_s(parts: Parts, planner: Planner, s: Session, job: JobRow) -> flo
         return None
     gpus = job.num_nodes * offer.gpus_per_node
     unheld = [row.id for row in s.scalars(select(ClusterRow).where(ClusterRow.state.in_(clusters.HOLDING)))
-              if not packing.holdings(s, row.id)]
+              if not packing.claims(s, row.id)]
     if parts.options.max_gpus is not None and clusters.fleet_gpus(s, unheld) + gpus > parts.options.max_gpus:
         return None
     if autoscale.queue_full(parts, s, job, gpus, unheld) is not None:
@@ -288,7 +287,7 @@ def release_leaving(parts: Parts) -> None:
                 holder = s.get(JobRow, alloc.job_id)
                 if holder is not None and JobState(holder.state).terminal:  # cancelled: its allocation ends now
                     end_allocation(alloc, holder.state.lower(), now)
-            if not packing.holdings(s, row.id):
+            if not packing.claims(s, row.id):
                 clusters.release(row, now, TeardownReason.IDLE)
 
 

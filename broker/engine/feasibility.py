@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Collection
 
-from broker.engine.planning import fits
+from broker.engine.planning import fits_node
 from broker.spec.job import JobSpec, SpecError
 
 NodeKind = tuple[str, int]  # (accelerator, GPUs per node) a market offers
@@ -20,7 +20,7 @@ def never_held(spec: JobSpec, offered: Collection[NodeKind] | None, max_gpus: in
     """Why no market offering ``offered`` (None: whatever the job file names) can hold ``spec``; None if one may."""
     smallest = spec.gpus_per_node
     if offered is not None and spec.accelerators:  # a CPU-only task: its node shape is judged when it is read
-        sizes = [gpus for accelerator, gpus in offered if fits(spec, accelerator, gpus)]
+        sizes = [gpus for accelerator, gpus in offered if fits_node(spec, accelerator, gpus)]
         if not sizes:
             wanted = ", ".join(f"{a.name}:{a.count}" for a in spec.accelerators) or "a node"
             have = ", ".join(sorted({f"{name}:{gpus}" for name, gpus in offered})) or "nothing"

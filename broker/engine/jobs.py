@@ -31,6 +31,7 @@ from broker.model import CheckpointReason, ClusterState, JobState, TeardownReaso
 from broker.store.tables import AllocationRow, ClusterRow, JobEventRow, JobRow
 from policies.gang import GangPlacement
 from policies.selection import IDLE, Location
+from providers.base import OfferKey
 
 MAX_ERROR_CHARS = 500  # of a start's error, kept as the job's reason
 
@@ -187,7 +188,7 @@ class JobStepper:
     def _launch_replacement(self, s: Session, job: JobRow, cluster: ClusterRow, after: AfterCommit) -> None:
         exclude = self.planner.avoid(s, job)
         if cluster.spot:  # never straight back into the zone that just took the nodes away
-            exclude.add(f"{cluster.cloud}/{cluster.zone}/{cluster.instance_type}")
+            exclude.add(str(OfferKey(cluster.cloud, cluster.region, cluster.zone, cluster.instance_type)))
         plan = self.planner.plan(s, job, self.planner.location_of(cluster), exclude)
         clusters.launch(self.parts, s, job, plan, exclude, after, leaving=cluster.id)
 
@@ -257,7 +258,7 @@ class JobStepper:
             if target is None or target.state != ClusterState.UP.value or job.target_gpus is None:
                 return
             claim = GangPlacement.from_json(target.id, job.target_gpus)
-            if packing.blocked(s, job, target.id, claim):
+            if packing.claim_still_held(s, job, target.id, claim):
                 return  # the gangs it preempted have not left yet
             previous = current_allocation(s, job)
             if previous is not None and previous.ended_at is None:

@@ -18,6 +18,7 @@ from sqlalchemy.orm import Session
 
 from broker.clock import Clock
 from broker.engine.parts import jsonable
+from broker.errors import UserError
 from broker.model import CheckpointReason, JobState, check_transition
 from broker.spec.job import JobSpec, Pipeline
 from broker.store import Store
@@ -26,7 +27,9 @@ from broker.store.tables import JobEventRow, JobRow
 log = logging.getLogger("broker.engine")
 
 
-class UnknownJob(LookupError):
+class UnknownJob(UserError, LookupError):
+    http_status = 404
+
     def __str__(self) -> str:
         return str(self.args[0])
 

@@ -37,7 +37,7 @@ def node_topology(row: ClusterRow) -> NodeTopology:
                                                                          row.gpus_per_node)
 
 
-def holdings(s: Session, cluster_id: str) -> dict[str, GangPlacement]:
+def claims(s: Session, cluster_id: str) -> dict[str, GangPlacement]:
     """Every GPU claim on a cluster: running allocations, then jobs heading there."""
     held: dict[str, GangPlacement] = {}
     for alloc in s.scalars(select(AllocationRow).where(AllocationRow.cluster_id == cluster_id,
@@ -51,7 +51,7 @@ def holdings(s: Session, cluster_id: str) -> dict[str, GangPlacement]:
 
 def snapshot(s: Session, row: ClusterRow) -> ClusterSnapshot:
     snap = ClusterSnapshot.empty(row.id, node_topology(row), row.num_nodes)
-    for job_id, placement in holdings(s, row.id).items():
+    for job_id, placement in claims(s, row.id).items():
         unheld = _unheld(snap, placement)
         if unheld.gpus:
             snap = snap.with_placement(job_id, unheld)
@@ -106,10 +106,10 @@ def running_gangs(s: Session, cluster_id: str, now: datetime, restart_overhead_s
     return tuple(gangs)
 
 
-def blocked(s: Session, job: JobRow, cluster_id: str, claim: GangPlacement) -> bool:
+def claim_still_held(s: Session, job: JobRow, cluster_id: str, claim: GangPlacement) -> bool:
     """The claim's GPUs are still held by others beyond what they leave free (the gangs a
     preemptor takes them from have not left yet; shared GPUs have less than the job's share left)."""
-    return not shares.fits(shares.holdings(s, cluster_id), job.id, claim, job.gpu_share)
+    return not shares.claim_fits(shares.holdings(s, cluster_id), job.id, claim, job.gpu_share)
 
 
 def first_claim(parts: Parts, row: ClusterRow, job: JobRow) -> GangPlacement:

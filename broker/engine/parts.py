@@ -24,7 +24,7 @@ from broker.spec.job import JobSpec, job_spec_from_data
 from broker.store import Store
 from broker.store.db import Fenced
 from broker.store.tables import ClusterRow, JobEventRow, JobRow
-from policies import registry
+from policies import kinds
 
 if TYPE_CHECKING:
     from broker.config.settings import Settings
@@ -41,7 +41,6 @@ class EngineOptions:
     selection_policy: str | None = None
     placement_policy: str | None = None
     preemption_policy: str | None = None
-    checkpointing_policy: str | None = None
     broker_url: str | None = None
     restart_overhead_s: float = CLOUD_RESTART_OVERHEAD_S
     checkpoint_gb: float = 0.0  # size of a job's checkpoint, for the cost of moving it between regions
@@ -134,10 +133,13 @@ class Parts:
         self.market = market
         self.provisioner = provisioner
         self.options = options
-        self.selection = registry.get("selection", options.selection_policy, live=True)
-        self.placement = registry.get("placement", options.placement_policy)
-        self.preemption = registry.get("preemption", options.preemption_policy)
-        self.eager = registry.get("eager", options.eager_policy, live=True)
+        self.policies = kinds.choose(
+            selection_name=options.selection_policy, placement_name=options.placement_policy,
+            preemption_name=options.preemption_policy, eager_name=options.eager_policy)
+        self.selection = self.policies.selection
+        self.placement = self.policies.placement
+        self.preemption = self.policies.preemption
+        self.eager = self.policies.eager
         # cluster id -> the token its agents authenticate with; the store keeps only hashes.
         self.tokens = tokens
         self._specs: dict[str, JobSpec] = {}

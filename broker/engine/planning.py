@@ -42,7 +42,7 @@ def offer_of(quote: SpotQuote) -> ZoneOffer:
                      float(quote.on_demand_price or math.inf), quote.available_nodes, quote.capacity_score)
 
 
-def fits(spec: JobSpec, accelerator: str, gpus_per_node: int, exact: bool = False,
+def fits_node(spec: JobSpec, accelerator: str, gpus_per_node: int, exact: bool = False,
          instance_type: str | None = None, cloud: str | None = None) -> bool:
     """The job's nodes fit one of ``gpus_per_node`` ``accelerator`` GPUs (``exact``: of just that size).
 
@@ -73,10 +73,11 @@ def fitting(spec: JobSpec, quotes: list[SpotQuote]) -> tuple[list[SpotQuote], bo
     """Priced quotes of nodes of exactly the asked size when the market has them (True), else of
     bigger ones, whose other GPUs can host other gangs (False)."""
     priced = [q for q in quotes if q.spot_price is not None and q.on_demand_price is not None]
-    exact = [q for q in priced if fits(spec, q.accelerator, q.gpus_per_node, True, q.instance_type, q.cloud)]
+    exact = [q for q in priced if fits_node(spec, q.accelerator, q.gpus_per_node, True, q.instance_type, q.cloud)]
     if exact:
         return exact, True
-    return [q for q in priced if fits(spec, q.accelerator, q.gpus_per_node, False, q.instance_type, q.cloud)], False
+    loose = [q for q in priced if fits_node(spec, q.accelerator, q.gpus_per_node, False, q.instance_type, q.cloud)]
+    return loose, False
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,15 +192,12 @@ class Planner:
     def avoid(self, s: Session, job: JobRow) -> set[str]:
         """Spot zones this job was preempted from or refused by recently."""
         since = self.parts.clock.now() - AVOID_ZONE_FOR
-        rows = s.execute(select(ClusterRow.cloud, ClusterRow.zone, ClusterRow.instance_type)
-                         .where(ClusterRow.job_id == job.id, ClusterRow.spot.is_(True),
-                                ClusterRow.terminated_at.is_not(None), ClusterRow.terminated_at >= since))
-        avoid = {f"{c}/{z}/{i}" for c, z, i in rows}
-        notices = s.execute(select(ClusterRow.cloud, ClusterRow.zone, ClusterRow.instance_type)
-                            .join(NoticeRow, NoticeRow.cluster_id == ClusterRow.id)
+        where = (ClusterRow.cloud, ClusterRow.region, ClusterRow.zone, ClusterRow.instance_type)
+        rows = s.execute(select(*where).where(ClusterRow.job_id == job.id, ClusterRow.spot.is_(True),
+                                              ClusterRow.terminated_at.is_not(None), ClusterRow.terminated_at >= since))
+        notices = s.execute(select(*where).join(NoticeRow, NoticeRow.cluster_id == ClusterRow.id)
                             .where(ClusterRow.job_id == job.id))
-        avoid |= {f"{c}/{z}/{i}" for c, z, i in notices}
-        return avoid
+        return {str(OfferKey(*row)) for row in (*rows, *notices)}
 
 
 def work_estimate(s: Session, job: JobRow, now: datetime) -> WorkEstimate:
@@ -228,13 +226,13 @@ def zone_records(s: Session) -> dict[str, ZoneRecord]:
     """Every spot zone's past: when it preempted a cluster and when it refused a launch."""
     preempted: dict[str, list[datetime]] = {}
     failed: dict[str, list[datetime]] = {}
-    rows = s.execute(select(ClusterRow.cloud, ClusterRow.zone, ClusterRow.instance_type, ClusterRow.state,
-                            ClusterRow.teardown_reason, ClusterRow.terminated_at, ClusterRow.spot)
+    rows = s.execute(select(ClusterRow.cloud, ClusterRow.region, ClusterRow.zone, ClusterRow.instance_type,
+                            ClusterRow.state, ClusterRow.teardown_reason, ClusterRow.terminated_at, ClusterRow.spot)
                      .where(ClusterRow.state.in_([ClusterState.FAILED.value, ClusterState.TERMINATED.value])))
-    for cloud, zone, instance_type, state, reason, ended, spot in rows:
+    for cloud, region, zone, instance_type, state, reason, ended, spot in rows:
         if ended is None or not spot:
             continue
-        key = f"{cloud}/{zone}/{instance_type}"
+        key = str(OfferKey(cloud, region, zone, instance_type))
         if state == ClusterState.FAILED.value:
             failed.setdefault(key, []).append(ended)
         elif reason == TeardownReason.CLOUD.value:  # the cloud took it back

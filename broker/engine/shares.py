@@ -22,7 +22,6 @@ from broker.engine.parts import Parts
 from broker.model import ACTIVE_STATES, JobState
 from broker.spec.job import JobSpec
 from broker.store.tables import AllocationRow, ClusterRow, JobRow
-from policies import registry
 from policies.gang import GangPlacement
 from policies.sharing import SharingCluster, SharingNode, SharingRequest, TaskShape, WorkloadMix
 from providers.catalog import find_any
@@ -77,7 +76,7 @@ def gpu_use(held: Iterable[Holding]) -> dict[tuple[int, int], float]:
     return use
 
 
-def fits(held: Iterable[Holding], job_id: str, claim: GangPlacement, share: float | None) -> bool:
+def claim_fits(held: Iterable[Holding], job_id: str, claim: GangPlacement, share: float | None) -> bool:
     """The claim's GPUs have ``share`` (a whole GPU for None) left once the other holders are counted."""
     use = gpu_use(h for h in held if h.job_id != job_id)
     need = 1.0 if share is None else share
@@ -161,7 +160,7 @@ def place_fraction(parts: Parts, s: Session, row: ClusterRow, job: JobRow, share
     held = [h for h in holdings(s, row.id) if h.job_id != job.id]
     cluster = sharing_cluster(parts, s, row, held)
     task = task_shape(spec, share, 1, row.accelerator)
-    policy = registry.get("sharing")
+    policy = parts.policies.sharing
     choice = policy(SharingRequest(task, _mix(parts, s, row, held, task), seed=zlib.crc32(job.id.encode()),
                                    task_id=job.id), cluster)
     if choice is None:

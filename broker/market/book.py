@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 from sqlalchemy import Select, and_, func, select
 from sqlalchemy.orm import Session
 
+from broker.errors import UserError
 from broker.store import Store
 from broker.store.tables import PriceQuoteRow
 from providers.base import OfferKey, SpotQuote
@@ -135,7 +136,7 @@ class TraceExport:
     tick_seconds: float
 
 
-class NoQuotes(LookupError):
+class NoQuotes(UserError, LookupError):
     """The price book has nothing for the asked window and filter."""
 
 

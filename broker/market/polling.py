@@ -6,7 +6,6 @@ poll fails keeps its last quotes, marked stale, while the others update.
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -17,8 +16,7 @@ from typing import Any, Literal
 from broker.config.settings import Settings
 from broker.market.book import PriceBook
 from providers.base import CloudUnavailable, PriceSource
-
-POLLED_CLOUDS: tuple[str, ...] = ("aws", "gcp", "azure")
+from providers.sources import price_sources
 
 # progress(cloud, done, total): a unit (region or listing) of that cloud's poll has finished.
 PollProgress = Callable[[str, int, int], None]
@@ -38,40 +36,6 @@ class CloudPoll:
         if self.status == "ok":
             return f"{self.cloud}: {self.quotes} quotes in {self.seconds:.1f}s"
         return self.message
-
-
-def price_sources(settings: Settings, clouds: Sequence[str] = POLLED_CLOUDS) -> dict[str, PriceSource]:
-    """One poller per cloud, configured from settings (endpoints, regions, retries)."""
-    from providers.fetching import Backoff
-
-    backoff = Backoff(attempts=settings.price_retry_attempts, base_seconds=settings.price_retry_base_seconds)
-    sources: dict[str, PriceSource] = {}
-    for cloud in clouds:
-        if cloud == "aws":
-            from providers import aws
-
-            sources[cloud] = aws.AwsPriceSource(
-                regions=settings.aws_regions or aws.DEFAULT_REGIONS, ec2_endpoint=settings.aws_endpoint_url_ec2,
-                pricing_endpoint=settings.aws_endpoint_url_pricing, backoff=backoff,
-                placement_scores=settings.aws_placement_scores)
-        elif cloud == "gcp":
-            from providers import gcp
-
-            sources[cloud] = gcp.GcpPriceSource(
-                project=settings.gcp_project, regions=settings.gcp_regions,
-                compute_endpoint=settings.gcp_compute_endpoint, billing_endpoint=settings.gcp_billing_endpoint,
-                api_key=settings.gcp_api_key, backoff=backoff)
-        elif cloud == "azure":
-            from providers import azure
-
-            sources[cloud] = azure.AzurePriceSource(
-                regions=settings.azure_regions or azure.DEFAULT_REGIONS, prices_url=settings.azure_prices_url,
-                rm_endpoint=settings.azure_rm_endpoint,
-                subscription_id=settings.azure_subscription_id or os.environ.get("AZURE_SUBSCRIPTION_ID"),
-                backoff=backoff)
-        else:
-            raise ValueError(f"unknown cloud {cloud!r}; expected one of {', '.join(POLLED_CLOUDS)}")
-    return sources
 
 
 def poll_prices(book: PriceBook, sources: Mapping[str, PriceSource], regions: Sequence[str] | None = None,

@@ -16,9 +16,7 @@ from datetime import datetime
 from typing import Any
 
 from broker.market.book import LiveQuotes
-from providers.base import OfferKey, SpotQuote
-
-CLOUDS = ("aws", "gcp", "azure")
+from providers.base import PUBLIC_CLOUDS, OfferKey, SpotQuote
 
 
 def _price(value: Any) -> float | None:
@@ -30,7 +28,7 @@ def _price(value: Any) -> float | None:
 
 
 class SkyCatalogMarket(LiveQuotes):
-    def __init__(self, accelerators: Callable[[], Iterable[str]], clouds: Iterable[str] = CLOUDS,
+    def __init__(self, accelerators: Callable[[], Iterable[str]], clouds: Iterable[str] = PUBLIC_CLOUDS,
                  catalog: Any = None) -> None:
         self.accelerators = accelerators  # the names wanted now (those of the active jobs)
         self.clouds = tuple(clouds)

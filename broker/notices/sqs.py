@@ -12,7 +12,6 @@ deleted once handled, including those for instances the broker does not run and 
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 from datetime import datetime, timedelta
@@ -25,9 +24,11 @@ from broker.api.notices import NoticeAccepted, NoticeReport, record_notice
 from broker.api.validation import one_line
 from broker.clock import Clock
 from broker.config.settings import Settings
+from broker.errors import BrokerError
 from broker.model import ClusterState
 from broker.store import Store
 from broker.store.tables import ClusterRow
+from providers.aws import eventbridge_event
 
 log = logging.getLogger("broker.notices.sqs")
 
@@ -43,31 +44,13 @@ def _region_of(queue_url: str) -> str | None:
     return parts[1] if len(parts) > 2 and parts[0] == "sqs" else None
 
 
-MAX_BODY = 256 * 1024  # SQS's own limit on a message; anything longer is no EventBridge event
-
-
 def shown(value: object, limit: int = 120) -> str:
     """A value from a message, on one bounded line for the log."""
     text = " ".join(str(value).replace("\x00", "\\0").split())
     return text if len(text) <= limit else text[:limit] + "..."
 
 
-def parse_event(body: str) -> dict[str, Any] | None:
-    """The EventBridge event in a message body, unwrapping an SNS envelope; None if it is not one."""
-    if len(body) > MAX_BODY:
-        return None
-    try:
-        event = json.loads(body)
-        if isinstance(event, dict) and event.get("Type") == "Notification" and "Message" in event:
-            event = json.loads(event["Message"])
-    except (ValueError, TypeError, RecursionError):  # RecursionError: nesting deeper than the parser goes
-        return None
-    if not isinstance(event, dict) or not isinstance(event.get("detail"), dict):
-        return None
-    return event
-
-
-class Malformed(ValueError):
+class Malformed(BrokerError, ValueError):
     """An EventBridge event of ours with a field that cannot be what AWS sends."""
 
 
@@ -119,7 +102,7 @@ class SqsNoticeListener:
 
     def handle(self, body: str) -> NoticeAccepted | None:
         """Record the notice a message carries; None when it is not one of ours (or not a valid one)."""
-        event = parse_event(body)
+        event = eventbridge_event(body)
         if event is None:
             log.warning("SQS message is not an EventBridge event: %s", shown(body))
             return None

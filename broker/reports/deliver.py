@@ -9,6 +9,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from broker.config.settings import ConfigError, Settings
+from broker.errors import UserError
 from broker.reports import charts, render
 from broker.reports.email import SmtpConfig, build_message, new_cid, send_message
 from broker.reports.model import Report
@@ -20,7 +21,7 @@ from broker.store.tables import ReportDeliveryRow
 EMAIL, SLACK = "email", "slack"
 
 
-class UnknownDelivery(LookupError):
+class UnknownDelivery(UserError, LookupError):
     pass
 
 

@@ -6,8 +6,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from broker.errors import BrokerError
 
-class DeliveryError(RuntimeError):
+
+class DeliveryError(BrokerError, RuntimeError):
     """A send that failed; ``transient`` ones are worth another attempt."""
 
     def __init__(self, message: str, transient: bool = True, retry_after: float | None = None) -> None:

@@ -10,13 +10,15 @@ from dataclasses import dataclass
 from datetime import UTC, date, datetime, time, timedelta
 from typing import TYPE_CHECKING
 
+from broker.errors import UserError
+
 if TYPE_CHECKING:
     from broker.store import Store
 
 MAX_FIELD = 40  # longer than any date, time or duration the window takes
 
 
-class ReportError(ValueError):
+class ReportError(UserError, ValueError):
     """Bad report input (window, team); the message names the option and what was expected."""
 
 

@@ -1,6 +1,7 @@
 """The default price poller and report runner the scheduler calls, found by name in the settings.
 
-``price_poller``/``report_runner`` in the settings may name other ``module:function``s instead.
+``price_poller``/``report_runner`` in the settings may name other ``module:function``s instead; left
+unset, they are these.
 """
 
 from __future__ import annotations
@@ -13,10 +14,10 @@ from typing import Any
 from broker.config.settings import ConfigError, Settings
 from broker.market.book import PriceBook
 from broker.market.polling import poll_prices as poll
-from broker.market.polling import price_sources
 from broker.reports.schedule import check_budgets
 from broker.reports.schedule import run_due_reports as run
 from broker.store import Store
+from providers.sources import price_sources
 
 
 def poll_prices(store: Store, settings: Settings, cloud: str) -> None:
@@ -30,6 +31,9 @@ def run_due_reports(store: Store, settings: Settings, now: datetime) -> None:
     check_budgets(store, settings, now)
 
 
+BUILT_IN: dict[str, Callable[..., Any]] = {"price_poller": poll_prices, "report_runner": run_due_reports}
+
+
 def find(name: str, setting: str) -> Any:
     """``module:attribute`` to the object; a ConfigError naming the setting otherwise."""
     module_name, _, attribute = name.partition(":")
@@ -41,8 +45,13 @@ def find(name: str, setting: str) -> Any:
         raise ConfigError(f"{setting}: cannot find {name[:200]!r}: {str(exc)[:200]}") from None
 
 
-def resolve(name: str, setting: str) -> Callable[..., Any]:
-    """``module:function`` to the function; a ConfigError naming the setting otherwise."""
+def resolve(name: str | None, setting: str) -> Callable[..., Any]:
+    """``module:function`` to the function (None: this module's hook for ``setting``); a ConfigError
+    naming the setting otherwise."""
+    if name is None and setting in BUILT_IN:
+        return BUILT_IN[setting]
+    if name is None:
+        raise ConfigError(f"{setting}: expected module:function")
     found = find(name, setting)
     if not callable(found):
         raise ConfigError(f"{setting}: {name!r} is not a function")

@@ -26,7 +26,6 @@ import socket
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Protocol
 
 from sqlalchemy import or_, select, text, update
 from sqlalchemy.exc import SQLAlchemyError
@@ -45,14 +44,6 @@ LEASE_CHECKS = 5  # a lease lasts this many leader checks: four renewals can fai
 
 def lease_seconds(leader_check_seconds: float) -> float:
     return LEASE_CHECKS * leader_check_seconds
-
-
-class LeaderLock(Protocol):
-    def try_acquire(self) -> bool: ...
-
-    def check(self) -> bool: ...
-
-    def release(self) -> None: ...
 
 
 class FileLeaderLock:

@@ -23,7 +23,7 @@ from broker.service.schedule_config import PolicySchedule, policy_cron_trigger
 from broker.spec.values import PRIORITY_CLASSES
 from broker.store import Store
 from broker.store.tables import JobRow, PolicyOverrideRow
-from policies import registry
+from policies import kinds
 from policies.admission import AdmissionRequest
 
 log = logging.getLogger("broker.service.policy")
@@ -113,7 +113,7 @@ def priority_for(s: Session, queue: str) -> int | None:
 
 def admission_check(capacity_gpus: int | None, policy: str | None = None) -> Callable[[Session, JobRow], bool]:
     """The engine's gate before a job leaves PENDING: the admission policy over the queue's holdings."""
-    decide = registry.get("admission", policy)
+    decide = kinds.admission.get(policy)
 
     def admit(s: Session, job: JobRow) -> bool:
         queue = queue_of(job.spec)

@@ -35,6 +35,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
+from broker.errors import BrokerError
 from broker.sim.speed import SpeedModel
 from broker.sim.workload import TraceJob
 from policies.gang import GangPlacement
@@ -43,7 +44,7 @@ from policies.placement import LEVEL_GROUP, LEVEL_NODE, ClusterSnapshot, Placeme
 Placer = Callable[[PlacementRequest, ClusterSnapshot], GangPlacement | None]
 
 
-class SimulationStuck(RuntimeError):
+class SimulationStuck(BrokerError, RuntimeError):
     pass
 
 

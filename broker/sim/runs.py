@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from broker.sim.market import Market, RunResult, SimJob, Ticks, replay, simulate
-from policies import registry
+from policies import kinds
 from policies.optimal import Problem, solve
 
 OPTIMAL = "optimal"
@@ -17,7 +17,7 @@ MEAN_FIELDS = ("cost", "cost_vs_on_demand", "spot_hours", "on_demand_hours", "pr
 
 
 def is_single_zone(name: str) -> bool:
-    return bool(getattr(registry.get("selection", name), "single_zone", False))
+    return bool(getattr(kinds.selection.get(name), "single_zone", False))
 
 
 def optimal_run(market: Market, job: SimJob, start: int, zone: str | None = None) -> RunResult:
@@ -45,7 +45,7 @@ def run_policy(market: Market, job: SimJob, name: str, starts: Sequence[int]) ->
         if name == OPTIMAL:
             results.extend(optimal_run(where, job, s, zone) for s in starts)
             continue
-        policy: Callable = registry.get("selection", name)
+        policy: Callable = kinds.selection.get(name)
         results.extend(simulate(where, job, policy, s, name=name, zone=zone) for s in starts)
     return results
 

@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from broker.errors import UserError
 from policies.sharing import (
     MILLI,
     SharingCluster,
@@ -49,7 +50,7 @@ MAX_INFLATED_TASKS = 200_000
 Policy = Callable[[SharingRequest, SharingCluster], SharingPlacement | None]
 
 
-class TraceError(ValueError):
+class ClusterTraceError(UserError, ValueError):
     """A trace file that cannot be used; the message names the file, the row and the column."""
 
 
@@ -65,37 +66,37 @@ def _rows(path: Path, columns: tuple[str, ...], what: str,
     try:
         size = path.stat().st_size
         if size > MAX_FILE_BYTES:
-            raise TraceError(f"{path}: {size} bytes is more than the {MAX_FILE_BYTES} a {what} may have")
+            raise ClusterTraceError(f"{path}: {size} bytes is more than the {MAX_FILE_BYTES} a {what} may have")
         raw = path.read_bytes()
     except OSError as exc:
-        raise TraceError(f"cannot read {what} {path}: {exc.strerror or exc}") from None
+        raise ClusterTraceError(f"cannot read {what} {path}: {exc.strerror or exc}") from None
     if b"\x00" in raw:
         row = raw[: raw.index(b"\x00")].count(b"\n") + 1
-        raise TraceError(f"{path}: row {row}: contains a NUL byte")
+        raise ClusterTraceError(f"{path}: row {row}: contains a NUL byte")
     try:
         text = raw.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
         row = raw[: exc.start].count(b"\n") + 1
-        raise TraceError(f"{path}: row {row}: not UTF-8 text") from None
+        raise ClusterTraceError(f"{path}: row {row}: not UTF-8 text") from None
     reader = csv.DictReader(io.StringIO(text, newline=""))
     try:
         header = reader.fieldnames or ()
     except csv.Error as exc:
-        raise TraceError(f"{path}: row 1: not a CSV header ({exc})") from None
+        raise ClusterTraceError(f"{path}: row 1: not a CSV header ({exc})") from None
     missing = [c for c in columns if c not in header]
     if missing:
-        raise TraceError(f"{path}: row 1: missing column(s) {', '.join(missing)}; a {what} has "
+        raise ClusterTraceError(f"{path}: row 1: missing column(s) {', '.join(missing)}; a {what} has "
                          f"{','.join(columns)}")
     row = 1
     try:
         for row, rec in enumerate(reader, start=2):
             if row > limit + 1:
-                raise TraceError(f"{path}: row {row}: more than {limit} rows")
+                raise ClusterTraceError(f"{path}: row {row}: more than {limit} rows")
             if None in rec or any(rec.get(c) is None for c in columns):
-                raise TraceError(f"{path}: row {row}: expected {len(header)} columns")
+                raise ClusterTraceError(f"{path}: row {row}: expected {len(header)} columns")
             yield row, rec
     except csv.Error as exc:
-        raise TraceError(f"{path}: row {row + 1}: not valid CSV ({exc})") from None
+        raise ClusterTraceError(f"{path}: row {row + 1}: not valid CSV ({exc})") from None
 
 
 def _int(path: Path, row: int, column: str, text: str, low: int, high: int) -> int:
@@ -106,49 +107,51 @@ def _int(path: Path, row: int, column: str, text: str, low: int, high: int) -> i
         try:
             number = float(text)
         except ValueError:
-            raise TraceError(f"{path}: row {row}: {column}: expected a whole number, got {text[:40]!r}") from None
+            raise ClusterTraceError(
+                f"{path}: row {row}: {column}: expected a whole number, got {text[:40]!r}") from None
         if not math.isfinite(number) or number != int(number):
-            raise TraceError(f"{path}: row {row}: {column}: expected a whole number, got {text[:40]!r}") from None
+            raise ClusterTraceError(
+                f"{path}: row {row}: {column}: expected a whole number, got {text[:40]!r}") from None
         value = int(number)
     if not low <= value <= high:
-        raise TraceError(f"{path}: row {row}: {column}: {value} is out of range {low}..{high}")
+        raise ClusterTraceError(f"{path}: row {row}: {column}: {value} is out of range {low}..{high}")
     return value
 
 
 def _name(path: Path, row: int, column: str, text: str) -> str:
     name = text.strip()
     if not name:
-        raise TraceError(f"{path}: row {row}: {column}: empty")
+        raise ClusterTraceError(f"{path}: row {row}: {column}: empty")
     if not name.isprintable():
-        raise TraceError(f"{path}: row {row}: {column}: contains control characters")
+        raise ClusterTraceError(f"{path}: row {row}: {column}: contains control characters")
     return name
 
 
 def read_nodes(path: Path) -> list[SharingNode]:
-    """The node list; TraceError naming the first bad cell."""
+    """The node list; ClusterTraceError naming the first bad cell."""
     nodes: list[SharingNode] = []
     seen: set[str] = set()
     for row, rec in _rows(path, NODE_COLUMNS, "node list", MAX_NODES):
         name = _name(path, row, "sn", rec["sn"])
         if name in seen:
-            raise TraceError(f"{path}: row {row}: sn: {name!r} appears twice")
+            raise ClusterTraceError(f"{path}: row {row}: sn: {name!r} appears twice")
         seen.add(name)
         cpu = _int(path, row, "cpu_milli", rec["cpu_milli"], 1, MAX_CPU_MILLI)
         mem = _int(path, row, "memory_mib", rec["memory_mib"], 1, MAX_MEMORY_MIB)
         gpus = _int(path, row, "gpu", rec["gpu"], 0, MAX_GPUS)
         model = rec["model"].strip()
         if gpus and not model:
-            raise TraceError(f"{path}: row {row}: model: empty for a node with GPUs")
+            raise ClusterTraceError(f"{path}: row {row}: model: empty for a node with GPUs")
         if model and not model.isprintable():
-            raise TraceError(f"{path}: row {row}: model: contains control characters")
+            raise ClusterTraceError(f"{path}: row {row}: model: contains control characters")
         nodes.append(SharingNode(name, cpu, mem, gpus, model))
     if not nodes:
-        raise TraceError(f"{path}: no nodes")
+        raise ClusterTraceError(f"{path}: no nodes")
     return nodes
 
 
 def read_pods(path: Path, nodes: list[SharingNode]) -> list[Pod]:
-    """The pod list; TraceError naming the first bad cell, or a GPU type no node has."""
+    """The pod list; ClusterTraceError naming the first bad cell, or a GPU type no node has."""
     models = {n.gpu_model for n in nodes if n.gpus}
     pods: list[Pod] = []
     for row, rec in _rows(path, POD_COLUMNS, "pod list"):
@@ -158,21 +161,21 @@ def read_pods(path: Path, nodes: list[SharingNode]) -> list[Pod]:
         gpus = _int(path, row, "num_gpu", rec["num_gpu"], 0, MAX_GPUS)
         milli = _int(path, row, "gpu_milli", rec["gpu_milli"], 0, MILLI)
         if gpus == 0 and milli:
-            raise TraceError(f"{path}: row {row}: gpu_milli: {milli} for a pod with num_gpu 0")
+            raise ClusterTraceError(f"{path}: row {row}: gpu_milli: {milli} for a pod with num_gpu 0")
         if gpus and not milli:
-            raise TraceError(f"{path}: row {row}: gpu_milli: 0 for a pod with num_gpu {gpus}")
+            raise ClusterTraceError(f"{path}: row {row}: gpu_milli: 0 for a pod with num_gpu {gpus}")
         if gpus > 1 and milli != MILLI:
-            raise TraceError(f"{path}: row {row}: gpu_milli: a share of {milli} is for one GPU only, "
+            raise ClusterTraceError(f"{path}: row {row}: gpu_milli: a share of {milli} is for one GPU only, "
                              f"not {gpus}")
         spec = rec["gpu_spec"].strip()
         types = tuple(t.strip() for t in spec.split("|") if t.strip()) if spec else ()
         for t in types:
             if t not in models:
-                raise TraceError(f"{path}: row {row}: gpu_spec: no node has GPU type {t[:40]!r}; "
+                raise ClusterTraceError(f"{path}: row {row}: gpu_spec: no node has GPU type {t[:40]!r}; "
                                  f"the nodes have {', '.join(sorted(models)) or 'no GPUs'}")
         pods.append(Pod(name, TaskShape(cpu, mem, gpus, milli, 0, types if gpus else ())))
     if not pods:
-        raise TraceError(f"{path}: no pods")
+        raise ClusterTraceError(f"{path}: no pods")
     return pods
 
 
@@ -185,12 +188,12 @@ def inflate(pods: list[Pod], capacity_milli: int, until: float, seed: int) -> li
     tasks = list(pods)
     total = sum(p.shape.total_gpu_milli for p in tasks)
     if total <= 0:
-        raise TraceError("the pod list requests no GPU, so there is no GPU workload to inflate")
+        raise ClusterTraceError("the pod list requests no GPU, so there is no GPU workload to inflate")
     mean = total / len(tasks)
     if target / mean > MAX_INFLATED_TASKS:
-        raise TraceError(f"reaching {until:g} x the cluster's GPU capacity takes about {target / mean:.0f} tasks "
-                         f"from this pod list, more than the {MAX_INFLATED_TASKS} a replay may have; "
-                         f"lower --until or use a smaller node list")
+        raise ClusterTraceError(f"reaching {until:g} x the cluster's GPU capacity takes about {target / mean:.0f} "
+                                f"tasks from this pod list, more than the {MAX_INFLATED_TASKS} a replay may have; "
+                                f"lower --until or use a smaller node list")
     if total > target:
         while total > target and tasks:
             i = int(rng.integers(len(tasks)))

@@ -6,10 +6,12 @@ import csv
 from dataclasses import dataclass
 from pathlib import Path
 
+from broker.errors import UserError
+
 COLUMNS = ("job_id", "num_gpus", "submit_time", "duration", "model")
 
 
-class WorkloadError(ValueError):
+class WorkloadError(UserError, ValueError):
     """A workload file that cannot be read; the message names the file, row and field."""
 
 

@@ -8,6 +8,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError, ValidationInfo, field_validator
 
+from broker.errors import UserError
 from broker.spec import values
 from broker.spec.errors import SpecError
 from broker.spec.yaml_lines import LoadedYaml, Path, format_path
@@ -135,7 +136,7 @@ def _speeds(value: Any) -> tuple[tuple[str, float], ...]:
     return tuple(speeds.items())
 
 
-class _ItemError(ValueError):
+class _ItemError(UserError, ValueError):
     """A bad list item: carries its index so the error can point at the item's own line."""
 
     def __init__(self, index: int, message: str) -> None:

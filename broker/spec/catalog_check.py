@@ -14,7 +14,6 @@ import difflib
 import logging
 import os
 import pathlib
-import re
 import tempfile
 import threading
 import time
@@ -24,14 +23,8 @@ from dataclasses import dataclass, field
 from broker.spec.errors import SpecError
 from broker.spec.resources import ResourceAlternative
 from broker.spec.yaml_lines import LoadedYaml, Path, format_path
+from providers.base import PUBLIC_CLOUDS
 
-CATALOG_CLOUDS: tuple[str, ...] = ("aws", "gcp", "azure")
-# How each cloud spells its instance types (family.size; series-kind-size; Standard_Size).
-_NAMING: dict[str, re.Pattern[str]] = {
-    "aws": re.compile(r"^[a-z][a-z0-9-]*\.(nano|micro|small|medium|large|metal(-\d+xl)?|\d*xlarge)$"),
-    "gcp": re.compile(r"^[a-z][a-z0-9]*-[a-z]+-\d+[a-z]*(-[a-z0-9]+)*$|^[a-z][a-z0-9]*-(micro|small|medium)$"),
-    "azure": re.compile(r"^(Standard|Basic)_[A-Za-z0-9_-]+$"),
-}
 CATALOG_TIMEOUT_SECONDS = 3.0
 # After SkyPilot's catalog could not be fetched, the built-in one answers for this long without
 # trying again, in this process and (through a marker file) in the next `broker` commands.
@@ -96,15 +89,15 @@ def check_catalog(alternatives: list[ResourceAlternative], allowed_clouds: tuple
 
 
 def _candidate_clouds(allowed: tuple[str, ...]) -> tuple[str, ...]:
-    named = tuple(c for c in allowed if c in CATALOG_CLOUDS)
-    return named or CATALOG_CLOUDS
+    named = tuple(c for c in allowed if c in PUBLIC_CLOUDS)
+    return named or PUBLIC_CLOUDS
 
 
 def _clouds_for(alt: ResourceAlternative, candidates: tuple[str, ...]) -> tuple[str, ...]:
     if alt.cloud is None:
         return candidates
     # Other SkyPilot clouds (Lambda, Kubernetes, ...) have no built-in counterpart: SkyPilot judges them at launch.
-    return (alt.cloud,) if alt.cloud in CATALOG_CLOUDS else ()
+    return (alt.cloud,) if alt.cloud in PUBLIC_CLOUDS else ()
 
 
 def _check_alternative(alt: ResourceAlternative, facts: list[CloudFacts], doc: LoadedYaml,
@@ -278,7 +271,7 @@ def _builtin_facts(queries: dict[str, _Queries], reason: str) -> dict[str, Cloud
                 accelerators.setdefault(name, set())
         # The built-in rows hold GPU types and common CPU families: another name spelt the cloud's way
         # passes (SkyPilot judges it at launch), one that is not is refused with the nearest known name.
-        instance_types = {name: catalog.find_any(name, cloud) is not None or bool(_NAMING[cloud].match(name))
+        instance_types = {name: catalog.find_any(name, cloud) is not None or catalog.spelt_as_instance_type(name, cloud)
                           for name in q.instance_types}
         known = tuple(t.name for t in (*catalog.GPU_INSTANCE_TYPES, *catalog.CPU_INSTANCE_TYPES) if t.cloud == cloud)
         # The built-in catalog has no region list: regions are left for SkyPilot to judge at launch.

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from broker.errors import UserError
+
 MAX_MESSAGE_CHARS = 520  # a message quotes what was written: keep one line for a megabyte of it
 
 
@@ -10,7 +12,7 @@ def _clip(text: str) -> str:
     return text if len(text) <= MAX_MESSAGE_CHARS else text[:MAX_MESSAGE_CHARS - 3] + "..."
 
 
-class SpecError(ValueError):
+class SpecError(UserError, ValueError):
     """An invalid job file. ``str()`` is the message shown to the user: ``source:line: field: message``."""
 
     def __init__(self, message: str, field: str | None = None, line: int | None = None,

@@ -95,11 +95,6 @@ class JobSpec:
                       frozenset((c.cloud, c.region) for c in self.resource_places))
 
     @property
-    def gpu_fraction(self) -> float | None:
-        """The share of one GPU the job asks for (``A100:0.5``), or None for whole GPUs."""
-        return self.accelerators[0].fraction if self.accelerators else None
-
-    @property
     def min_cpus(self) -> float | None:
         return _minimum(self.cpus)
 

@@ -5,12 +5,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from broker.errors import UserError
 from broker.spec.yaml_lines import Path
 
 MAX_GPUS_PER_NODE = 64  # no cloud sells more per node (GCP a2-megagpu-16g has 16)
 
 
-class ResourceError(ValueError):
+class ResourceError(UserError, ValueError):
     """A resources value the broker cannot use, and where it is."""
 
     def __init__(self, message: str, path: Path) -> None:

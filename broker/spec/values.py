@@ -7,8 +7,9 @@ import signal
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from providers.base import CLOUDS
+
 PRIORITY_CLASSES: dict[str, int] = {"inference": 1000, "training": 500, "batch": 100}
-CLOUDS: tuple[str, ...] = ("aws", "gcp", "azure", "local")
 CHECKPOINT_URL_SCHEMES: tuple[str, ...] = ("s3", "gs", "az")
 # SIGKILL and SIGSTOP cannot be caught, so a job could never checkpoint on them.
 _UNCATCHABLE = frozenset({"SIGKILL", "SIGSTOP"})

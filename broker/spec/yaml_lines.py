@@ -69,15 +69,6 @@ _Loader.yaml_implicit_resolvers = {
 }
 
 
-def load_yaml(text: str, source: str) -> LoadedYaml:
-    """One YAML document (a second one is refused: see ``load_yaml_documents``)."""
-    documents = load_yaml_documents(text, source)
-    if len(documents) > 1:
-        raise SpecError("not valid YAML: expected a single document, but found another document",
-                        line=documents[1].first_line, source=source)
-    return documents[0]
-
-
 def load_yaml_documents(text: str, source: str) -> list[LoadedYaml]:
     """Every document of a (multi-document) YAML file, each with its keys' lines in the file.
 

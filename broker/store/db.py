@@ -16,6 +16,7 @@ from sqlalchemy import Engine, create_engine, event, select, update
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session, sessionmaker
 
+from broker.errors import BrokerError, UserError
 from broker.store.revision import MIGRATIONS, head_revision
 from broker.store.tables import LeaderLeaseRow
 
@@ -25,11 +26,13 @@ if TYPE_CHECKING:
 _migrate_lock = threading.Lock()
 
 
-class StoreError(RuntimeError):
-    pass
+class StoreError(UserError, RuntimeError):
+    """The store cannot be opened or migrated at the URL given: exit 2 in the CLI, 503 from the API."""
+
+    http_status = 503
 
 
-class Fenced(RuntimeError):
+class Fenced(BrokerError, RuntimeError):
     """This process no longer holds the leader lease its work was fenced by: stop, write nothing."""
 
 

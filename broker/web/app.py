@@ -11,6 +11,7 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
 
 from broker.clock import Clock
+from broker.errors import BrokerError
 from broker.reports.window import ReportError, ledger_now, report_window
 from broker.store import Store
 from broker.web import clusters, jobs, market, overview, simulate
@@ -51,7 +52,7 @@ async def _bounded_body(request: Request, limit: int) -> bytes | None:
     return bytes(body)
 
 
-class SignedOut(Exception):
+class SignedOut(BrokerError):
     """No valid token in the request's cookie: a page redirects to sign-in, a live update gets 401."""
 
 

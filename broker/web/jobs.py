@@ -9,6 +9,7 @@ from typing import Any
 
 from sqlalchemy import func, select
 
+from broker.errors import UserError
 from broker.model import JobState
 from broker.store import Store
 from broker.store.rollup import LedgerRollupRow
@@ -22,8 +23,10 @@ PAGE_SIZE = 200
 LOG_TAIL_BYTES = 8192
 
 
-class NotFound(LookupError):
+class NotFound(UserError, LookupError):
     """No such job, or one the viewer may not see (the same answer for both)."""
+
+    http_status = 404
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from broker.errors import UserError
 from broker.web.html import e, table
 
 MAX_FORM_BYTES = 8 * 1024 * 1024
@@ -36,7 +37,7 @@ PALETTE = ("#2f6fdb", "#e07b00", "#12a39a", "#8e44ad", "#c0392b", "#27ae60", "#d
 _running = threading.Lock()
 
 
-class SimulateError(ValueError):
+class SimulateError(UserError, ValueError):
     def __init__(self, message: str, status: int) -> None:
         super().__init__(message)
         self.status = status

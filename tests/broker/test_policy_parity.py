@@ -21,7 +21,7 @@ from broker.spec.job import parse_job_spec
 from broker.store import open_store
 from broker.store.tables import JobRow
 from broker.tokens import SharedAgentTokens
-from policies import registry
+from policies import kinds
 from policies.selection import IDLE, Location, Plan, SelectionRequest
 from providers.trace import read_trace
 from tests.broker.backends.fake_sky import FakeSky
@@ -49,7 +49,7 @@ def test_engine_and_simulator_build_the_same_request_and_get_the_same_plan(broke
     settings = load_settings(market=BUNDLED_MARKET, speed=1.0)
     spec = parse_job_spec(JOB, source=str(broker_home / "job.yaml"), offline=True)
     store = open_store(settings.database_url)
-    policy = registry.get("selection", "broker")
+    policy = kinds.selection.get("broker")
 
     market = Market(trace.select("V100", 1), spec.num_nodes)
     overhead = engine_options(settings, None).restart_overhead_s
@@ -109,7 +109,7 @@ def test_on_the_price_book_the_engine_sees_the_past_the_simulator_sees(tmp_path:
     trace = read_trace(BUNDLED_MARKET).select("V100", 1)
     spec = parse_job_spec(JOB, offline=True)
     store = open_store(f"sqlite:///{tmp_path / 'broker.db'}")
-    policy = registry.get("selection", "broker")
+    policy = kinds.selection.get("broker")
     market = Market(trace, spec.num_nodes)
     sim_job = SimJob(num_nodes=2, work_s=2400, deadline_s=3 * 3600, restart_overhead_s=720.0, checkpoint_gb=0.0,
                      egress_per_gb=0.0, accelerator="V100", gpus_per_node=1, limits=JobLimits.of(spec))

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 
 from broker.sim.market import Market, SimJob, simulate
-from policies import registry
+from policies import kinds
 from policies.broker_policy import RULE_NAMES
 from policies.broker_policy_replay import IDLE_CODE, ON_DEMAND_CODE, Replay, leading_rule
 from policies.history import MarketHistory, MarketSeries
@@ -26,7 +26,7 @@ SPOT = [[1.0, 1.6]] * len(AVAILABLE)
 def _run_with_replay(rule_name: str, job: SimJob, start: int = 0) -> tuple[float, list[SelectionRequest], list[Replay]]:
     trace = make_trace(AVAILABLE, spot=SPOT, zones=(A, B), tick_s=300)
     market = Market(trace, 1)
-    rule = registry.get("selection", rule_name)
+    rule = kinds.selection.get(rule_name)
     seen: list[SelectionRequest] = []
     replays: list[Replay] = []
 
@@ -61,7 +61,7 @@ def test_replay_follows_the_simulator_tick_by_tick_and_pays_the_same(rule_name: 
     assert last.history is not None
     after = replace(last, now=last.now + timedelta(seconds=300),
                     history=MarketHistory(last.history.series, last.history.now + 1))
-    done = leading_rule(after, (registry.get("selection", rule_name),))
+    done = leading_rule(after, (kinds.selection.get(rule_name),))
     assert done is not None and done.tracks[0].progress == 20
     assert done.tracks[0].cost == pytest.approx(cost, rel=1e-9)
 
@@ -69,7 +69,7 @@ def test_replay_follows_the_simulator_tick_by_tick_and_pays_the_same(rule_name: 
 def test_the_replay_is_a_function_of_the_request_whatever_the_memo_holds() -> None:
     job = SimJob(num_nodes=1, work_s=20 * 300, deadline_s=45 * 300, restart_overhead_s=2 * 300)
     _, seen, replays = _run_with_replay("skypilot_eager", job)
-    rules = (registry.get("selection", "skypilot_eager"),)
+    rules = (kinds.selection.get("skypilot_eager"),)
     middle = seen[len(seen) // 2]
     assert middle.history is not None
     # a fresh series (cold memo), and the warm one whose memo is already past this tick
@@ -83,7 +83,7 @@ def test_the_replay_is_a_function_of_the_request_whatever_the_memo_holds() -> No
 def test_without_history_start_or_work_there_is_nothing_to_replay() -> None:
     job = SimJob(num_nodes=1, work_s=20 * 300, deadline_s=45 * 300)
     _, seen, _ = _run_with_replay("up_multi", job)
-    rules = (registry.get("selection", "up_multi"),)
+    rules = (kinds.selection.get("up_multi"),)
     assert leading_rule(replace(seen[3], history=None), rules) is None
     assert leading_rule(replace(seen[3], job=replace(seen[3].job, started_at=None)), rules) is None
     assert leading_rule(replace(seen[3], job=replace(seen[3].job, total_work_s=None)), rules) is None
@@ -97,7 +97,7 @@ def test_the_lead_moves_to_the_rule_whose_replayed_job_is_clearly_cheaper_and_no
     pairs = {"on_demand first": ("on_demand", "up_multi"), "a tie": ("up_multi", "skypilot_eager")}
     leaders: dict[str, list[int]] = {}
     for label, names in pairs.items():
-        rules = tuple(registry.get("selection", n) for n in names)
+        rules = tuple(kinds.selection.get(n) for n in names)
         found: list[int] = []
 
         def watching(request: SelectionRequest, rules: tuple = rules, found: list[int] = found) -> Plan:
@@ -121,7 +121,7 @@ def test_the_lead_moves_to_the_rule_whose_replayed_job_is_clearly_cheaper_and_no
 @given(markets())
 def test_broker_lean_follows_the_leader_under_the_floor_and_meets_deadlines(case: tuple[Market, SimJob]) -> None:
     market, job = case
-    lean, rules = registry.get("selection", "broker_lean"), tuple(registry.get("selection", n) for n in RULE_NAMES)
+    lean, rules = kinds.selection.get("broker_lean"), tuple(kinds.selection.get(n) for n in RULE_NAMES)
     checked: list[str] = []
 
     def checking(request: SelectionRequest) -> Plan:

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from policies import registry
+from policies import kinds
 from policies.checkpointing import (
     CheckpointRequest,
     daly_interval,
@@ -61,8 +61,8 @@ def test_the_rule_beats_both_baselines_on_its_own_cost_model() -> None:
 
 
 def test_registered_with_the_rule_as_default() -> None:
-    assert registry.default_name("checkpointing") == "young_daly"
-    assert set(registry.names("checkpointing")) >= {"young_daly", "notice_only", "fixed_interval"}
+    assert kinds.checkpointing.default_name() == "young_daly"
+    assert set(kinds.checkpointing.names()) >= {"young_daly", "notice_only", "fixed_interval"}
 
 
 @pytest.mark.parametrize("field", ["hazard_per_s", "checkpoint_s", "notice_s"])

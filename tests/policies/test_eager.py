@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from policies import registry
+from policies import kinds
 from policies.eager import EagerRequest, eager, off
 
 
@@ -29,8 +29,8 @@ def test_boot_weighs_the_worst_case_overlap_against_the_wait_removed() -> None:
 
 def test_off_never_acts_and_is_the_default() -> None:
     assert not off(EagerRequest("reserve", 0.0, 0.0, 0.0, lead_s=120.0)).act
-    assert registry.default_name("eager") == "off"
-    assert registry.get("eager", "eager") is eager
+    assert kinds.eager.default_name() == "off"
+    assert kinds.eager.get("eager") is eager
 
 
 @pytest.mark.parametrize("bad", [-1.0, math.nan, math.inf])

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from broker.sim.market import Market, SimJob, replay, simulate
 from broker.sim.runs import optimal_run
-from policies import registry
+from policies import kinds
 from policies.optimal import OmniscientOnly, Problem, solve
 from policies.selection import JobView, SelectionRequest
 from tests.markets import START, make_trace
@@ -64,10 +64,10 @@ def test_optimal_equals_brute_force(case: tuple[Market, SimJob]) -> None:
 def test_no_policy_beats_optimal_while_meeting_the_deadline(case: tuple[Market, SimJob]) -> None:
     market, job = case
     best = optimal_run(market, job, start=0)
-    for name in registry.names("selection"):
+    for name in kinds.selection.names():
         if name == "optimal":
             continue
-        run = simulate(market, job, registry.get("selection", name), start=0, name=name)
+        run = simulate(market, job, kinds.selection.get(name), start=0, name=name)
         if run.deadline_met:
             assert best.deadline_met and best.cost <= run.cost + 1e-9, name
 
@@ -96,4 +96,4 @@ def test_infeasible_deadline_runs_on_demand_at_once() -> None:
 def test_optimal_cannot_be_asked_per_step() -> None:
     request = SelectionRequest(now=START, job=JobView(1, 1, "V100", 60.0, None), offers=())
     with pytest.raises(OmniscientOnly, match="broker simulate"):
-        registry.get("selection", "optimal")(request)
+        kinds.selection.get("optimal")(request)

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from policies import registry
+from policies import kinds
 from policies.gang import GangPlacement
 from policies.placement import (
     ClusterSnapshot,
@@ -43,9 +43,9 @@ def all_nvlinked(snap: ClusterSnapshot, p: GangPlacement) -> bool:
 
 
 def test_registry_knows_every_policy_and_topology_is_default() -> None:
-    assert registry.names("placement") == sorted(POLICIES)
-    assert registry.default_name("placement") == "topology"
-    assert registry.get("placement") is topology_aware
+    assert kinds.placement.names() == sorted(POLICIES)
+    assert kinds.placement.default_name() == "topology"
+    assert kinds.placement.get() is topology_aware
 
 
 def test_p3_two_gpu_job_gets_an_nvlink_pair_where_first_fit_does_not() -> None:
@@ -95,7 +95,7 @@ def test_bigger_gang_spans_fewest_nodes_with_best_fit_remainder() -> None:
 
 @pytest.mark.parametrize("policy", POLICIES)
 def test_gang_never_gets_part_of_its_gpus(policy: str) -> None:
-    place = registry.get("placement", policy)
+    place = kinds.placement.get(policy)
     snap = occupied("p4d.24xlarge", {0: (0, 1, 2, 3, 4, 5), 1: (0,)}, nodes=2)  # 9 free
     assert place(PlacementRequest("j", 10), snap) is None
     p = place(PlacementRequest("j", 9), snap)
@@ -104,7 +104,7 @@ def test_gang_never_gets_part_of_its_gpus(policy: str) -> None:
 
 @pytest.mark.parametrize("policy", POLICIES)
 def test_required_node_level_refuses_a_split(policy: str) -> None:
-    place = registry.get("placement", policy)
+    place = kinds.placement.get(policy)
     snap = occupied("p4d.24xlarge", {0: (0, 1, 2, 3, 4), 1: (0, 1, 2, 3, 4)}, nodes=2)  # 3 + 3 free
     assert place(PlacementRequest("j", 4, level="node", required=True), snap) is None
     preferred = place(PlacementRequest("j", 4, level="node"), snap)
@@ -115,7 +115,7 @@ def test_required_node_level_refuses_a_split(policy: str) -> None:
 
 @pytest.mark.parametrize("policy", POLICIES)
 def test_required_placement_group_keeps_the_gang_in_one_group(policy: str) -> None:
-    place = registry.get("placement", policy)
+    place = kinds.placement.get(policy)
     snap = occupied("p4d.24xlarge", {0: (0, 1, 2, 3), 2: (0, 1, 2, 3)}, nodes=4, groups=("a", "a", "b", "b"))
     req = PlacementRequest("j", 12, level="placement_group", required=True)
     p = place(req, snap)
@@ -127,7 +127,7 @@ def test_required_placement_group_keeps_the_gang_in_one_group(policy: str) -> No
 
 @pytest.mark.parametrize("policy", POLICIES)
 def test_exact_nodes_shape(policy: str) -> None:
-    place = registry.get("placement", policy)
+    place = kinds.placement.get(policy)
     snap = occupied("p4d.24xlarge", {0: (0, 1, 2, 3, 4, 5), 1: (0, 1)}, nodes=3)  # free 2, 6, 8
     p = place(PlacementRequest("j", 8, num_nodes=2), snap)
     assert p is not None and sorted(len(g) for _, g in p.gpus) == [4, 4]
@@ -193,7 +193,7 @@ def test_no_gpu_is_ever_given_twice_and_freed_gpus_are_reused(instance: str, nod
             assert snap.free_gpus == before + held
             continue
         job = f"j{n}"
-        p = registry.get("placement", policy)(PlacementRequest(job, k, seed=pick), snap)
+        p = kinds.placement.get(policy)(PlacementRequest(job, k, seed=pick), snap)
         if k > snap.free_gpus:
             assert p is None
             continue
@@ -220,7 +220,7 @@ def test_no_gpu_is_ever_given_twice_and_freed_gpus_are_reused(instance: str, nod
 
 @pytest.mark.parametrize("policy", POLICIES)
 def test_a_full_cluster_gives_freed_gpus_to_the_next_gang(policy: str) -> None:
-    place = registry.get("placement", policy)
+    place = kinds.placement.get(policy)
     snap = occupied("p3.16xlarge", {0: (0, 1, 2, 3, 4, 5, 6, 7), 1: (0, 1, 2, 3, 4, 5, 6, 7)}, nodes=2)
     assert place(PlacementRequest("next", 8), snap) is None
     freed = snap.without_job("busy1")
@@ -296,7 +296,7 @@ def test_a_required_node_level_binds_despite_faster_measured_splits() -> None:
 
 @pytest.mark.parametrize("policy", ["first_fit", "random", "packed_sticky"])
 def test_baselines_ignore_measurements(policy: str) -> None:
-    place = registry.get("placement", policy)
+    place = kinds.placement.get(policy)
     snap = occupied("p4d.24xlarge", {0: (0, 1, 2, 3)}, nodes=3)
     for measured in (SPREAD_FASTER, PACK_FASTER):
         assert place(PlacementRequest("j", 8, measured=measured), snap) == place(PlacementRequest("j", 8), snap)

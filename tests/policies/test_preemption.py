@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from policies import registry
+from policies import kinds
 from policies.gang import GangPlacement
 from policies.placement import ClusterSnapshot, PlacementRequest
 from policies.preemption import PreemptionRequest, RunningGang, plan_preemption, victim_order
@@ -22,8 +22,8 @@ def cluster(jobs: dict[str, tuple[tuple[int, tuple[int, ...]], ...]], nodes: int
 
 
 def test_registered_as_default() -> None:
-    assert registry.get("preemption") is plan_preemption
-    assert registry.default_name("preemption") == "checkpoint_aware"
+    assert kinds.preemption.get() is plan_preemption
+    assert kinds.preemption.default_name() == "checkpoint_aware"
 
 
 def test_picks_the_victim_with_least_work_lost() -> None:

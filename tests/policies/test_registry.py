@@ -13,7 +13,7 @@ from broker.engine import Engine, EngineOptions
 from broker.runtime import BUNDLED_MARKET
 from broker.store import open_store
 from broker.tokens import SharedAgentTokens
-from policies import registry
+from policies import kinds
 
 JOB = """\
 name: t
@@ -57,22 +57,22 @@ def test_a_nul_in_a_policy_name_names_the_setting(broker_home: Path) -> None:
 
 
 def test_every_kind_has_a_known_default_and_good_names_pass(broker_home: Path) -> None:
-    for kind in registry.KINDS:
-        default = registry.default_name(kind)
-        assert default is not None and registry.check(kind, default) == default
+    for kind in kinds.KINDS:
+        default = kinds.of(kind).default_name()
+        assert default is not None and kinds.of(kind).check(default) == default
     settings = load_settings(selection_policy="greedy", placement_policy="first_fit")
     assert (settings.selection_policy, settings.placement_policy) == ("greedy", "first_fit")
 
 
 def test_simulator_only_policies_are_refused_for_a_live_engine(broker_home: Path) -> None:
-    assert registry.simulator_only("selection", "optimal")
-    assert "optimal" in registry.names("selection") and "optimal" not in registry.names("selection", live=True)
-    assert registry.get("selection", "optimal") is not None  # the simulator may still ask for it
-    with pytest.raises(registry.UnknownPolicy, match="runs only in `broker simulate`"):
-        registry.get("selection", "optimal", live=True)
+    assert kinds.selection.simulator_only("optimal")
+    assert "optimal" in kinds.selection.names() and "optimal" not in kinds.selection.names(live=True)
+    assert kinds.selection.get("optimal") is not None  # the simulator may still ask for it
+    with pytest.raises(kinds.UnknownPolicy, match="runs only in `broker simulate`"):
+        kinds.selection.get("optimal", live=True)
     store = open_store(f"sqlite:///{broker_home / 'engine.db'}")
     world = LocalWorld.begin(broker_home, str(BUNDLED_MARKET), 60.0)
-    with pytest.raises(registry.UnknownPolicy, match="optimal"):
+    with pytest.raises(kinds.UnknownPolicy, match="optimal"):
         Engine(store, world.clock, world.market(), LocalProvisioner(broker_home, world),
                EngineOptions(home=broker_home, selection_policy="optimal"),
                tokens=SharedAgentTokens(store, broker_home))
@@ -80,7 +80,36 @@ def test_simulator_only_policies_are_refused_for_a_live_engine(broker_home: Path
 
 
 def test_an_unknown_kind_and_a_second_policy_under_one_name_are_refused() -> None:
-    with pytest.raises(registry.UnknownPolicy, match="unknown policy kind 'scheduling'"):
-        registry.check("scheduling", "x")
+    with pytest.raises(kinds.UnknownPolicy, match="unknown policy kind 'scheduling'"):
+        kinds.of("scheduling").check("x")
     with pytest.raises(ValueError, match="registered twice"):
-        registry.register("selection", "broker")(lambda request: registry.get("selection")(request))
+        kinds.selection.register("broker")(lambda request: kinds.selection.get()(request))
+
+
+def test_every_built_in_name_is_registered_under_its_kind() -> None:
+    assert {kind: kinds.of(kind).names() for kind in kinds.KINDS} == {
+        "selection": ["broker", "broker_lean", "cheapest_spot", "greedy", "on_demand", "optimal", "skypilot_eager",
+                      "uniform_progress", "up_multi"],
+        "placement": ["first_fit", "packed_sticky", "random", "topology"],
+        "preemption": ["checkpoint_aware"],
+        "admission": ["admit_all", "capacity_share"],
+        "sharing": ["best_fit", "dot_product", "fgd", "first_fit", "gpu_clustering", "gpu_packing", "random"],
+        "checkpointing": ["fixed_interval", "notice_only", "young_daly"],
+        "eager": ["eager", "off"],
+    }
+
+
+def test_choose_picks_one_policy_of_each_kind_from_the_settings_names() -> None:
+    from policies.baselines import greedy
+    from policies.broker_policy import broker
+    from policies.checkpointing import notice_only
+    from policies.placement import first_fit
+
+    defaults = kinds.choose()
+    assert (defaults.selection, defaults.eager_name) == (broker, "off")
+    chosen = kinds.choose(selection_name="greedy", placement_name="first_fit", checkpointing_name="notice_only",
+                          eager_name="eager")
+    assert (chosen.selection, chosen.placement, chosen.checkpointing, chosen.eager_name) == (
+        greedy, first_fit, notice_only, "eager")
+    with pytest.raises(kinds.UnknownPolicy, match="unknown placement policy 'nope'"):
+        kinds.choose(placement_name="nope")

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from broker.sim.market import Market, SimJob, simulate
 from broker.sim.runs import random_starts
-from policies import registry
+from policies import kinds
 from policies.history import MarketHistory, MarketSeries
 from policies.selection import (
     IDLE,
@@ -61,14 +61,14 @@ def spot(trace: MarketTrace, tick: int, zone: int) -> Location:
 
 
 def test_broker_is_the_default_and_cheapest_spot_stays_registered() -> None:
-    assert registry.default_name("selection") == "broker"
+    assert kinds.selection.default_name() == "broker"
     assert {"broker", "cheapest_spot", "on_demand", "greedy", "uniform_progress", "up_multi", "skypilot_eager",
-            "optimal"} <= set(registry.names("selection"))
+            "optimal"} <= set(kinds.selection.names())
 
 
 def test_greedy_waits_with_slack_and_takes_on_demand_for_good_below_two_restarts() -> None:
     trace = make_trace([[0]] * 40)
-    greedy = registry.get("selection", "greedy")
+    greedy = kinds.selection.get("greedy")
     # overhead 2 ticks: the net is at slack < 2*2+1 = 5
     assert greedy(request_at(trace, 0, work_left=10, deadline=15, overhead=2)).locations == ()
     plan = greedy(request_at(trace, 1, work_left=10, deadline=15, overhead=2))
@@ -81,7 +81,7 @@ def test_greedy_waits_with_slack_and_takes_on_demand_for_good_below_two_restarts
 
 def test_uniform_progress_catches_up_on_on_demand_only_when_behind() -> None:
     trace = make_trace([[0]] * 100)
-    up = registry.get("selection", "uniform_progress")
+    up = kinds.selection.get("uniform_progress")
     # 50 ticks of work in 100: pace 0.5 a tick, so 5 done by tick 10 is on pace, 4 is behind
     ahead = request_at(trace, 10, work_left=45, deadline=100, total_work=50)
     behind = request_at(trace, 10, work_left=46, deadline=100, total_work=50)
@@ -97,7 +97,7 @@ def test_uniform_progress_catches_up_on_on_demand_only_when_behind() -> None:
 
 def test_skypilot_eager_relaunches_in_another_region_first() -> None:
     trace = make_trace([[1, 1, 1]] * 5, spot=[[1.0, 2.0, 1.0]] * 5, zones=(A, B, C))
-    eager = registry.get("selection", "skypilot_eager")
+    eager = kinds.selection.get("skypilot_eager")
     fresh = eager(request_at(trace, 1, work_left=5, deadline=50))
     assert fresh.locations[0].offer is not None and fresh.locations[0].offer.zone == "us-east-1a"  # cheapest
     record = {"aws/us-east-1a/p3.2xlarge": ZoneRecord(preemptions=(trace.time_of(0),))}
@@ -110,17 +110,17 @@ def test_every_policy_keeps_a_job_to_the_places_its_file_allows(name: str) -> No
     trace = make_trace([[1, 1, 1]] * 5, spot=[[1.0, 2.0, 1.0]] * 5, zones=(A, B, C))
     request = request_at(trace, 1, work_left=5, deadline=50)
     pinned = replace(request, job=replace(request.job, allowed_places=frozenset({("aws", "us-west-2")})))
-    plan = registry.get("selection", name)(pinned)
+    plan = kinds.selection.get(name)(pinned)
     assert {loc.offer.zone for loc in plan.locations if loc.offer} <= {"us-west-2a"}
     anywhere_in_aws = replace(request, job=replace(request.job, allowed_places=frozenset({("aws", None)})))
-    assert any(loc.offer for loc in registry.get("selection", "cheapest_spot")(anywhere_in_aws).locations)
+    assert any(loc.offer for loc in kinds.selection.get("cheapest_spot")(anywhere_in_aws).locations)
     elsewhere = replace(request, job=replace(request.job, allowed_places=frozenset({("gcp", None)})))
-    assert not any(loc.offer for loc in registry.get("selection", name)(elsewhere).locations)
+    assert not any(loc.offer for loc in kinds.selection.get(name)(elsewhere).locations)
 
 
 def test_broker_leaves_spot_for_on_demand_before_a_preemption_could_break_the_deadline() -> None:
     trace = make_trace([[1]] * 30)
-    broker = registry.get("selection", "broker")
+    broker = kinds.selection.get("broker")
     here = spot(trace, 5, 0)
     # overhead 2: on spot and working it needs slack >= 3 to survive one preemption
     assert broker(request_at(trace, 5, work_left=10, deadline=18, overhead=2, current=here,
@@ -133,7 +133,7 @@ def test_broker_skips_capacity_that_tends_to_vanish_before_a_restart_pays_off() 
     # zone a has come and gone in 1-tick blips all along; zone b's runs last 20 ticks
     blips = [[t % 2, 1 if (t // 20) % 2 == 0 else 0] for t in range(200)]
     trace = make_trace(blips, zones=(A, B))
-    broker = registry.get("selection", "broker")
+    broker = kinds.selection.get("broker")
     tick = next(t for t in range(150, 200) if blips[t] == [1, 0])
     plan = broker(request_at(trace, tick, work_left=30, deadline=tick + 200, total_work=30, overhead=2))
     assert plan.locations == ()  # plenty of slack: wait for capacity worth a restart
@@ -147,7 +147,7 @@ def test_broker_leaves_on_demand_only_once_young_capacity_has_outlived_the_blips
     cycle = [1] * 3 + [0] * 4
     pattern = (cycle * 3 + [1] * 40 + [0] * 4) * 12
     trace = make_trace([[a] for a in pattern])
-    broker = registry.get("selection", "broker")
+    broker = kinds.selection.get("broker")
     start = next(t for t in range(500, len(pattern)) if pattern[t] and not pattern[t - 1] and pattern[t + 3])
     on_demand = Location(ON_DEMAND, offers_at(trace, start)[0])
 
@@ -166,7 +166,7 @@ def test_broker_waits_out_a_short_outage_when_little_work_is_left_but_not_when_m
     # behind an even pace (10 ticks done of work + 10)
     pattern = ([1] * 10 + [0] * 3) * 80
     trace = make_trace([[a] for a in pattern])
-    broker = registry.get("selection", "broker")
+    broker = kinds.selection.get("broker")
     tick = next(t for t in range(600, 900) if pattern[t - 1] and not pattern[t])
 
     def plan_for(work: int) -> str:
@@ -185,7 +185,7 @@ def test_broker_slack_grows_short_gradually_below_what_spot_alone_needs() -> Non
     # (with the margin); the job is idle at an outage's first tick, 200 ticks of work left, behind pace
     pattern = ([1] * 30 + [0] * 20) * 30
     trace = make_trace([[a] for a in pattern])
-    broker = registry.get("selection", "broker")
+    broker = kinds.selection.get("broker")
     tick = next(t for t in range(1000, 1400) if pattern[t - 1] and not pattern[t])
 
     def plan_for(slack: int) -> str:
@@ -200,7 +200,7 @@ def test_broker_slack_grows_short_gradually_below_what_spot_alone_needs() -> Non
 
 def test_broker_moves_to_a_much_cheaper_zone_and_stays_for_a_small_saving() -> None:
     long_runs = [[1, 1]] * 300
-    broker = registry.get("selection", "broker")
+    broker = kinds.selection.get("broker")
     for price_b, moves in ((0.5, True), (0.97, False)):
         trace = make_trace(long_runs, spot=[[1.0, price_b]] * 300, zones=(A, B))
         # ahead of pace (20 of 40 done with 750 of 1000 ticks left): slack to spend on a restart
@@ -212,7 +212,7 @@ def test_broker_moves_to_a_much_cheaper_zone_and_stays_for_a_small_saving() -> N
 
 def test_broker_depends_only_on_the_request() -> None:
     trace = make_trace([[int(t % 3 != 0), int(t % 5 != 0)] for t in range(120)], zones=(A, B))
-    broker = registry.get("selection", "broker")
+    broker = kinds.selection.get("broker")
     for tick in range(60, 120, 7):
         one = broker(request_at(trace, tick, work_left=20, deadline=150, total_work=30))
         again = broker(request_at(trace, tick, work_left=20, deadline=150, total_work=30,
@@ -263,7 +263,7 @@ def markets(draw: st.DrawFn) -> tuple[Market, SimJob]:
 def test_no_policy_misses_a_deadline_on_demand_could_meet(case: tuple[Market, SimJob]) -> None:
     market, job = case
     for name in ("broker", "greedy", "uniform_progress", "up_multi", "skypilot_eager", "on_demand"):
-        assert simulate(market, job, registry.get("selection", name), start=0).deadline_met, name
+        assert simulate(market, job, kinds.selection.get(name), start=0).deadline_met, name
 
 
 @pytest.mark.traces
@@ -271,7 +271,7 @@ def test_broker_meets_every_deadline_on_the_16_node_trace(shared_traces: Path) -
     trace = read_trace(shared_traces / "aws-v100-2023-16node-3zones.csv.gz").select("V100", 1)
     market = Market(trace, 16)
     job = SimJob(num_nodes=16, work_s=48 * 3600, deadline_s=60 * 3600, restart_overhead_s=720)
-    broker = registry.get("selection", "broker")
+    broker = kinds.selection.get("broker")
     for start in random_starts(market, job, 12, seed=3):
         run = simulate(market, job, broker, start)
         assert run.deadline_met
@@ -282,7 +282,7 @@ def test_broker_launches_without_history_or_deadline() -> None:
     """What the live engine may hand it on a fresh price book: no history, no counts, no deadline."""
     offers = (ZoneOffer("aws", "us-east-1", "us-east-1a", "p3.2xlarge", "V100", 1, 1.2, 3.06, None),
               ZoneOffer("aws", "us-west-2", "us-west-2a", "p3.2xlarge", "V100", 1, 0.9, 3.06, None))
-    broker = registry.get("selection", "broker")
+    broker = kinds.selection.get("broker")
     for work in (3600.0, None):
         plan = broker(SelectionRequest(now=START, job=JobView(1, 1, "V100", work, None), offers=offers))
         assert [loc.offer.zone for loc in plan.locations if loc.offer] == ["us-west-2a", "us-east-1a"]
@@ -295,7 +295,7 @@ def test_broker_is_picky_about_spot_only_while_the_slack_dwarfs_what_the_market_
     ticks = 600
     pattern = [[1, 1 if (t // 10) % 2 == 0 else 0] for t in range(ticks)]
     trace = make_trace(pattern, spot=[[1.5, 0.5]] * ticks, zones=(A, B))
-    broker = registry.get("selection", "broker")
+    broker = kinds.selection.get("broker")
     tick = next(t for t in range(300, 400) if not pattern[t][1] and pattern[t - 1][1])
 
     def plan_for(slack: int) -> str:
@@ -316,7 +316,7 @@ def test_broker_under_pressure_enters_short_lived_spot_rather_than_wait_with_not
     # there is no outage to wait out, and every tick waited is slack spent for nothing.
     pattern = ([1] * 3 + [0]) * 200
     trace = make_trace([[a] for a in pattern])
-    broker = registry.get("selection", "broker")
+    broker = kinds.selection.get("broker")
     tick = next(t for t in range(400, 600) if pattern[t] and not pattern[t - 1])
     plan = broker(request_at(trace, tick, work_left=40, deadline=tick + 40 + 20, total_work=120, overhead=2))
     assert plan.locations and plan.locations[0].kind == "spot", plan.reason

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from policies import registry
+from policies import kinds
 from policies.sharing import (
     PlacementRefused,
     SharingCluster,
@@ -19,14 +19,14 @@ from policies.sharing import (
     expected_fragmentation,
 )
 
-POLICIES = registry.names("sharing")
+POLICIES = kinds.sharing.names()
 HALF = TaskShape.of(cpus=1, memory_gb=1, gpus=0.5)
 WHOLE = TaskShape.of(cpus=1, memory_gb=1, gpus=1)
 
 
 def place(name: str, task: TaskShape, cluster: SharingCluster, mix: WorkloadMix | None = None,
           seed: int = 0) -> SharingPlacement | None:
-    return registry.get("sharing", name)(SharingRequest(task, mix or WorkloadMix.of({task: 1}), seed), cluster)
+    return kinds.sharing.get(name)(SharingRequest(task, mix or WorkloadMix.of({task: 1}), seed), cluster)
 
 
 def two_t4() -> SharingCluster:
@@ -37,7 +37,7 @@ def two_t4() -> SharingCluster:
 def test_registered_with_fgd_as_default() -> None:
     assert set(POLICIES) == {"fgd", "first_fit", "best_fit", "dot_product", "gpu_packing", "gpu_clustering",
                              "random"}
-    assert registry.default_name("sharing") == "fgd"
+    assert kinds.sharing.default_name() == "fgd"
 
 
 @pytest.mark.parametrize("name", ["fgd", "best_fit", "gpu_packing", "dot_product", "gpu_clustering"])
@@ -160,7 +160,7 @@ def test_no_policy_ever_allocates_more_than_a_node_has(raw: list[tuple[int, int,
                                                         name: str, seed: int) -> None:
     nodes = [SharingNode(f"n{i}", max(c, 1), max(m, 1), g, model) for i, (c, m, g, model) in enumerate(raw)]
     cluster = SharingCluster.of(nodes)
-    policy = registry.get("sharing", name)
+    policy = kinds.sharing.get(name)
     counts: dict[TaskShape, float] = {}
     held: list[tuple[TaskShape, SharingPlacement]] = []
     for i, task in enumerate(tasks):

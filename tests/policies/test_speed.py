@@ -7,7 +7,7 @@ from datetime import timedelta
 
 import pytest
 
-from policies import registry
+from policies import kinds
 from policies.selection import JobView, Location, SelectionRequest, ZoneOffer
 from policies.speed import DEFAULT_SPEED, rank_accelerators, relative_speed, speed_of
 from tests.markets import START
@@ -35,7 +35,7 @@ def test_rank_is_by_price_over_speed_not_by_hourly_price() -> None:
 @pytest.mark.parametrize(("speed", "zone"), [((("H100", 2.1), ("A100-80GB", 1.0)), "us-west-2a"),
                                              ((("H100", 1.5), ("A100-80GB", 1.0)), "us-east-1a")])
 def test_broker_runs_where_a_unit_of_work_is_cheapest(speed: tuple[tuple[str, float], ...], zone: str) -> None:
-    broker = registry.get("selection", "broker")
+    broker = kinds.selection.get("broker")
     job = JobView(2, 8, "A100-80GB", 10 * 3600.0, START + timedelta(hours=40), speed=speed,
                   total_work_s=10 * 3600.0, started_at=START)
     plan = broker(SelectionRequest(now=START, job=job, offers=(A100, H100), step_s=300.0))
@@ -44,7 +44,7 @@ def test_broker_runs_where_a_unit_of_work_is_cheapest(speed: tuple[tuple[str, fl
 
 
 def test_broker_stays_on_its_type_unless_the_other_is_clearly_cheaper() -> None:
-    broker = registry.get("selection", "broker")
+    broker = kinds.selection.get("broker")
     # on A100 at $10; H100 at $18 / 1.9 = $9.47 a unit of work: 5 % cheaper, less than a switch needs
     job = JobView(2, 8, "A100-80GB", 10 * 3600.0, START + timedelta(hours=40),
                   speed=(("H100", 1.9), ("A100-80GB", 1.0)), total_work_s=10 * 3600.0, started_at=START)

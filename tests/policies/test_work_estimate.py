@@ -8,7 +8,7 @@ from datetime import timedelta
 import pytest
 
 from broker.sim.market import Market, SimJob, simulate
-from policies import registry
+from policies import kinds
 from policies.history import MarketHistory, MarketSeries
 from policies.selection import ON_DEMAND, JobView, SelectionRequest, ZoneOffer
 from policies.work_estimate import HISTORY, STATED, UNKNOWN, estimate_work, from_progress
@@ -48,7 +48,7 @@ CALM = ZoneOffer("aws", "us-east-1", "us-east-1a", "p3.2xlarge", "V100", 1, 0.9,
 
 @pytest.mark.parametrize("hours", [6, 48, 720, 400 * 24, 70 * 365 * 24])
 def test_deadline_only_job_goes_to_spot_without_history(hours: int) -> None:
-    broker = registry.get("selection", "broker")
+    broker = kinds.selection.get("broker")
     job = JobView(1, 1, "V100", None, START + timedelta(hours=hours))
     plan = broker(SelectionRequest(now=START, job=job, offers=(CALM,)))
     assert plan.locations[0].kind == "spot", plan.reason
@@ -60,18 +60,18 @@ def test_deadline_only_job_runs_on_spot_through_the_simulator() -> None:
     tick = trace.tick_seconds
     hidden = SimJob(num_nodes=1, work_s=60 * tick, deadline_s=300 * tick, restart_overhead_s=2 * tick,
                     work_known=False)
-    run = simulate(market, hidden, registry.get("selection", "broker"), 0)
+    run = simulate(market, hidden, kinds.selection.get("broker"), 0)
     assert run.on_demand_hours == 0 and run.deadline_met
     assert run.spot_work_hours == pytest.approx(60 * tick / HOUR)
     # and the policy itself, asked at a later tick with the market's history, still says spot
     request = SelectionRequest(now=trace.time_of(50), job=JobView(1, 1, "V100", None, trace.time_of(300)),
                                offers=(CALM,), history=MarketHistory(MarketSeries.from_trace(trace), 50),
                                step_s=tick)
-    assert registry.get("selection", "broker")(request).locations[0].kind != ON_DEMAND
+    assert kinds.selection.get("broker")(request).locations[0].kind != ON_DEMAND
 
 
 def test_deadline_floor_still_holds_for_a_deadline_only_job() -> None:
-    broker = registry.get("selection", "broker")
+    broker = kinds.selection.get("broker")
     job = JobView(1, 1, "V100", None, START + timedelta(minutes=20), restart_overhead_s=720.0)
     plan = broker(SelectionRequest(now=START, job=job, offers=(CALM,), step_s=300.0))
     assert plan.locations[0].kind == ON_DEMAND  # 4 steps left: below 2 restarts + 1

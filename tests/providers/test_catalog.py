@@ -125,3 +125,13 @@ def test_azure_cpu_only_sizes_fit_cpus_and_memory() -> None:
     assert all(t.gpus == 0 and t.interconnect == "" for t in fits)
     assert {t.name[:10] for t in catalog.cpu_instance_types(cloud="azure")} >= {"Standard_D", "Standard_E",
                                                                                  "Standard_F"}
+
+
+@pytest.mark.parametrize(("name", "cloud", "spelt"), [
+    ("p4d.24xlarge", "aws", True), ("g5.metal", "aws", True), ("p4d", "aws", False),
+    ("a2-highgpu-1g", "gcp", True), ("e2-small", "gcp", True), ("a2_highgpu", "gcp", False),
+    ("Standard_NC24ads_A100_v4", "azure", True), ("NC24ads", "azure", False),
+    ("p4d.24xlarge", "local", False), ("p4d.24xlarge", "gcp", False),
+])
+def test_each_clouds_spelling_of_instance_types(name: str, cloud: str, spelt: bool) -> None:
+    assert catalog.spelt_as_instance_type(name, cloud) is spelt

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from broker.backends.base import ClusterInfo, JobLaunch
+from broker.errors import UserError
 from broker.spec.job import JobSpec, sky_task_config
 
 # Where the checkpoint bucket is mounted on every node (the same on every cluster, so a path a
@@ -40,7 +41,7 @@ _PINNED = frozenset({"cloud", "region", "zone", "infra", "instance_type", "accel
 _BUCKET_SCHEMES = ("s3://", "gs://", "az://")
 
 
-class CheckpointDirError(ValueError):
+class CheckpointDirError(UserError, ValueError):
     pass
 
 

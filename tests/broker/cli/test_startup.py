@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from broker.cli.app import COMMANDS, HIDDEN, app, register_all
+from broker.cli.app import app, register_all
+from broker.cli.commands import COMMANDS, HIDDEN
 
 HEAVY = ("sqlalchemy", "fastapi", "numpy", "sky", "alembic", "matplotlib", "boto3", "botocore", "google",
          "azure", "pydantic", "uvicorn", "starlette", "httpx", "rich", "yaml")

@@ -100,7 +100,7 @@ def test_a_cancelled_reservation_is_released_and_a_failed_job_hands_its_gpus_on(
         assert cluster is not None
         machine.cancel_job(engine.store, b, engine.clock)
         with engine.store.transaction() as s:
-            assert set(packing.holdings(s, cluster)) == {a}  # b's claim went with it
+            assert set(packing.claims(s, cluster)) == {a}  # b's claim went with it
         c = _submit(engine, tmp_path, "c", TRAIN.format(steps=40))
         run_until(engine, lambda: bool(_events(engine, c, "eager_reserve")))
         assert job_row(engine, c).target_cluster_id == cluster  # the released GPUs are reserved again

@@ -16,7 +16,7 @@ from broker.spec.job import parse_job_spec
 from broker.store import open_store
 from broker.store.tables import AllocationRow, ClusterRow, JobRow
 from broker.tokens import SharedAgentTokens
-from policies import registry
+from policies import kinds
 from policies.selection import IDLE, Location
 from providers.trace import read_trace
 
@@ -46,7 +46,7 @@ def test_deadline_only_job_is_estimated_from_its_name_and_team_then_runs_on_spot
         job = s.get(JobRow, first)
         assert job is not None
         assert work_estimate(s, job, engine.clock.now()).remaining_s is None  # no history: unknown
-        plan = registry.get("selection", "broker")(engine.selection_request(s, job, Location(IDLE), set()))
+        plan = kinds.selection.get("broker")(engine.selection_request(s, job, Location(IDLE), set()))
         assert plan.locations and plan.locations[0].kind == "spot", plan.reason
         # it ran 5 hours and finished
         now = world.clock.now()
@@ -66,7 +66,7 @@ def test_deadline_only_job_is_estimated_from_its_name_and_team_then_runs_on_spot
         assert (found.source, found.total_s, found.remaining_s) == ("history", 5 * 3600.0, 5 * 3600.0)
         request = engine.selection_request(s, job, Location(IDLE), set())
         assert request.job.remaining_work_s == 5 * 3600.0
-        assert registry.get("selection", "broker")(request).locations[0].kind == "spot"
+        assert kinds.selection.get("broker")(request).locations[0].kind == "spot"
         other = s.get(JobRow, third)
         assert other is not None and work_estimate(s, other, engine.clock.now()).source == "unknown"
         for row in (job, other):

@@ -116,7 +116,7 @@ def test_a_decision_sees_each_zones_recent_past_from_the_book(store: Store, tmp_
     from broker.spec.job import parse_job_spec
     from broker.store.tables import JobRow
     from broker.tokens import SharedAgentTokens
-    from policies import registry
+    from policies import kinds
     from policies.selection import IDLE, Location
     from tests.broker.backends.fake_sky import FakeSky
 
@@ -140,7 +140,7 @@ def test_a_decision_sees_each_zones_recent_past_from_the_book(store: Store, tmp_
             assert job is not None
             request = engine.selection_request(s, job, Location(IDLE), set())
             job.state = "CANCELLED"
-        plan = registry.get("selection", "broker")(request)
+        plan = kinds.selection.get("broker")(request)
         return plan.locations[0].label, request.history
 
     zone, history = first_choice(PriceBookMarket(book))

@@ -188,7 +188,7 @@ def test_a_malformed_message_is_one_log_line_stores_nothing_and_is_deleted(
 
 
 def test_a_message_over_the_sqs_limit_is_not_parsed() -> None:
-    from broker.notices.sqs import parse_event
+    from providers.aws import eventbridge_event as parse_event
 
     assert parse_event(_event({"instance-id": INSTANCES[0]}, padding="a" * 300_000)) is None
     assert parse_event(_event({"instance-id": INSTANCES[0]})) is not None

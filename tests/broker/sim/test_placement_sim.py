@@ -9,7 +9,7 @@ import pytest
 from broker.sim.placement import simulate
 from broker.sim.speed import BandwidthSpeed, ProfileSpeed
 from broker.sim.workload import TraceJob, WorkloadError, read_workload
-from policies import registry
+from policies import kinds
 from policies.gang import GangPlacement
 from policies.placement import ClusterSnapshot, MeasuredSplitCost
 
@@ -23,7 +23,7 @@ TINY = [
 
 def run(policy: str, speed: BandwidthSpeed | ProfileSpeed, jobs: list[TraceJob] = TINY,
         cluster: str = "p4d.24xlarge", nodes: int = 2):
-    return simulate(jobs, ClusterSnapshot.empty("c", cluster, nodes), policy, registry.get("placement", policy), speed)
+    return simulate(jobs, ClusterSnapshot.empty("c", cluster, nodes), policy, kinds.placement.get(policy), speed)
 
 
 def test_topology_timeline_by_hand() -> None:

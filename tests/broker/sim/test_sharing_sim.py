@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from broker.sim.sharing import Pod, TraceError, inflate, read_nodes, read_pods, replay
-from policies import registry
+from broker.sim.sharing import ClusterTraceError, Pod, inflate, read_nodes, read_pods, replay
+from policies import kinds
 from policies.sharing import SharingNode, TaskShape
 
 NODES = "sn,cpu_milli,memory_mib,gpu,model\nn0,8000,32768,2,T4\nn1,8000,32768,2,T4\n"
@@ -38,14 +38,14 @@ def test_hand_checked_curve_on_a_tiny_cluster(tmp_path: Path) -> None:
     nodes = read_nodes(write(tmp_path, "n.csv", NODES))
     half, whole = TaskShape(0, 0, 1, 500), TaskShape(0, 0, 1, 1000)
     tasks = [Pod("a", half), Pod("b", half), Pod("c", whole), Pod("d", whole), Pod("e", whole), Pod("f", whole)]
-    r = replay(tasks, nodes, "fgd", registry.get("sharing", "fgd"), until=1.3)
+    r = replay(tasks, nodes, "fgd", kinds.sharing.get("fgd"), until=1.3)
     # arrived after each task: 12.5, 25, 50, 75, 100, 125 %; allocated: 0.5, 1, 2, 3, 4, 4 GPUs.
     assert [(p.arrived_pct, p.unallocated_gpu_pct) for p in r.curve] == [
         (10, 87.5), (20, 75.0), (30, 50.0), (40, 50.0), (50, 50.0), (60, 25.0), (70, 25.0), (80, 0.0),
         (90, 0.0), (100, 0.0), (110, 0.0), (120, 0.0), (130, 0.0)]
     assert (r.failed_tasks, r.allocated_gpu_pct, r.unallocated_gpu_pct) == (1, 100.0, 0.0)
     # Spreading the halves over two GPUs (first_fit puts both on GPU 0 too; random may not).
-    r = replay(tasks, nodes, "first_fit", registry.get("sharing", "first_fit"))
+    r = replay(tasks, nodes, "first_fit", kinds.sharing.get("first_fit"))
     assert r.failed_tasks == 1
 
 
@@ -81,7 +81,7 @@ BAD_NODES = [
 @pytest.mark.parametrize(("text", "message"), BAD_NODES)
 def test_bad_node_lists_name_the_row_and_column(tmp_path: Path, text: str | bytes, message: str) -> None:
     path = write(tmp_path, "nodes.csv", text)
-    with pytest.raises(TraceError) as info:
+    with pytest.raises(ClusterTraceError) as info:
         read_nodes(path)
     assert message in str(info.value)
     assert str(path) in str(info.value)
@@ -108,7 +108,7 @@ BAD_PODS = [
 def test_bad_pod_lists_name_the_row_and_column(tmp_path: Path, text: str, message: str) -> None:
     nodes = read_nodes(write(tmp_path, "n.csv", NODES))
     path = write(tmp_path, "pods.csv", text)
-    with pytest.raises(TraceError) as info:
+    with pytest.raises(ClusterTraceError) as info:
         read_pods(path, nodes)
     assert message in str(info.value)
     assert "\n" not in str(info.value)
@@ -121,16 +121,16 @@ def test_a_huge_pod_list_is_refused_by_rows_without_reading_it_all(tmp_path: Pat
     monkeypatch.setattr(sharing, "MAX_ROWS", 100)
     nodes = read_nodes(write(tmp_path, "n.csv", NODES))
     path = write(tmp_path, "pods.csv", HEAD + "p,1,1,1,100,\n" * 500)
-    with pytest.raises(TraceError, match="row 102: more than 100 rows"):
+    with pytest.raises(ClusterTraceError, match="row 102: more than 100 rows"):
         read_pods(path, nodes)
     monkeypatch.setattr(sharing, "MAX_FILE_BYTES", 1000)
-    with pytest.raises(TraceError, match="bytes is more than"):
+    with pytest.raises(ClusterTraceError, match="bytes is more than"):
         read_pods(path, nodes)
 
 
 def test_an_inflation_too_big_to_replay_is_refused() -> None:
     pods = [Pod("tiny", TaskShape(0, 0, 1, 1))]  # a thousandth of a GPU
-    with pytest.raises(TraceError, match="more than the 200000 a replay may have; lower --until"):
+    with pytest.raises(ClusterTraceError, match="more than the 200000 a replay may have; lower --until"):
         inflate(pods, 64 * 1000 * 1000, 1.3, seed=0)
 
 
@@ -146,6 +146,6 @@ def test_the_alibaba_trace_fgd_beats_best_fit_early_on(shared_traces: Path) -> N
     # policies run on the real cluster and never over-allocate it.
     head = tasks[:2000]
     for name in ("fgd", "best_fit"):
-        r = replay(head, nodes, name, registry.get("sharing", name), seed=42)
+        r = replay(head, nodes, name, kinds.sharing.get(name), seed=42)
         assert r.failed_tasks == 0
         assert 0 < r.allocated_gpu_pct < 100
