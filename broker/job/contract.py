@@ -217,18 +217,19 @@ class Checkpointer:
     def partial_path(self, step: int) -> Path:
         return self.directory / f".step-{step:08d}.partial"
 
-    def save(self, step: int, write: Writer, *, all_ranks: bool = False) -> bool:
+    def save(self, step: int, write: Writer, *, all_ranks: bool = False, started: float | None = None) -> bool:
         """Write checkpoint ``step`` with ``write(path)``, then name it in ``LATEST``.
 
         ``write`` gets a temporary path (a file or a directory it creates); it is renamed into place
         only once ``write`` returned. ``all_ranks``: every rank writes into that path (sharded state,
         e.g. ``torch.distributed.checkpoint``); otherwise only the writer rank writes. A save that
         fails is said on the log and leaves the last good checkpoint in place: training goes on.
+        ``started`` (a ``time.perf_counter()``): when the save began, if before this call.
         """
         if not 0 <= step <= MAX_STEP:
             raise ValueError(f"step {step} is out of range")
         writes = all_ranks or self.rank == self.writer_rank
-        started = time.perf_counter()
+        started = time.perf_counter() if started is None else started
         partial = self.partial_path(step)
         ok = True
         if writes:
