@@ -150,7 +150,8 @@ class CheckpointReporter:
             self.events.write("checkpoint_outside_dir", path=mark.path)
             return None
         return {"job_id": self.job_id, "cluster_id": self.cluster_id, "node": self.node, "path": relative,
-                "written_at": datetime.fromtimestamp(mark.written_at, UTC).isoformat(), "step": mark.step}
+                "written_at": datetime.fromtimestamp(mark.written_at, UTC).isoformat(), "step": mark.step,
+                "save_seconds": mark.save_seconds}
 
     def _send(self, payload: dict[str, Any]) -> None:
         assert self.url is not None

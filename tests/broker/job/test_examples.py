@@ -26,6 +26,7 @@ def _digest(text: str) -> str:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(600)
 @pytest.mark.parametrize("framework", ["pytorch", "lightning", "huggingface"])
 def test_example_survives_a_preemption_and_ends_as_an_uninterrupted_run(broker_home: Path, tmp_path: Path,
                                                                          framework: str) -> None:
