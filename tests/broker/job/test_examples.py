@@ -12,6 +12,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from sqlalchemy import select
+
+from broker.store import open_store
+from broker.store.tables import CheckpointReportRow
 
 ROOT = Path(__file__).resolve().parents[3]
 MARKET_MINUTE_S = 60.0
@@ -47,6 +51,14 @@ def test_example_survives_a_preemption_and_ends_as_an_uninterrupted_run(broker_h
     assert saved[0], texts[0][-3000:]  # the first attempt checkpointed before its node was taken
     for before, text in zip(saved, texts[1:], strict=False):
         assert f"resuming from step-{max(before):08d}" in text  # from the newest, not from the start
+
+    # The save times the helper measured reached the broker with the checkpoints (its Young/Daly input).
+    store = open_store(f"sqlite:///{broker_home / 'broker.db'}")
+    with store.transaction() as s:
+        timed = list(s.scalars(select(CheckpointReportRow.save_seconds).where(
+            CheckpointReportRow.job_id == summary["job_id"])))
+    store.dispose()
+    assert timed and all(x is not None and x >= 0 for x in timed)
 
     # The same script without the broker, no pacing, no interruption: the same final parameters.
     direct = subprocess.run([sys.executable, f"train_{framework}.py", "--steps", "400"], cwd=ROOT / "examples",
