@@ -49,7 +49,8 @@ class Pace(TrainerCallback):  # type: ignore[misc]
 
 def tiny_model() -> GPT2LMHeadModel:
     torch.manual_seed(0)
-    return GPT2LMHeadModel(GPT2Config(vocab_size=64, n_positions=32, n_embd=32, n_layer=2, n_head=2))
+    return GPT2LMHeadModel(GPT2Config(vocab_size=64, n_positions=32, n_embd=32, n_layer=2, n_head=2,
+                                      bos_token_id=0, eos_token_id=0))
 
 
 def parameters_digest(model: torch.nn.Module) -> str:
