@@ -163,3 +163,18 @@ def test_the_helper_imports_nothing_beyond_the_standard_library() -> None:
     result = subprocess.run([sys.executable, "-I", "-c", code], cwd=ROOT, capture_output=True, text=True, check=True,
                             env={"PYTHONPATH": str(ROOT)})
     assert result.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize("name", ["SIGNOPE", "x" * 10_000, "usr\udcff", ""])
+def test_a_garbage_signal_name_falls_back_to_sigusr1_with_one_line(fresh: Path, monkeypatch, capsys,
+                                                                   name: str) -> None:
+    monkeypatch.setenv("BROKER_CHECKPOINT_SIGNAL", name)
+    assert Checkpointer(fresh, handle_signal=False).signal == signal.SIGUSR1
+    err = capsys.readouterr().err
+    assert err.count("\n") <= 1 and len(err) < 200
+
+
+@pytest.mark.parametrize(("field", "value"), [("every_steps", 0), ("keep", 0)])
+def test_out_of_range_settings_are_refused_naming_them(fresh: Path, field: str, value: int) -> None:
+    with pytest.raises(ValueError, match=field):
+        Checkpointer(fresh, handle_signal=False, **{field: value})  # type: ignore[arg-type]
