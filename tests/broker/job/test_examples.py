@@ -36,8 +36,12 @@ def test_example_survives_a_preemption_and_ends_as_an_uninterrupted_run(broker_h
                                                                          framework: str) -> None:
     pytest.importorskip({"pytorch": "torch", "lightning": "lightning", "huggingface": "transformers"}[framework])
     env = {**os.environ, "BROKER_HOME": str(broker_home), "BROKER_SPEED": SPEED}
-    result = subprocess.run([sys.executable, "-m", "broker", "launch", f"examples/{framework}.yaml", "--json"],
-                            cwd=ROOT, env=env, capture_output=True, text=True, timeout=420)
+    try:
+        result = subprocess.run([sys.executable, "-m", "broker", "launch", f"examples/{framework}.yaml", "--json"],
+                                cwd=ROOT, env=env, capture_output=True, text=True, timeout=420)
+    finally:  # a launch cut short leaves its clusters up: take them down as the local cloud does
+        for cluster in (broker_home / "local" / "clusters").glob("*/"):
+            (cluster / "terminate").touch()
     assert result.returncode == 0, result.stderr[-3000:]
     summary = json.loads(result.stdout.strip().splitlines()[-1])
     assert summary["state"] == "SUCCEEDED"
