@@ -23,3 +23,9 @@ fi
 # where PYTHONDONTWRITEBYTECODE keeps it from writing them).
 .venv/bin/uv pip install -q --python .venv/bin/python --compile-bytecode --require-hashes -r "$LOCK"
 .venv/bin/uv pip install -q --python .venv/bin/python --no-deps -e .
+if [ "$LOCK" = requirements-dev.lock ]; then
+  # PyTorch, Lightning and Transformers for the job helper's tests, through pip (see requirements-ml.txt),
+  # held to the lock's versions of everything they share (torch needs a newer setuptools).
+  grep -E '^[A-Za-z0-9][^ ]*==' "$LOCK" | sed 's/ *\\$//' | grep -v '^setuptools==' > .venv/ml-constraints.txt
+  .venv/bin/python -m pip install -q -c .venv/ml-constraints.txt -r requirements-ml.txt
+fi

@@ -28,6 +28,7 @@ from typing import Any
 
 from broker.agent import mps
 from broker.agent.checkpoint import CheckpointMark, latest_checkpoint
+from broker.agent.jobpath import job_pythonpath, with_pythonpath
 from broker.agent.progress import ProgressReporter, pass_through, read_progress_file
 from broker.agent.reporting import LatestOnly, post_with_retry
 from providers.notices import NodeNotice, NoticeReader, detect_cloud, reader_for
@@ -125,7 +126,8 @@ class CheckpointReporter:
             self.events.write("checkpoint_outside_dir", path=mark.path)
             return None
         return {"job_id": self.job_id, "cluster_id": self.cluster_id, "node": self.node, "path": relative,
-                "written_at": datetime.fromtimestamp(mark.written_at, UTC).isoformat(), "step": mark.step}
+                "written_at": datetime.fromtimestamp(mark.written_at, UTC).isoformat(), "step": mark.step,
+                "save_seconds": mark.save_seconds}
 
     def _send(self, payload: dict[str, Any]) -> None:
         assert self.url is not None
@@ -156,6 +158,8 @@ class Agent:
         if self.checkpoint_dir:
             env["BROKER_CHECKPOINT_DIR"] = self.checkpoint_dir
         env["BROKER_PROGRESS_FILE"] = self.progress_file
+        env["BROKER_CHECKPOINT_SIGNAL"] = self.options.checkpoint_signal.name
+        env = self._job_pythonpath(env)
         env.update(self._mps(env))
         self.child = subprocess.Popen(self.options.command, start_new_session=True, env=env,
                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
@@ -191,6 +195,16 @@ class Agent:
             tmp.write_text(json.dumps({"exit_code": exit_code, "finished_wall": time.time()}))
             os.replace(tmp, self.options.status_file)
         return exit_code
+
+    def _job_pythonpath(self, env: dict[str, str]) -> dict[str, str]:
+        """``import broker.job`` in the job without installing anything; a job runs without it too."""
+        folder = (Path(self.options.status_file + ".pythonpath") if self.options.status_file
+                  else Path(tempfile.gettempdir()) / f"broker-job-{os.getpid()}")
+        try:
+            return with_pythonpath(env, job_pythonpath(folder))
+        except OSError as exc:
+            self.events.write("job_helper_unavailable", reason=str(exc)[:300])
+            return env
 
     def _mps(self, env: dict[str, str]) -> dict[str, str]:
         """NVIDIA MPS for a job sharing its GPU, where the node has it; without it the job still runs."""

@@ -24,6 +24,7 @@ from broker.store.tables import AllocationRow, JobRow, ProgressRow
 
 # An agent reports a checkpoint as it appears: a time far from now is a broken clock or a forgery.
 WALL_SKEW_SECONDS = 24 * 3600.0
+MAX_SAVE_SECONDS = 24 * 3600.0
 
 
 class CheckpointReport(BaseModel):
@@ -33,6 +34,8 @@ class CheckpointReport(BaseModel):
     path: str = Field(min_length=1, max_length=1024)
     written_at: datetime
     step: int | None = Field(default=None, ge=0, le=2**62)
+    # How long the save took, as the job measured it (``save_seconds=`` in ``LATEST``; broker.job writes it).
+    save_seconds: float | None = Field(default=None, ge=0, le=MAX_SAVE_SECONDS, allow_inf_nan=False)
 
 
 class CheckpointAccepted(BaseModel):
@@ -75,7 +78,8 @@ def agent_reports_router(store: Store, clock: Clock) -> APIRouter:
         try:
             report_id, duplicate = record(store, ReportedCheckpoint(
                 job_id=report.job_id, cluster_id=report.cluster_id, node=report.node, path=report.path,
-                written_at=clock.to_clock(written), step=report.step), received_at=clock.now())
+                written_at=clock.to_clock(written), step=report.step, save_seconds=report.save_seconds),
+                received_at=clock.now())
         except CheckpointRefused as exc:
             raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, str(exc)) from None
         return CheckpointAccepted(report_id=report_id, duplicate=duplicate)

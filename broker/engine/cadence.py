@@ -6,9 +6,10 @@ policy (``policies/checkpointing.py``, Young/Daly by default) for an interval fr
 
 - the zone's hazard: the broker's own record of preemptions there per second of spot time it ran
   there, with one preemption per day as the prior;
-- the job's checkpoint time, measured: from each request to the first checkpoint reported after
-  it, or from a notice's signal to its checkpoint; until one is measured the job is asked once
-  after 15 minutes, to measure it;
+- the job's checkpoint time, measured: the save times the job reports itself (``broker.job`` does,
+  from its first save), else from each request to the first checkpoint reported after it, or from
+  a notice's signal to its checkpoint; until one is measured the job is asked once after 15
+  minutes, to measure it;
 - the cloud's notice lead time.
 
 The job is asked by the same signal a notice sends, and the request is an event of the job
@@ -77,7 +78,16 @@ class Cadence:
         self.parts.event(s, job.id, ASKED, interval_s=round(interval, 1), checkpoint_s=measured, reason=why)
 
     def checkpoint_seconds(self, s: Session, job: JobRow) -> float | None:
-        """The job's measured checkpoint time (median of its latest ones), or None before any."""
+        """The job's measured checkpoint time (median of its latest ones), or None before any.
+
+        The save times the job measured itself (``broker.job`` writes them in ``LATEST``) come first,
+        from its first checkpoint on; without them, the time from each request to its checkpoint.
+        """
+        saved = list(s.scalars(select(CheckpointReportRow.save_seconds).where(
+            CheckpointReportRow.job_id == job.id, CheckpointReportRow.save_seconds.is_not(None))
+            .order_by(CheckpointReportRow.written_at.desc()).limit(MEASURED_KEPT)))
+        if saved:
+            return statistics.median(x for x in saved if x is not None) * self.parts.clock.speed
         asks = list(s.scalars(select(JobEventRow.at).where(JobEventRow.job_id == job.id, JobEventRow.kind == ASKED)
                               .order_by(JobEventRow.at.desc()).limit(MEASURED_KEPT)))
         samples: list[float] = []

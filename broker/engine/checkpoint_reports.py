@@ -35,6 +35,7 @@ class ReportedCheckpoint:
     path: str  # relative to the job's checkpoint directory
     written_at: datetime  # market clock
     step: int | None = None
+    save_seconds: float | None = None  # wall seconds the save took, as the job measured it
 
 
 def clean_relative_path(path: str) -> str:
@@ -73,7 +74,7 @@ def record(store: Store, report: ReportedCheckpoint, received_at: datetime) -> t
                 raise CheckpointRefused("job_id: this cluster never ran that job")
             row = CheckpointReportRow(job_id=report.job_id, cluster_id=report.cluster_id, node=report.node,
                                       path=path, step=report.step, written_at=report.written_at,
-                                      received_at=received_at)
+                                      received_at=received_at, save_seconds=report.save_seconds)
             s.add(row)
             s.flush()
             return row.id, False

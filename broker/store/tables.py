@@ -166,6 +166,7 @@ class CheckpointReportRow(Base):
     step: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     written_at: Mapped[datetime] = mapped_column(UtcDateTime)  # market clock
     received_at: Mapped[datetime] = mapped_column(UtcDateTime)
+    save_seconds: Mapped[float | None] = mapped_column(Float, nullable=True)  # wall seconds, as the job measured
 
     __table_args__ = (UniqueConstraint("job_id", "path", name="uq_checkpoint_report_path"),)
 

@@ -33,7 +33,7 @@ for step in (10, 20):
 mark("/etc/passwd")  # outside the directory: never reported
 time.sleep(0.5)
 (d / "step-30").write_text("weights")
-mark("step-30\\nstep=30\\n")  # the last one, just before exit: reported all the same
+mark("step-30\\nstep=30\\nsave_seconds=1.250\\n")  # the last one, just before exit: reported all the same
 sys.exit(0)
 """
 
@@ -78,6 +78,7 @@ def test_every_checkpoint_the_job_marks_is_reported_with_its_step(tmp_path: Path
         rows = list(s.scalars(select(CheckpointReportRow).order_by(CheckpointReportRow.written_at)))
     assert [(r.path, r.step, r.node) for r in rows] == [("step-10", 10, "0"), ("step-20", 20, "0"),
                                                         ("step-30", 30, "0")]
+    assert [r.save_seconds for r in rows] == [None, None, 1.25]  # as the job measured it (broker.job writes it)
     events = [json.loads(line)["event"] for line in Path(str(status) + ".events").read_text().splitlines()]
     assert events.count("checkpoint_reported") == 3
     assert "checkpoint_outside_dir" in events
@@ -92,5 +93,12 @@ def test_the_marker_may_carry_a_step_and_garbage_does_not_break_it(tmp_path: Pat
         (tmp_path / "LATEST").write_text(text)
         mark = latest_checkpoint(tmp_path)
         assert mark is not None and mark.step == step
+    for text, seconds in (("a\nsave_seconds=2.5\n", 2.5), ("a\nsave_seconds=nan\n", None),
+                          ("a\nsave_seconds=inf\n", None), ("a\nsave_seconds=-1\n", None),
+                          ("a\nsave_seconds=1e300\n", None), ("a\nsave_seconds=" + "9" * 5000 + "\n", None),
+                          ("a\nsave_seconds=soon\n", None)):
+        (tmp_path / "LATEST").write_text(text)
+        mark = latest_checkpoint(tmp_path)
+        assert mark is not None and mark.save_seconds == seconds, text[:40]
     (tmp_path / "LATEST").write_bytes(b"\x00\xff\xfe")
     assert latest_checkpoint(tmp_path) is None

@@ -72,6 +72,13 @@ def test_a_report_is_stored_once_relative_to_the_checkpoint_dir(store: Store) ->
         assert checkpoints.resolve(job.checkpoint_dir, newest.path) == "s3://bucket/j1/step-000120.npz"
 
 
+def test_the_save_time_the_job_measured_is_stored(store: Store) -> None:
+    client = TestClient(create_app(store, WallClock()))
+    assert client.post("/v1/checkpoints", json=_report(save_seconds=2.5), headers=AUTH).status_code == 202
+    assert client.post("/v1/checkpoints", json=_report(path="older-agent"), headers=AUTH).status_code == 202
+    assert [row.save_seconds for row in _rows(store)] == [2.5, None]
+
+
 def test_newest_is_by_the_time_the_checkpoint_was_written(store: Store) -> None:
     client = TestClient(create_app(store, WallClock()))
     now = datetime.now(UTC)
@@ -131,10 +138,16 @@ def test_a_terminated_clusters_token_is_refused(store: Store) -> None:
     ("written_at", "9999-12-31T23:59:59Z"),
     ("written_at", "2030-13-45T00:00:00Z"),
     ("written_at", "garbage"),
+    ("save_seconds", -0.5),
+    ("save_seconds", 1e12),
+    ("save_seconds", float("nan")),
+    ("save_seconds", float("inf")),
+    ("save_seconds", "fast"),
 ])
 def test_hostile_fields_are_refused_naming_the_field(store: Store, field: str, value: object) -> None:
-    response = TestClient(create_app(store, WallClock())).post("/v1/checkpoints", json=_report(**{field: value}),
-                                                              headers=AUTH)
+    body = json.dumps(_report(**{field: value}))  # NaN and Infinity as Python's json writes them
+    response = TestClient(create_app(store, WallClock())).post(
+        "/v1/checkpoints", content=body, headers={**AUTH, "Content-Type": "application/json"})
     assert 400 <= response.status_code < 500, response.text
     assert field in json.dumps(response.json())
     assert _count(store) == 0
