@@ -30,6 +30,8 @@ from typing import Any
 
 from broker.agent import mps
 from broker.agent.checkpoint import CheckpointMark, latest_checkpoint
+from broker.agent.gpu import job_pids, open_reader
+from broker.agent.gpu_sampling import REPORT_EVERY_S, SAMPLE_EVERY_S, GpuReporter, GpuSampler
 from broker.agent.progress import ProgressReporter, pass_through, read_progress_file
 from broker.agent.reporting import LatestOnly, post_with_retry
 from providers.notices import NodeNotice, NoticeReader, reader_for
@@ -56,6 +58,8 @@ class AgentOptions:
     checkpoint_dir: str | None = None
     status_file: str | None = None
     env: dict[str, str] = field(default_factory=dict)
+    gpu_sample_s: float = SAMPLE_EVERY_S
+    gpu_report_s: float = REPORT_EVERY_S
 
 
 class EventLog:
@@ -174,6 +178,25 @@ class Agent:
         self.handled: set[str] = set()
         self.child: subprocess.Popen[bytes] | None = None
         self.pending: list[tuple[threading.Thread, float]] = []  # (thread, its deadline)
+        self.gpu: GpuSampler | None = None
+
+    def _start_gpu_sampling(self, env: dict[str, str]) -> None:
+        """Sample the job's GPUs beside it, when there is a broker to tell and a job to tell about."""
+        job_id, url = env.get("BROKER_JOB_ID"), self.options.broker_url
+        if not job_id or not url:
+            return
+        try:
+            attempt = int(env.get("BROKER_ATTEMPT", "0"))
+        except ValueError:
+            attempt = 0
+        assert self.child is not None
+        session = self.child.pid
+        shared = bool(env.get("BROKER_GPU_SHARE"))
+        reporter = GpuReporter(url, self.options.token, job_id, attempt, self.options.cluster_id,
+                               self.options.node, self.events)
+        self.gpu = GpuSampler(lambda: open_reader(env), lambda: job_pids(session) if shared else frozenset(),
+                              reporter, self.events, self.options.gpu_sample_s, self.options.gpu_report_s)
+        self.gpu.start()
 
     def run(self) -> int:
         env = {**os.environ, **self.options.env}
@@ -186,6 +209,7 @@ class Agent:
         assert self.child.stdout is not None
         output = pass_through(self.child.stdout, self.progress)
         self.events.write("started", pid=self.child.pid, command=self.options.command)
+        self._start_gpu_sampling(env)
         if self.options.status_file:
             # The local cloud kills every process group recorded here when it takes the node away.
             Path(self.options.status_file + ".pgid").write_text(str(self.child.pid))
@@ -199,6 +223,8 @@ class Agent:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self.child.wait(timeout=self.options.poll_seconds)
         output.join(timeout=5.0)  # a daemon the job left behind may hold its output open
+        if self.gpu is not None:
+            self.gpu.stop()
         self._watch()
         self.checkpoints.flush(timeout=10.0)
         self.progress.flush(timeout=5.0)
