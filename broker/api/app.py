@@ -12,6 +12,7 @@ from fastapi.exceptions import RequestValidationError
 
 from broker.api.agent_reports import agent_reports_router
 from broker.api.auth import team_dependency
+from broker.api.gpu_reports import gpu_reports_router
 from broker.api.jobs import JobIntake, jobs_router
 from broker.api.limits import Limits, RequestLimits
 from broker.api.metrics import install_metrics
@@ -31,6 +32,7 @@ def create_app(store: Store, clock: Clock, intake: JobIntake | None = None,
     app.add_exception_handler(RequestValidationError, validation_error_response)
     app.include_router(notices_router(store, clock))
     app.include_router(agent_reports_router(store, clock))
+    app.include_router(gpu_reports_router(store, clock))
 
     @app.get("/v1/health")
     def health() -> dict[str, object]:

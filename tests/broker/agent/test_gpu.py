@@ -136,7 +136,8 @@ def test_without_pynvml_the_agent_says_so(monkeypatch: pytest.MonkeyPatch) -> No
 def test_a_shared_gpu_reads_the_job_s_own_processes(nvml: Any) -> None:
     me, other = os.getpid(), 1
     nvml({"devices": [{"uuid": "GPU-s", "memory_total_mb": 40960, "readings": [{"gpu": 80, "used_mb": 20000}],
-                       "processes": [{"pid": me, "sm": 25, "used_mb": 5000}, {"pid": other, "sm": 55, "used_mb": 15000}]}]})
+                       "processes": [{"pid": me, "sm": 25, "used_mb": 5000},
+                                     {"pid": other, "sm": 55, "used_mb": 15000}]}]})
     reader = NvmlReader(["0"])
     reading = reader.read(frozenset({me}))[0]
     assert (reading.utilization, reading.job_utilization, reading.job_memory_mb) == (80.0, 25.0, 5000.0)
