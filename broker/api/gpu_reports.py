@@ -17,12 +17,13 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, HTTPException, status
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from sqlalchemy import select
+from sqlalchemy.orm import Session
 
 from broker.api.auth import agent_dependency
 from broker.api.validation import body_schema, json_body, sane_datetime
 from broker.clock import Clock
 from broker.store import Store
-from broker.store.gpu import FIGURES, GpuMinuteRow
+from broker.store.gpu import FIGURES, GpuMinuteRow, GpuRollupRow
 from broker.store.tables import AllocationRow
 
 MAX_MINUTES = 512  # 8 GPUs for an hour, with room
@@ -116,16 +117,47 @@ def gpu_reports_router(store: Store, clock: Clock) -> APIRouter:
                 GpuMinuteRow.job_id == report.job_id, GpuMinuteRow.attempt == report.attempt,
                 GpuMinuteRow.node == report.node, GpuMinuteRow.started_at.in_([start for _, start, _ in spans])))
             known: set[tuple[int, datetime]] = {(int(gpu), at) for gpu, at in stored_before}
-            received, stored = clock.now(), 0
+            received, new = clock.now(), []
             for minute, start, end in spans:
                 if (minute.gpu, start) in known:
                     continue
                 known.add((minute.gpu, start))
                 figures = minute.model_dump(exclude={"gpu", "uuid", "minute", "samples"})
-                s.add(GpuMinuteRow(job_id=report.job_id, attempt=report.attempt, cluster_id=report.cluster_id,
-                                   node=report.node, gpu=minute.gpu, uuid=minute.uuid, started_at=start,
-                                   ended_at=end, samples=minute.samples, received_at=received, **figures))
-                stored += 1
-        return GpuAccepted(stored=stored, duplicates=len(spans) - stored)
+                new.append(GpuMinuteRow(job_id=report.job_id, attempt=report.attempt, cluster_id=report.cluster_id,
+                                        node=report.node, gpu=minute.gpu, uuid=minute.uuid, started_at=start,
+                                        ended_at=end, samples=minute.samples, received_at=received, **figures))
+            s.add_all(new)
+            add_to_rollup(s, report.job_id, report.node, new)
+        return GpuAccepted(stored=len(new), duplicates=len(spans) - len(new))
 
     return router
+
+
+def add_to_rollup(s: Session, job_id: str, node: str, minutes: list[GpuMinuteRow]) -> None:
+    """Add stored minutes to their hours of the job's roll-up (one node's report: one writer per row)."""
+    by_hour: dict[datetime, list[GpuMinuteRow]] = {}
+    for m in minutes:
+        by_hour.setdefault(m.started_at.replace(minute=0, second=0, microsecond=0), []).append(m)
+    for hour, rows in by_hour.items():
+        row = s.scalar(select(GpuRollupRow).where(GpuRollupRow.job_id == job_id, GpuRollupRow.node == node,
+                                                   GpuRollupRow.hour == hour))
+        if row is None:
+            row = GpuRollupRow(job_id=job_id, node=node, hour=hour, gpu_minutes=0, measured_seconds=0.0,
+                               utilization_seconds=0.0)
+            s.add(row)
+        for m in rows:
+            seconds = (m.ended_at - m.started_at).total_seconds()
+            util = m.job_utilization_mean if m.job_utilization_mean is not None else m.utilization_mean
+            util_peak = m.job_utilization_max if m.job_utilization_max is not None else m.utilization_max
+            memory = m.job_memory_mb_max if m.job_memory_mb_max is not None else m.memory_used_mb_max
+            row.gpu_minutes += 1
+            if util is not None:
+                row.measured_seconds += seconds
+                row.utilization_seconds += util * seconds
+            row.peak_memory_mb = _peak(row.peak_memory_mb, memory)
+            row.peak_utilization = _peak(row.peak_utilization, util_peak)
+            row.memory_total_mb = _peak(row.memory_total_mb, m.memory_total_mb)
+
+
+def _peak(old: float | None, new: float | None) -> float | None:
+    return new if old is None else old if new is None else max(old, new)

@@ -29,7 +29,22 @@ def _causes(figures: Figures) -> list[str]:
 
 def summary_lines(report: Report) -> list[str]:
     t = report.totals
-    return [*_main_lines(t), *_sharing_lines(t)]
+    return [*_main_lines(t), *_measured_lines(t), *_sharing_lines(t)]
+
+
+def _measured_lines(t: Figures) -> list[str]:
+    """What the GPUs themselves said: idle time inside running jobs, and what no GPU figure covers."""
+    lines = []
+    held = t.idle_gpu_hours.get("held_idle", 0.0)
+    if held:
+        parts = ", ".join(f"{name} {t.held_idle_parts.get(name, 0.0):,.1f}" for name in ("startup", "checkpoint",
+                                                                                          "stalled"))
+        lines.append(f"Held idle by running jobs (GPUs measured idle): {held:,.1f} GPU-h "
+                     f"({money(t.idle_cost.get('held_idle', 0.0))}): {parts}")
+    if t.unmeasured_gpu_hours > 0.05 or t.measured_gpu_hours:
+        lines.append(f"GPU utilisation measured on {t.measured_gpu_hours:,.1f} GPU-h of running jobs; "
+                     f"{t.unmeasured_gpu_hours:,.1f} GPU-h not measured (counted useful)")
+    return lines
 
 
 def _sharing_lines(t: Figures) -> list[str]:

@@ -54,4 +54,32 @@ class GpuMinuteRow(Base):
         UniqueConstraint("job_id", "attempt", "node", "gpu", "started_at", name="uq_gpu_minute"),
         Index("ix_gpu_minutes_job_started", "job_id", "started_at"),
         Index("ix_gpu_minutes_unattributed", "attributed_at"),
+        Index("ix_gpu_minutes_started", "started_at"),
+    )
+
+
+class GpuRollupRow(Base):
+    """A job's measured GPU minutes summed per node and clock hour: what status, reports and right-sizing read.
+
+    Written by the API in the transaction that stores the minutes (each node's agent sends one report
+    at a time, so one writer per row). ``measured_seconds`` counts GPU-seconds with a utilisation
+    figure; ``utilization_seconds`` is their utilisation (percent) times their seconds.
+    """
+
+    __tablename__ = "gpu_rollup"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(String(32))
+    node: Mapped[str] = mapped_column(String(100))
+    hour: Mapped[datetime] = mapped_column(UtcDateTime)  # market clock, the start of the hour
+    gpu_minutes: Mapped[int] = mapped_column(Integer)  # GPU-minute rows summed here
+    measured_seconds: Mapped[float] = mapped_column(Float)
+    utilization_seconds: Mapped[float] = mapped_column(Float)
+    peak_memory_mb: Mapped[float | None] = mapped_column(Float, nullable=True)  # the job's own on a shared GPU
+    memory_total_mb: Mapped[float | None] = mapped_column(Float, nullable=True)
+    peak_utilization: Mapped[float | None] = mapped_column(Float, nullable=True)
+
+    __table_args__ = (
+        UniqueConstraint("job_id", "node", "hour", name="uq_gpu_rollup"),
+        Index("ix_gpu_rollup_hour", "hour"),
     )

@@ -1,4 +1,4 @@
-"""gpu minutes: what each GPU a job held did, per minute, as its node agent measured it
+"""gpu minutes: what each GPU a job held did, per minute, as its node agent measured it, and its hourly roll-up
 
 Revision ID: 0014_gpu_minutes
 Revises: 0013_rollup_seconds
@@ -44,9 +44,29 @@ def upgrade() -> None:
     )
     op.create_index("ix_gpu_minutes_job_started", "gpu_minutes", ["job_id", "started_at"], unique=False)
     op.create_index("ix_gpu_minutes_unattributed", "gpu_minutes", ["attributed_at"], unique=False)
+    op.create_index("ix_gpu_minutes_started", "gpu_minutes", ["started_at"], unique=False)
+    op.create_table(
+        "gpu_rollup",
+        sa.Column("id", sa.Integer(), autoincrement=True, nullable=False),
+        sa.Column("job_id", sa.String(length=32), nullable=False),
+        sa.Column("node", sa.String(length=100), nullable=False),
+        sa.Column("hour", when, nullable=False),
+        sa.Column("gpu_minutes", sa.Integer(), nullable=False),
+        sa.Column("measured_seconds", sa.Float(), nullable=False),
+        sa.Column("utilization_seconds", sa.Float(), nullable=False),
+        sa.Column("peak_memory_mb", sa.Float(), nullable=True),
+        sa.Column("memory_total_mb", sa.Float(), nullable=True),
+        sa.Column("peak_utilization", sa.Float(), nullable=True),
+        sa.PrimaryKeyConstraint("id"),
+        sa.UniqueConstraint("job_id", "node", "hour", name="uq_gpu_rollup"),
+    )
+    op.create_index("ix_gpu_rollup_hour", "gpu_rollup", ["hour"], unique=False)
 
 
 def downgrade() -> None:
+    op.drop_index("ix_gpu_rollup_hour", table_name="gpu_rollup")
+    op.drop_table("gpu_rollup")
+    op.drop_index("ix_gpu_minutes_started", table_name="gpu_minutes")
     op.drop_index("ix_gpu_minutes_unattributed", table_name="gpu_minutes")
     op.drop_index("ix_gpu_minutes_job_started", table_name="gpu_minutes")
     op.drop_table("gpu_minutes")
