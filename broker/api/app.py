@@ -44,7 +44,7 @@ def create_app(store: Store, clock: Clock, intake: JobIntake | None = None,
         app.include_router(pipelines_router(store, clock, intake, team))
         app.include_router(prices_router(store, team))
         app.include_router(reports_router(store, team))
-        install_metrics(app, store, is_leader)
+        install_metrics(app, store, is_leader, clock)
         from broker.web.app import mount_dashboard
 
         mount_dashboard(app, store, clock, intake.home)
