@@ -155,6 +155,8 @@ class Report:
     groups: dict[str, list[Group]]
     wastes: list[Waste]
     daily: list[DailyPoint]
+    # Per finished, measured job: what its GPUs say it needed (broker/reports/rightsizing.py), as data.
+    right_sizing: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def title(self) -> str:
@@ -171,6 +173,7 @@ class Report:
             "groups": {name: [g.to_dict() for g in rows] for name, rows in self.groups.items()},
             "wastes": [asdict(w) for w in self.wastes],
             "daily": [asdict(d) for d in self.daily],
+            "right_sizing": self.right_sizing,
         }
 
     @classmethod
@@ -184,4 +187,5 @@ class Report:
             groups={name: [Group.from_dict(g) for g in rows] for name, rows in data["groups"].items()},
             wastes=[Waste(**w) for w in data["wastes"]],
             daily=[DailyPoint(**d) for d in data["daily"]],
+            right_sizing=list(data.get("right_sizing", [])),
         )

@@ -120,6 +120,17 @@ def print_table(report: Report, console: Console) -> None:
         console.print("none: every GPU-minute in the window was held by a running job")
     for i, waste in enumerate(report.wastes, 1):
         console.print(f"{i}. {escape_markup(waste.suggestion)}", highlight=False)
+    if report.right_sizing:
+        console.print()
+        console.print("[bold]Right-sizing (finished jobs, from their measured GPUs; never applied)[/bold]")
+    for line in right_sizing_lines(report):
+        console.print(escape_markup(line), highlight=False)
+
+
+def right_sizing_lines(report: Report) -> list[str]:
+    """One line per suggestion: the job (a name from the store, escaped by each renderer), then the advice."""
+    return [f"- {entry['label']} [{entry['job_id']}]: {s['text']}"
+            for entry in report.right_sizing for s in entry["suggestions"]]
 
 
 def escape_markup(text: str) -> str:
@@ -201,6 +212,10 @@ def render_html(report: Report, chart_cid: str | None = None, inline_chart: bool
     parts.append("<h3>Largest wastes</h3><ol>")
     parts += [f"<li>{escape(w.suggestion)}</li>" for w in report.wastes] or ["<li>none</li>"]
     parts.append("</ol>")
+    if report.right_sizing:
+        parts.append("<h3>Right-sizing (finished jobs, from their measured GPUs; never applied)</h3><ul>")
+        parts += [f"<li>{escape(line[2:])}</li>" for line in right_sizing_lines(report)]
+        parts.append("</ul>")
     for dimension in ("team", "cloud", "region", "gpu", "job"):
         groups = report.groups.get(dimension, [])
         parts.append(f"<h3>{GROUP_TITLES[dimension]}</h3>")

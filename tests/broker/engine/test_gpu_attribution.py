@@ -28,7 +28,7 @@ from broker.engine.cadence import ASKED
 from broker.engine.gpu_attribution import attribute
 from broker.engine.metering import meter_cluster
 from broker.reports.build import Window, build_report
-from broker.reports.render import summary_lines
+from broker.reports.render import render_text, summary_lines
 from broker.store import Store, open_store
 from broker.store.gpu import GpuMinuteRow
 from broker.store.tables import (
@@ -61,7 +61,7 @@ def _setup(tmp_path: Path, db_url: str) -> tuple[Store, LocalMarket]:
     with store.transaction() as s:
         s.add(JobRow(id="j", name="train", team="ml", state="SUCCEEDED", priority=500, spec={"run": "x"},
                      backend="local", num_nodes=1, gpus_per_node=2, checkpoint_dir="ckpt", created_at=T0,
-                     updated_at=T0, zones=[], attempt=1))
+                     updated_at=T0, zones=[], attempt=1, accelerator="A10G"))
         s.flush()
         s.add(ClusterRow(id="c1", launch_key="k1", job_id="j", backend="local", cloud="aws", region="us-east-1",
                          zone="us-east-1a", instance_type="g5.12xlarge", accelerator="A10G", gpus_per_node=2,
@@ -81,7 +81,7 @@ def _report_minutes(store: Store, minutes: range) -> None:
     with store.transaction() as s:
         rows = [GpuMinuteRow(job_id="j", attempt=1, cluster_id="c1", node="0", gpu=gpu, uuid=f"GPU-{gpu}",
                              started_at=_at(m), ended_at=_at(m + 1), samples=12, utilization_mean=float(UTIL[m][gpu]),
-                             utilization_max=float(UTIL[m][gpu]), memory_used_mb_max=20000.0 + 1000 * m,
+                             utilization_max=float(UTIL[m][gpu]), memory_used_mb_max=10000.0 + 1000 * m,
                              memory_total_mb=24576.0, received_at=_at(m + 1))
                 for m in minutes for gpu in (0, 1)]
         s.add_all(rows)
@@ -146,6 +146,13 @@ def test_idle_gpus_inside_a_running_job_are_held_idle_by_part(tmp_path: Path, db
     assert "startup 0.1, checkpoint 0.1, stalled 0.1" in held[0].suggestion
     assert "Held idle by running jobs (GPUs measured idle): 0.2 GPU-h ($0.22): startup 0.1, checkpoint 0.1, " \
            "stalled 0.1" in summary_lines(report)
+    # Right-sizing: 290 utilisation-minutes over 14 measured GPU-minutes = 20.7 % busy on 2 GPUs:
+    # ceil(2 * 0.207 / 0.8) = 1 GPU would do, saving half the job's 0.32 $.
+    assert report.right_sizing == [{"job_id": "j", "label": "train (ml)", "suggestions": [{
+        "kind": "fewer_gpus", "saving": pytest.approx(0.16), "slower": 1.0,
+        "text": "its 2 GPUs were 21% busy: 1 would have been 41% busy, saving $0.16 where its work divides "
+                "across fewer GPUs"}]}]
+    assert "- train (ml) [j]: its 2 GPUs were 21% busy" in render_text(report)
     # Whole hours come from the roll-ups: the same figures.
     wide = build_report(store, Window(T0 - timedelta(hours=1), T0 + timedelta(hours=2))).totals
     assert wide.measured_gpu_hours == pytest.approx(14 / 60)
