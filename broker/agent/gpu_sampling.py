@@ -108,6 +108,7 @@ class GpuSampler:
         self.failed: str | None = None
         self.cpu_s = 0.0  # this thread's CPU time spent sampling (the overhead benchmark reads it)
         self._stop = threading.Event()
+        self._lock = threading.Lock()  # the aggregator and the pending minutes: the sampler and a notice
         self._thread: threading.Thread | None = None
         self._sending: threading.Thread | None = None
         self._reader: GpuReader | None = None
@@ -121,8 +122,9 @@ class GpuSampler:
         if self._thread is not None:
             self._thread.join(timeout=timeout)
         if self.failed is None:
-            self.pending.extend(self.aggregator.complete(None))
-            self._flush(wait=timeout)
+            with self._lock:
+                self.pending.extend(self.aggregator.complete(None))
+                self._flush(wait=timeout)
         close = getattr(self._reader, "close", None)
         if callable(close):
             with contextlib.suppress(Exception):  # closing a reader that failed must not fail the agent
@@ -146,9 +148,20 @@ class GpuSampler:
             now = time.time()
             if now - last_report >= self.report_s:
                 last_report = now
-                self.pending.extend(self.aggregator.complete(now))
-                self._flush(wait=0.0)
+                with self._lock:
+                    self.pending.extend(self.aggregator.complete(now))
+                    self._flush(wait=0.0)
             self._stop.wait(self.sample_s)
+
+    def send_now(self) -> None:
+        """Send every minute so far, the current one too, at once: the node may be taken away (a notice).
+
+        The rest of the current minute is then not reported: the broker keeps the first report of a minute.
+        """
+        if self.failed is None:
+            with self._lock:
+                self.pending.extend(self.aggregator.complete(None))
+                self._flush(wait=0.0)
 
     def sample_once(self, at: float) -> None:
         assert self._reader is not None
@@ -158,7 +171,8 @@ class GpuSampler:
             raise
         except Exception as exc:  # a sampler's own bug stops the sampling, not the job
             raise SamplingUnavailable(f"reader failed: {type(exc).__name__}: {str(exc)[:200]}") from None
-        self.aggregator.add(at, [r for r in readings if isinstance(r, GpuReading)][:64])
+        with self._lock:
+            self.aggregator.add(at, [r for r in readings if isinstance(r, GpuReading)][:64])
 
     def _give_up(self, reason: str) -> None:
         self.failed = reason

@@ -269,6 +269,8 @@ class Agent:
         self.handled.add(notice.kind)
         seen = time.time()
         self.events.write("notice_seen", kind=notice.kind, action_time=notice.action_time)
+        if self.gpu is not None and notice.kind != "rebalance":
+            self.gpu.send_now()  # the node may go before the minute is over
         if notice.kind == "rebalance":
             # A rebalance recommendation is advice, not a deadline: report it, keep the job running.
             threading.Thread(target=self.reporter.report, args=(self._payload(notice, seen, None, None),

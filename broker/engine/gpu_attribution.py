@@ -87,30 +87,52 @@ def idle_share(alloc: AllocationRow, minutes: list[GpuMinuteRow], idle_below: fl
 
 def _split(s: Session, job_id: str, alloc: AllocationRow, minutes: list[GpuMinuteRow], start: datetime,
            end: datetime, idle_below: float) -> None:
-    share = idle_share(alloc, minutes, idle_below)
+    """Split the job's metered minutes in ``start``..``end`` by every GPU minute reported for them so far.
+
+    Nodes report separately, so a minute may be split again when another node's GPUs arrive: the
+    idle share is worked out from all the attempt's GPU minutes covering it, and the job's running
+    and held-idle rows of the minute are shared anew (the idle share only grows as GPUs report).
+    """
+    covering = list(s.scalars(select(GpuMinuteRow).where(
+        GpuMinuteRow.job_id == job_id, GpuMinuteRow.attempt == alloc.attempt, GpuMinuteRow.started_at == start)))
+    share = idle_share(alloc, [*covering, *(m for m in minutes if m not in covering)], idle_below)
     if share <= 0.0:
         return
-    ledger = list(s.scalars(select(LedgerRow).where(
-        LedgerRow.cluster_id == alloc.cluster_id, LedgerRow.holder == f"job:{job_id}",
-        LedgerRow.usage == Usage.RUNNING.value, LedgerRow.minute >= start, LedgerRow.minute < end)))
-    if not ledger:
-        return
+    holders = (f"job:{job_id}", idle_holder(job_id))
+    rows = list(s.scalars(select(LedgerRow).where(
+        LedgerRow.cluster_id == alloc.cluster_id, LedgerRow.holder.in_(holders), LedgerRow.minute >= start,
+        LedgerRow.minute < end, LedgerRow.usage.in_((Usage.RUNNING.value, *HELD_IDLE)))))
+    pieces: dict[datetime, dict[str, LedgerRow]] = defaultdict(dict)
+    for row in rows:
+        pieces[row.minute][row.holder] = row
     first_progress = s.scalar(select(func.min(ProgressRow.at)).where(
         ProgressRow.job_id == job_id, ProgressRow.attempt == alloc.attempt))
-    for row in ledger:
-        usage = _part(s, job_id, alloc, row.minute, first_progress)
-        s.add(LedgerRow(
-            cluster_id=row.cluster_id, minute=row.minute, holder=idle_holder(job_id), job_id=row.job_id,
-            team=row.team, usage=usage, cloud=row.cloud, region=row.region, zone=row.zone,
-            instance_type=row.instance_type, accelerator=row.accelerator, nodes=row.nodes, gpus=row.gpus * share,
-            seconds=row.seconds, spot=row.spot, price_per_node_hour=row.price_per_node_hour,
-            on_demand_price_per_node_hour=row.on_demand_price_per_node_hour, cost=row.cost * share,
-            on_demand_cost=row.on_demand_cost * share, epoch=row.epoch))
+    for minute, held in pieces.items():
+        running, idle = held.get(holders[0]), held.get(holders[1])
+        base = running or idle
+        assert base is not None
+        gpus = sum(r.gpus for r in (running, idle) if r is not None)
+        cost = sum(r.cost for r in (running, idle) if r is not None)
+        on_demand = sum(r.on_demand_cost for r in (running, idle) if r is not None)
+        if idle is None:
+            idle = LedgerRow(
+                cluster_id=base.cluster_id, minute=minute, holder=holders[1], job_id=base.job_id, team=base.team,
+                usage=_part(s, job_id, alloc, minute, first_progress), cloud=base.cloud, region=base.region,
+                zone=base.zone, instance_type=base.instance_type, accelerator=base.accelerator, nodes=base.nodes,
+                gpus=0.0, seconds=base.seconds, spot=base.spot, price_per_node_hour=base.price_per_node_hour,
+                on_demand_price_per_node_hour=base.on_demand_price_per_node_hour, cost=0.0, on_demand_cost=0.0,
+                epoch=base.epoch)
+            s.add(idle)
+        idle.gpus, idle.cost, idle.on_demand_cost = gpus * share, cost * share, on_demand * share
         if share >= 1.0:
-            s.delete(row)
-        else:
-            row.gpus, row.cost, row.on_demand_cost = (row.gpus * (1 - share), row.cost * (1 - share),
-                                                      row.on_demand_cost * (1 - share))
+            if running is not None:
+                s.delete(running)
+        elif running is not None:
+            running.gpus, running.cost, running.on_demand_cost = (gpus * (1 - share), cost * (1 - share),
+                                                                  on_demand * (1 - share))
+        else:  # the whole minute was idle before; not every GPU now (cannot happen: the share only grows)
+            idle.gpus, idle.cost, idle.on_demand_cost = gpus, cost, on_demand
+    s.flush()
     if first_progress is not None:
         # Idle minutes taken as stalled before the attempt's first progress report was known were startup.
         s.execute(update(LedgerRow).where(

@@ -246,3 +246,23 @@ def test_a_sampler_setting_replaces_nvml_and_what_it_returns_is_checked() -> Non
     for bad in ("os.system", "no_such_module:f", f"{__name__}:nothing_here", "a:b; rm -rf /"):
         with pytest.raises(SamplingUnavailable, match="BROKER_GPU_SAMPLER"):
             open_reader({"BROKER_GPU_SAMPLER": bad})
+
+
+def test_a_notice_sends_the_minute_so_far_at_once(nvml: Any) -> None:
+    nvml(TWO_GPUS)
+    sent: list[list[dict[str, Any]]] = []
+    got = threading.Event()
+
+    def send(minutes: list[dict[str, Any]]) -> None:
+        sent.append(minutes)
+        got.set()
+
+    sampler = GpuSampler(lambda: open_reader({"CUDA_VISIBLE_DEVICES": "0,1"}), frozenset, send, _Events(),
+                         sample_s=3600.0, report_s=3600.0)
+    before = fake._state["calls"]
+    sampler.start()
+    assert _wait_for(lambda: fake._state["calls"] >= before + 2)  # one sample of each GPU, then a long wait
+    sampler.send_now()
+    assert got.wait(5.0)
+    assert sorted((m["gpu"], m["samples"]) for m in sent[0]) == [(0, 1), (1, 1)]
+    sampler.stop()

@@ -76,14 +76,14 @@ def _setup(tmp_path: Path, db_url: str) -> tuple[Store, LocalMarket]:
     return store, LocalMarket(read_trace(path), T0)
 
 
-def _report_minutes(store: Store, minutes: range) -> None:
+def _report_minutes(store: Store, minutes: range, gpus: tuple[int, ...] = (0, 1)) -> None:
     """What the API stores for these minutes (its roll-up too)."""
     with store.transaction() as s:
         rows = [GpuMinuteRow(job_id="j", attempt=1, cluster_id="c1", node="0", gpu=gpu, uuid=f"GPU-{gpu}",
                              started_at=_at(m), ended_at=_at(m + 1), samples=12, utilization_mean=float(UTIL[m][gpu]),
                              utilization_max=float(UTIL[m][gpu]), memory_used_mb_max=10000.0 + 1000 * m,
                              memory_total_mb=24576.0, received_at=_at(m + 1))
-                for m in minutes for gpu in (0, 1)]
+                for m in minutes for gpu in gpus]
         s.add_all(rows)
         add_to_rollup(s, "j", "0", rows)
 
@@ -106,8 +106,13 @@ def test_idle_gpus_inside_a_running_job_are_held_idle_by_part(tmp_path: Path, db
     assert {r.usage for r in _ledger(store) if r.holder == "held_idle:j"} == {"held_idle_stalled"}
     with store.transaction() as s:
         s.add(ProgressRow(job_id="j", attempt=1, step=1, total=100, at=_at(2)))
-    _report_minutes(store, range(2, 7))
-    assert attribute(store, 0.10, _at(9)) == 10
+    _report_minutes(store, range(2, 6))
+    _report_minutes(store, range(6, 7), gpus=(0,))
+    assert attribute(store, 0.10, _at(9)) == 9
+    # GPU 1 of minute 6 comes in a later report (as another node's would): the minute is split anew.
+    assert {r.holder: r.gpus for r in _ledger(store) if r.minute == _at(6)} == {"job:j": 1.0, "held_idle:j": 1.0}
+    _report_minutes(store, range(6, 7), gpus=(1,))
+    assert attribute(store, 0.10, _at(9)) == 1
     assert attribute(store, 0.10, _at(9)) == 0  # each minute once
 
     per_minute: dict[int, dict[str, tuple[str, float]]] = defaultdict(dict)
