@@ -123,9 +123,12 @@ def gpu_reports_router(store: Store, clock: Clock) -> APIRouter:
                     continue
                 known.add((minute.gpu, start))
                 figures = minute.model_dump(exclude={"gpu", "uuid", "minute", "samples"})
+                held_to = min(end, received, alloc.ended_at or end)
+                seconds = max((held_to - max(start, alloc.started_at)).total_seconds(), 0.0)
                 new.append(GpuMinuteRow(job_id=report.job_id, attempt=report.attempt, cluster_id=report.cluster_id,
                                         node=report.node, gpu=minute.gpu, uuid=minute.uuid, started_at=start,
-                                        ended_at=end, samples=minute.samples, received_at=received, **figures))
+                                        ended_at=end, samples=minute.samples, seconds=seconds, received_at=received,
+                                        **figures))
             s.add_all(new)
             add_to_rollup(s, report.job_id, report.node, new)
         return GpuAccepted(stored=len(new), duplicates=len(spans) - len(new))
@@ -146,7 +149,7 @@ def add_to_rollup(s: Session, job_id: str, node: str, minutes: list[GpuMinuteRow
                                utilization_seconds=0.0)
             s.add(row)
         for m in rows:
-            seconds = (m.ended_at - m.started_at).total_seconds()
+            seconds = m.seconds
             util = m.job_utilization_mean if m.job_utilization_mean is not None else m.utilization_mean
             util_peak = m.job_utilization_max if m.job_utilization_max is not None else m.utilization_max
             memory = m.job_memory_mb_max if m.job_memory_mb_max is not None else m.memory_used_mb_max

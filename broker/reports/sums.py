@@ -279,12 +279,12 @@ def measured_gpu_hours(session: Any, dialect: str, window: Window, team: str | N
                     and_(M.started_at >= last, M.started_at < window.end))
     else:
         edges = and_(M.started_at >= window.start, M.started_at < window.end)
-    minutes = select(M.started_at, M.ended_at).where(edges, measured)
+    minutes = select(func.sum(M.seconds)).where(edges, measured)
     hours = select(func.sum(R.measured_seconds)).where(R.hour >= first, R.hour < last)
     if team is not None:
         minutes = minutes.join(JobRow, JobRow.id == M.job_id).where(JobRow.team == team)
         hours = hours.join(JobRow, JobRow.id == R.job_id).where(JobRow.team == team)
-    seconds = sum((end - start).total_seconds() for start, end in session.execute(minutes))
+    seconds = float(session.scalar(minutes) or 0.0)
     if first < last:
         seconds += float(session.scalar(hours) or 0.0)
     return _num(seconds / 3600.0)

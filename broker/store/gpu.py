@@ -32,6 +32,8 @@ class GpuMinuteRow(Base):
     started_at: Mapped[datetime] = mapped_column(UtcDateTime)  # market clock
     ended_at: Mapped[datetime] = mapped_column(UtcDateTime)
     samples: Mapped[int] = mapped_column(Integer)
+    # The seconds of the span the job held the GPU (clipped to its allocation and to when it was received).
+    seconds: Mapped[float] = mapped_column(Float)
     utilization_mean: Mapped[float | None] = mapped_column(Float, nullable=True)  # percent
     utilization_max: Mapped[float | None] = mapped_column(Float, nullable=True)
     memory_utilization_mean: Mapped[float | None] = mapped_column(Float, nullable=True)

@@ -39,7 +39,7 @@ def test_running_jobs_gpus_under_dcgm_names_and_the_idle_alert_reads_them(tmp_pa
                 for gpu in (0, 1):
                     s.add(GpuMinuteRow(job_id=job_id, attempt=1, cluster_id=f"c-{job_id}", node="0", gpu=gpu,
                                        uuid=f"GPU-{gpu}", started_at=now - timedelta(minutes=back),
-                                       ended_at=now - timedelta(minutes=back - 1), samples=12,
+                                       ended_at=now - timedelta(minutes=back - 1), samples=12, seconds=60.0,
                                        utilization_mean=util + gpu, utilization_max=util + gpu,
                                        memory_used_mb_max=1000.0, memory_total_mb=40960.0,
                                        power_w_mean=None if gpu else 61.5, received_at=now))

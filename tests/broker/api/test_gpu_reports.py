@@ -89,6 +89,7 @@ def test_a_report_is_stored_once_per_gpu_and_minute(store: Store) -> None:
     assert [(r.gpu, r.utilization_mean, r.memory_used_mb_max, r.power_w_mean) for r in rows] == [
         (0, 3.0, 1200.0, 60.0), (1, 95.0, 1200.0, 60.0)]
     assert all((r.ended_at - r.started_at) == timedelta(minutes=1) and r.attributed_at is None for r in rows)
+    assert [r.seconds for r in rows] == [60.0, 60.0]  # inside the allocation, over before it was received
 
 
 def _huge_list() -> list[dict[str, Any]]:
@@ -177,6 +178,7 @@ def test_an_agent_with_the_stand_in_first_on_its_path_reports_to_the_real_api(tm
     assert (by_gpu[0].utilization_mean, by_gpu[0].memory_used_mb_max, by_gpu[0].uuid) == (3.0, 900.0, "GPU-aaaa")
     assert (by_gpu[1].utilization_max, by_gpu[1].power_w_mean) == (97.0, None)  # "not supported": no figure
     assert sum(r.samples for r in rows) >= 2
+    assert all(0 < r.seconds <= 60 for r in rows)  # clipped to when each minute came in
 
 
 def test_an_agent_on_a_node_without_nvml_says_so_once_and_the_job_runs(tmp_path: Path) -> None:

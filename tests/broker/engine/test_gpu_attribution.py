@@ -80,7 +80,8 @@ def _report_minutes(store: Store, minutes: range, gpus: tuple[int, ...] = (0, 1)
     """What the API stores for these minutes (its roll-up too)."""
     with store.transaction() as s:
         rows = [GpuMinuteRow(job_id="j", attempt=1, cluster_id="c1", node="0", gpu=gpu, uuid=f"GPU-{gpu}",
-                             started_at=_at(m), ended_at=_at(m + 1), samples=12, utilization_mean=float(UTIL[m][gpu]),
+                             started_at=_at(m), ended_at=_at(m + 1), samples=12, seconds=60.0,
+                             utilization_mean=float(UTIL[m][gpu]),
                              utilization_max=float(UTIL[m][gpu]), memory_used_mb_max=10000.0 + 1000 * m,
                              memory_total_mb=24576.0, received_at=_at(m + 1))
                 for m in minutes for gpu in gpus]

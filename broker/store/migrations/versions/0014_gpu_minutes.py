@@ -35,6 +35,7 @@ def upgrade() -> None:
         sa.Column("started_at", when, nullable=False),
         sa.Column("ended_at", when, nullable=False),
         sa.Column("samples", sa.Integer(), nullable=False),
+        sa.Column("seconds", sa.Float(), nullable=False),
         *(sa.Column(name, sa.Float(), nullable=True) for name in _FIGURES),
         sa.Column("received_at", when, nullable=False),
         sa.Column("attributed_at", when, nullable=True),
