@@ -70,7 +70,8 @@ def test_every_dashboard_panel_queries_metrics_the_service_exports(exported: set
         assert panel["targets"], panel["title"]
         for target in panel["targets"]:
             names = METRIC.findall(target["expr"])
-            assert names, f"{panel['title']}: {target['expr']} names no broker metric"
+            # DCGM's names are exported once a running job has measured GPUs: tests/broker/api/test_gpu_metrics.py.
+            assert names or "DCGM_FI_DEV_" in target["expr"], f"{panel['title']}: {target['expr']} names no metric"
             missing = set(names) - exported
             assert not missing, f"{panel['title']}: {sorted(missing)} not in /metrics"
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -17,6 +18,7 @@ from broker.store.gpu import GpuMinuteRow
 from broker.store.tables import AllocationRow, ClusterRow, JobRow
 
 ALERTS = Path(__file__).resolve().parents[3] / "monitoring" / "alerts.yml"
+DASHBOARD = ALERTS.parent / "grafana" / "dashboards" / "spot-broker.json"
 
 
 def test_running_jobs_gpus_under_dcgm_names_and_the_idle_alert_reads_them(tmp_path: Path) -> None:
@@ -59,3 +61,7 @@ def test_running_jobs_gpus_under_dcgm_names_and_the_idle_alert_reads_them(tmp_pa
     rules = yaml.safe_load(ALERTS.read_text())["groups"][0]["rules"]
     idle = next(r for r in rules if r["alert"] == "BrokerJobGpusIdle")
     assert set(re.findall(r"\bDCGM_[A-Z_]+", idle["expr"])) <= exported
+    dashboard = json.loads(DASHBOARD.read_text())
+    queried = {name for panel in dashboard["panels"] for target in panel["targets"]
+               for name in re.findall(r"\bDCGM_[A-Z_]+", target["expr"])}
+    assert queried and queried <= exported
