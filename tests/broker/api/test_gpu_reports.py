@@ -13,6 +13,8 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from sqlalchemy import func, select
 
 from broker.api.app import BackgroundServer, create_app
@@ -123,11 +125,12 @@ def _huge_list() -> list[dict[str, Any]]:
 def test_hostile_reports_are_refused_whole_naming_the_field(shared_store: Store, body: bytes, field: str) -> None:
     store = shared_store
     client = TestClient(create_app(store, WallClock()))
+    before = _count(store)
     response = client.post("/v1/gpu", content=body, headers={**AUTH, "Content-Type": "application/json"})
     assert 400 <= response.status_code < 500, response.text
     text = response.text
     assert field in text and "Traceback" not in text
-    assert _count(store) == 0
+    assert _count(store) == before
 
 
 def test_only_its_own_cluster_s_running_job(store: Store) -> None:
@@ -195,3 +198,25 @@ def test_an_agent_on_a_node_without_nvml_says_so_once_and_the_job_runs(tmp_path:
     assert result.returncode == 0 and b"trained" in result.stdout
     assert result.stderr.decode().count("gpu_sampling_unavailable") == 1
     assert "NVML Shared Library Not Found" in result.stderr.decode()
+
+
+_values = st.one_of(st.none(), st.booleans(), st.integers(min_value=-(2**70), max_value=2**70),
+                    st.floats(allow_nan=False, allow_infinity=False), st.text(max_size=30),
+                    st.lists(st.integers(), max_size=3),
+                    st.dictionaries(st.text(max_size=5), st.integers(), max_size=2))
+_fields = ("gpu", "uuid", "minute", "samples", "utilization_mean", "utilization_max", "memory_used_mb_max",
+           "memory_total_mb", "power_w_mean", "job_utilization_mean")
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(changes=st.dictionaries(st.sampled_from(_fields), _values, max_size=4),
+       top=st.dictionaries(st.sampled_from(("job_id", "attempt", "cluster_id", "node")), _values, max_size=2))
+def test_fuzzed_reports_never_5xx_and_store_only_what_was_accepted(shared_store: Store, changes: dict[str, Any],
+                                                                   top: dict[str, Any]) -> None:
+    client = TestClient(create_app(shared_store, WallClock()))
+    body = _report(_minute(**changes), **top)
+    before = _count(shared_store)
+    response = client.post("/v1/gpu", content=json.dumps(body), headers={**AUTH, "Content-Type": "application/json"})
+    assert response.status_code < 500, response.text
+    stored = response.json()["stored"] if response.status_code == 202 else 0
+    assert _count(shared_store) == before + stored
