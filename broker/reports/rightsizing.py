@@ -18,7 +18,7 @@ from sqlalchemy import func, select
 from broker.model import JobState
 from broker.reports.sums import Cell, JobCell
 from broker.store.gpu import GpuRollupRow
-from broker.store.tables import JobRow
+from broker.store.tables import JobRow, LedgerRow
 from policies.rightsizing import GpuOffer, RightSizingRequest, Suggestion, suggest
 from policies.speed import DEFAULT_SPEED
 from providers.catalog import instance_types
@@ -70,20 +70,42 @@ def right_sizing(session: Any, per_job: list[JobCell], cells: list[Cell], limit:
     offers = paid_offers(cells)
     found: list[tuple[float, RightSize]] = []
     for job_id, job in jobs.items():
-        seconds, util_s, peak_mb, total_mb = measured[job_id]
-        if not seconds or peak_mb is None or not job.accelerator:
-            continue
         gpu_hours, cost = held[job_id]
-        memory = total_mb / 1024.0 if total_mb else gpu_memory_gb(job.accelerator)
-        request = RightSizingRequest(
-            job_id=job_id, accelerator=job.accelerator, gpus=max(job.num_nodes * job.gpus_per_node, 1),
-            gpu_memory_gb=memory or 0.0, peak_memory_gb=peak_mb / 1024.0,
-            mean_utilization=min(max(util_s / seconds / 100.0, 0.0), 1.0), gpu_hours=gpu_hours, cost=cost,
-            gpu_share=job.gpu_share, offers=offers, speeds=DEFAULT_SPEED)
-        advice: tuple[Suggestion, ...] = suggest(request)
+        seconds, util_s, peak_mb, total_mb = measured[job_id]
+        request = sizing_request(job, seconds, util_s, peak_mb, total_mb, gpu_hours, cost, offers)
+        advice: tuple[Suggestion, ...] = suggest(request) if request is not None else ()
         if advice:
             entry = RightSize(job_id, f"{job.name} ({job.team})",
                               [{"kind": a.kind, "text": a.text, "saving": round(a.saving, 6),
                                 "slower": round(a.slower, 4)} for a in advice])
             found.append((advice[0].saving, entry))
     return [entry for _, entry in sorted(found, key=lambda x: (-x[0], x[1].job_id))][:limit]
+
+
+def sizing_request(job: JobRow, seconds: float | None, util_s: float | None, peak_mb: float | None,
+                   total_mb: float | None, gpu_hours: float, cost: float,
+                   offers: tuple[GpuOffer, ...]) -> RightSizingRequest | None:
+    """What ``suggest`` needs for one job, from its GPU roll-up sums and its ledger; None when unmeasured."""
+    if not seconds or util_s is None or peak_mb is None or not job.accelerator:
+        return None
+    memory = total_mb / 1024.0 if total_mb else gpu_memory_gb(job.accelerator)
+    return RightSizingRequest(
+        job_id=job.id, accelerator=job.accelerator, gpus=max(job.num_nodes * job.gpus_per_node, 1),
+        gpu_memory_gb=memory or 0.0, peak_memory_gb=peak_mb / 1024.0,
+        mean_utilization=min(max(util_s / seconds / 100.0, 0.0), 1.0), gpu_hours=gpu_hours, cost=cost,
+        gpu_share=job.gpu_share, offers=offers, speeds=DEFAULT_SPEED)
+
+
+def job_suggestions(session: Any, job: JobRow) -> tuple[Suggestion, ...]:
+    """The job page's advice for one finished job: its whole ledger, without other GPU types' prices."""
+    if job.state not in FINISHED:
+        return ()
+    R = GpuRollupRow
+    seconds, util_s, peak_mb, total_mb = session.execute(
+        select(func.sum(R.measured_seconds), func.sum(R.utilization_seconds), func.max(R.peak_memory_mb),
+               func.max(R.memory_total_mb)).where(R.job_id == job.id)).one()
+    gpu_hours, cost = session.execute(select(func.coalesce(func.sum(LedgerRow.gpus * LedgerRow.seconds), 0.0),
+                                             func.coalesce(func.sum(LedgerRow.cost), 0.0))
+                                      .where(LedgerRow.job_id == job.id)).one()
+    request = sizing_request(job, seconds, util_s, peak_mb, total_mb, float(gpu_hours) / 3600.0, float(cost), ())
+    return suggest(request) if request is not None else ()

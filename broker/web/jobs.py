@@ -10,12 +10,14 @@ from typing import Any
 from sqlalchemy import func, select
 
 from broker.model import JobState
+from broker.reports.rightsizing import job_suggestions
 from broker.store import Store
 from broker.store.rollup import LedgerRollupRow
 from broker.store.tables import AllocationRow, ClusterRow, JobEventRow, JobRow, LedgerRow, NoticeRow
 from broker.web.gpu_chart import gpu_svg, load_gpu
 from broker.web.html import STATE_COLOURS, e, money, query, table
 from broker.web.session import Viewer
+from policies.rightsizing import Suggestion
 
 SORTS = {"submitted": JobRow.created_at, "name": JobRow.name, "team": JobRow.team, "state": JobRow.state,
          "priority": JobRow.priority}
@@ -184,6 +186,7 @@ class JobView:
     finish: datetime | None
     gpu: dict[tuple[int, str, int], list[tuple[datetime, float]]] = field(default_factory=dict)
     checkpoints: list[datetime] = field(default_factory=list)
+    sizing: tuple[Suggestion, ...] = ()
 
 
 def load_job(store: Store, viewer: Viewer, job_id: str, now: datetime) -> JobView:
@@ -213,8 +216,9 @@ def load_job(store: Store, viewer: Viewer, job_id: str, now: datetime) -> JobVie
             .order_by(func.min(LedgerRow.minute)))]
         progress, finish = progress_of(s, job, now)
         gpu, checkpoints = load_gpu(s, job_id)
+        sizing = job_suggestions(s, job)
         s.expunge_all()
-    return JobView(job, events, allocations, notices, prices, ledger, progress, finish, gpu, checkpoints)
+    return JobView(job, events, allocations, notices, prices, ledger, progress, finish, gpu, checkpoints, sizing)
 
 
 def log_tail(home: Path, job_id: str) -> str:
@@ -311,6 +315,13 @@ def _gpu_chart(view: JobView, now: datetime) -> str:
     return gpu_svg(view.gpu, view.checkpoints, marks, view.job.created_at, end)
 
 
+def _sizing(view: JobView) -> str:
+    if not view.sizing:
+        return ""
+    items = "".join(f'<li data-kind="{e(a.kind)}">{e(a.text)}</li>' for a in view.sizing)
+    return f'<h3>Right-sizing (from its measured GPUs; never applied)</h3><ul class="rightsizing">{items}</ul>'
+
+
 def render_job(view: JobView, home: Path, now: datetime) -> str:
     job = view.job
     ledger_rows = [[e(c), e(z), e(u), f"{n:.1f}", e(money(cost)), e(money(od))]
@@ -321,7 +332,7 @@ def render_job(view: JobView, home: Path, now: datetime) -> str:
     tail = log_tail(home, job.id)
     return (f'<p>{e(job.name)} · team {e(job.team)} · priority {job.priority} · {job.num_nodes} node(s) × '
             f'{job.gpus_per_node} {e(job.accelerator or "GPU")}</p>{job_live_html(view, now)}'
-            f'<h2>GPU utilisation (measured)</h2>{_gpu_chart(view, now)}'
+            f'<h2>GPU utilisation (measured)</h2>{_gpu_chart(view, now)}{_sizing(view)}'
             f'<h2>Ledger ({e(money(total))})</h2>'
             + table(["cluster", "zone", "usage", "minutes", "cost", "on-demand"], ledger_rows)
             + "<h2>Events</h2>" + table(["at", "event", "from", "to", "detail"], events)
