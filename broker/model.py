@@ -101,3 +101,7 @@ class Usage(enum.StrEnum):
     STRANDED = "stranded"  # what fractions leave of the GPUs they share (A100:0.5 alone: half a GPU)
     FINISHED = "finished"  # held by a job that has ended, until teardown
     QUEUE_DRAIN = "queue_drain"  # between one job's end and the next one's start, with a job waiting
+    # Held by a running job whose GPUs were measured idle (broker/engine/gpu_attribution.py), by why:
+    HELD_IDLE_STARTUP = "held_idle_startup"  # before the attempt's first progress report
+    HELD_IDLE_CHECKPOINT = "held_idle_checkpoint"  # between a checkpoint request and its report
+    HELD_IDLE_STALLED = "held_idle_stalled"  # anything else: input pipeline, CPU evaluation, a hung job

@@ -8,6 +8,7 @@ from typing import Any
 
 from broker.model import JobState
 from broker.store import open_store
+from broker.store.gpu import GpuRollupRow
 from broker.store.tables import AllocationRow, ClusterRow, JobRow, LedgerRow, PredictionRow, ProgressRow
 
 T0 = datetime(2026, 3, 1, 9, 0, 0, tzinfo=UTC)  # whole seconds: stored without microseconds' digits mattering
@@ -93,6 +94,11 @@ def store_with_every_kind_of_job(url: str, many: int = 0) -> list[str]:
             s.add(ProgressRow(job_id="j-running", attempt=1, step=step, total=400,
                               at=T0 + timedelta(seconds=min(step, 80))))
         s.add(ProgressRow(job_id="j-checkpointing", attempt=1, step=7, total=None, at=T0))
+        # What its GPUs did: 2 GPU-hours measured at 30 % on one node, 1 at 60 % on the other (40 % in all).
+        for node, hours, util, peak in (("0", 2.0, 30.0, 30000.0), ("1", 1.0, 60.0, 41000.5)):
+            s.add(GpuRollupRow(job_id="j-running", node=node, hour=T0, gpu_minutes=int(hours * 60),
+                               measured_seconds=hours * 3600, utilization_seconds=util * hours * 3600,
+                               peak_memory_mb=peak, memory_total_mb=81920.0, peak_utilization=util + 10))
         _predict(s, "j-running", T0 + timedelta(minutes=2), T0 + timedelta(minutes=40))
         _predict(s, "j-running", T0 + timedelta(minutes=3), T0 + timedelta(minutes=39), "history")
         _predict(s, "j-running", T0 + timedelta(minutes=3), T0 + timedelta(minutes=41, microseconds=5), "work")

@@ -75,6 +75,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cluster-id", default="")
     parser.add_argument("--node", default="0")
     parser.add_argument("--checkpoint-dir", help="default: $BROKER_CHECKPOINT_DIR")
+    parser.add_argument("--gpu-sample", type=_seconds, default=5.0, help="how often to read the job's GPUs")
+    parser.add_argument("--gpu-report", type=_seconds, default=60.0, help="how often to send their minutes")
     parser.add_argument("--status-file", help="write the exit code and the agent's events here")
     parser.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
@@ -87,6 +89,7 @@ def main(argv: list[str] | None = None) -> int:
         command=command, cloud=args.cloud, metadata_url=args.metadata_url, broker_url=args.broker_url,
         token=token, checkpoint_signal=args.signal, poll_seconds=args.poll, cluster_id=args.cluster_id,
         node=args.node, checkpoint_dir=args.checkpoint_dir, status_file=args.status_file,
+        gpu_sample_s=args.gpu_sample, gpu_report_s=args.gpu_report,
     ))
 
 

@@ -28,6 +28,8 @@ from typing import Any
 
 from broker.agent import mps
 from broker.agent.checkpoint import CheckpointMark, latest_checkpoint
+from broker.agent.gpu import job_pids, open_reader
+from broker.agent.gpu_sampling import REPORT_EVERY_S, SAMPLE_EVERY_S, GpuReporter, GpuSampler
 from broker.agent.jobpath import job_pythonpath, with_pythonpath
 from broker.agent.progress import ProgressReporter, pass_through, read_progress_file
 from broker.agent.reporting import LatestOnly, post_with_retry
@@ -55,6 +57,8 @@ class AgentOptions:
     checkpoint_dir: str | None = None
     status_file: str | None = None
     env: dict[str, str] = field(default_factory=dict)
+    gpu_sample_s: float = SAMPLE_EVERY_S
+    gpu_report_s: float = REPORT_EVERY_S
 
 
 class EventLog:
@@ -152,6 +156,25 @@ class Agent:
         self.handled: set[str] = set()
         self.child: subprocess.Popen[bytes] | None = None
         self.pending: list[tuple[threading.Thread, float]] = []  # (thread, its deadline)
+        self.gpu: GpuSampler | None = None
+
+    def _start_gpu_sampling(self, env: dict[str, str]) -> None:
+        """Sample the job's GPUs beside it, when there is a broker to tell and a job to tell about."""
+        job_id, url = env.get("BROKER_JOB_ID"), self.options.broker_url
+        if not job_id or not url:
+            return
+        try:
+            attempt = int(env.get("BROKER_ATTEMPT", "0"))
+        except ValueError:
+            attempt = 0
+        assert self.child is not None
+        session = self.child.pid
+        shared = bool(env.get("BROKER_GPU_SHARE"))
+        reporter = GpuReporter(url, self.options.token, job_id, attempt, self.options.cluster_id,
+                               self.options.node, self.events)
+        self.gpu = GpuSampler(lambda: open_reader(env), lambda: job_pids(session) if shared else frozenset(),
+                              reporter, self.events, self.options.gpu_sample_s, self.options.gpu_report_s)
+        self.gpu.start()
 
     def run(self) -> int:
         env = {**os.environ, **self.options.env}
@@ -166,6 +189,7 @@ class Agent:
         assert self.child.stdout is not None
         output = pass_through(self.child.stdout, self.progress)
         self.events.write("started", pid=self.child.pid, command=self.options.command)
+        self._start_gpu_sampling(env)
         if self.options.status_file:
             # The local cloud kills every process group recorded here when it takes the node away.
             Path(self.options.status_file + ".pgid").write_text(str(self.child.pid))
@@ -179,6 +203,8 @@ class Agent:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self.child.wait(timeout=self.options.poll_seconds)
         output.join(timeout=5.0)  # a daemon the job left behind may hold its output open
+        if self.gpu is not None:
+            self.gpu.stop()
         self._watch()
         self.checkpoints.flush(timeout=10.0)
         self.progress.flush(timeout=5.0)
@@ -233,6 +259,8 @@ class Agent:
         self.handled.add(notice.kind)
         seen = time.time()
         self.events.write("notice_seen", kind=notice.kind, action_time=notice.action_time)
+        if self.gpu is not None and notice.kind != "rebalance":
+            self.gpu.send_now()  # the node may go before the minute is over
         if notice.kind == "rebalance":
             # A rebalance recommendation is advice, not a deadline: report it, keep the job running.
             threading.Thread(target=self.reporter.report, args=(self._payload(notice, seen, None, None),

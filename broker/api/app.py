@@ -12,6 +12,7 @@ from fastapi.exceptions import RequestValidationError
 
 from broker.api.agent_reports import agent_reports_router
 from broker.api.auth import team_dependency
+from broker.api.gpu_reports import gpu_reports_router
 from broker.api.jobs import JobIntake, jobs_router
 from broker.api.limits import Limits, RequestLimits
 from broker.api.metrics import install_metrics
@@ -34,6 +35,7 @@ def create_app(store: Store, clock: Clock, intake: JobIntake | None = None,
         app.add_exception_handler(error, user_error_response)
     app.include_router(notices_router(store, clock))
     app.include_router(agent_reports_router(store, clock))
+    app.include_router(gpu_reports_router(store, clock))
 
     @app.get("/v1/health")
     def health() -> dict[str, object]:
@@ -45,7 +47,7 @@ def create_app(store: Store, clock: Clock, intake: JobIntake | None = None,
         app.include_router(pipelines_router(store, clock, intake, team))
         app.include_router(prices_router(store, team))
         app.include_router(reports_router(store, team))
-        install_metrics(app, store, is_leader)
+        install_metrics(app, store, is_leader, clock)
         from broker.web.app import mount_dashboard
 
         mount_dashboard(app, store, clock, intake.home)

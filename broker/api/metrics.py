@@ -18,6 +18,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 from sqlalchemy import and_, func, inspect, select, text
 
+from broker.api.gpu_metrics import GpuCollector
+from broker.clock import Clock
 from broker.model import LIVE_CLUSTER_STATES, JobState, Usage
 from broker.store import Store
 from broker.store.tables import AllocationRow, ClusterRow, JobRow, LedgerRow, NoticeRow, PriceQuoteRow
@@ -110,9 +112,10 @@ def _age(now: datetime, then: datetime | None) -> float:
     return max((now - then).total_seconds(), 0.0)
 
 
-def install_metrics(app: FastAPI, store: Store, is_leader: Callable[[], bool] | None) -> None:
+def install_metrics(app: FastAPI, store: Store, is_leader: Callable[[], bool] | None, clock: Clock) -> None:
     registry = CollectorRegistry()
     registry.register(StoreCollector(store))
+    registry.register(GpuCollector(store, clock))
     latency = Histogram("broker_http_request_seconds", "API request latency", ["method", "route", "status"],
                         registry=registry)
     leader = Gauge("broker_leader", "1 when this replica holds the leader lock", registry=registry)

@@ -62,6 +62,11 @@ class Settings(BaseSettings):
                                      "kept for the queue before it is torn down (0: at once)")
     queue_max_gpus: dict[str, int] = Field(default_factory=dict, description="queue (inference, training, batch "
                                            "or custom) -> GPUs the clusters launched for its jobs may hold")
+    gpu_idle_below: float = Field(0.10, ge=0, le=1, description="a GPU a running job holds counts as idle "
+                                  "(held_idle) in a minute its measured mean utilisation is below this fraction")
+    gpu_sampler: str | None = Field(None, max_length=200, pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$",
+                                    description="module:callable replacing the node agent's NVML reader "
+                                                "(passed to agents as BROKER_GPU_SAMPLER; default: NVML)")
     restart_overhead_s: float | None = Field(
         None, ge=0, description="what a (re)start costs a job, for the selection policy; default 720 s "
                                 "(0.2 h, as in the NSDI'24 paper), on the local backend its boot time plus a minute")

@@ -21,13 +21,14 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from itertools import pairwise
 
-from sqlalchemy import delete, select
+from sqlalchemy import delete, select, update
 from sqlalchemy.orm import Session
 
 from broker.clock import Clock
 from broker.market.book import Market
 from broker.model import JobState, Usage
 from broker.store import Store
+from broker.store.gpu import GpuMinuteRow
 from broker.store.tables import AllocationRow, ClusterRow, JobRow, LedgerRow
 from providers.base import OfferKey
 
@@ -194,4 +195,7 @@ def _take_back(s: Session, row: ClusterRow, ended: datetime) -> None:
     """Delete the minutes metered from the one ``ended`` falls in: the cluster was gone (its end was learned late)."""
     restart = max(ended.replace(second=0, microsecond=0), row.created_at)
     s.execute(delete(LedgerRow).where(LedgerRow.cluster_id == row.id, LedgerRow.minute >= restart))
+    # Those minutes' split by what their GPUs did went with them: split them again once re-metered.
+    s.execute(update(GpuMinuteRow).where(GpuMinuteRow.cluster_id == row.id, GpuMinuteRow.ended_at > restart)
+              .values(attributed_at=None))
     row.metered_until = restart

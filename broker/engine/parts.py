@@ -53,6 +53,7 @@ class EngineOptions:
     eager_lead_s: float = 120.0
     pool_idle_s: float = 0.0  # market seconds an unheld cluster is kept for the queue
     queue_max_gpus: tuple[tuple[str, int], ...] = ()  # (queue, GPUs its jobs' clusters may hold)
+    gpu_idle_below: float = 0.10  # a measured GPU-minute below this mean utilisation is held idle
 
 
 def restart_overhead(settings: Settings) -> float:
@@ -70,7 +71,7 @@ def engine_options(settings: Settings, broker_url: str | None, **extra: Any) -> 
         max_gpus=settings.max_gpus, restart_overhead_s=restart_overhead(settings), broker_url=broker_url,
         eager_policy=settings.eager_policy, eager_lead_s=settings.eager_lead_seconds,
         pool_idle_s=settings.pool_idle_seconds, queue_max_gpus=tuple(sorted(settings.queue_max_gpus.items())),
-        start_retries=settings.start_retries, **extra,
+        start_retries=settings.start_retries, gpu_idle_below=settings.gpu_idle_below, **extra,
     )
 
 

@@ -16,7 +16,7 @@ from sqlalchemy.orm import Session
 
 from broker.backends.base import Provisioner
 from broker.clock import Clock
-from broker.engine import clusters, eager, forecast, machine, metering, setup_ahead
+from broker.engine import clusters, eager, forecast, gpu_attribution, machine, metering, setup_ahead
 from broker.engine.jobs import JobStepper
 from broker.engine.parts import EngineOptions, Parts
 from broker.engine.planning import Planner
@@ -68,7 +68,7 @@ class Engine:
         4. ready the queued jobs still waiting for a running job's predicted finish (eager allocation,
            a reserved job's setup run ahead), and stop the early setups of jobs no longer heading there;
         5. tear down clusters nobody holds or is heading to, unless the pool keeps them a while;
-        6. write the ledger's minutes up to now;
+        6. write the ledger's minutes up to now, and split its running ones by what their GPUs did;
         7. keep a fresh finish-time prediction for every running job.
         """
         with self._lock:
@@ -83,6 +83,7 @@ class Engine:
             setup_ahead.stop_stale(self.parts)
             clusters.reap(self.parts)
             metering.meter(self.store, self.clock, self.parts.market)
+            gpu_attribution.attribute(self.store, self.parts.options.gpu_idle_below, self.clock.now())
             forecast.record(self.store, self.clock.now())
 
     def active_jobs(self, only: JobState | None = None) -> list[str]:

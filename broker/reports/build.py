@@ -9,6 +9,7 @@ Python is a few rows per group, so a month of 10,000 jobs costs what its groups 
 from __future__ import annotations
 
 from collections import defaultdict
+from dataclasses import asdict
 from datetime import UTC, datetime, time, timedelta
 from typing import Any
 
@@ -16,7 +17,8 @@ from sqlalchemy import ColumnElement, select
 
 from broker.model import Usage
 from broker.reports import sums
-from broker.reports.model import DIMENSIONS, IDLE_KEY, DailyPoint, Figures, Group, Report
+from broker.reports.model import DIMENSIONS, HELD_IDLE, HELD_IDLE_PARTS, IDLE_KEY, DailyPoint, Figures, Group, Report
+from broker.reports.rightsizing import right_sizing
 from broker.reports.sums import NO_TEAM, Cell, JobCell
 from broker.reports.waste import ClusterFacts, JobFacts, top_wastes
 from broker.reports.window import ReportError, Window, parse_window
@@ -46,6 +48,8 @@ def build_report(store: Store, window: Window, team: str | None = None, now: dat
         idle = sums.idle_sums(session, rows)
         cluster_minutes = sums.cluster_gpu_minutes(session, rows) if idle else {}
         clusters = _cluster_facts(session, {i.cluster_id for i in idle})
+        measured = sums.measured_gpu_hours(session, store.dialect, window, team)
+        sizing = [asdict(r) for r in right_sizing(session, per_job, cells)] if per_job else []
         jobs = _job_facts(session, {c.job_id for c in per_job if c.job_id} | {i.job_id for i in idle if i.job_id})
     totals = Figures()
     groups: dict[str, dict[str, Figures]] = {d: defaultdict(Figures) for d in dimensions}
@@ -58,6 +62,7 @@ def build_report(store: Store, window: Window, team: str | None = None, now: dat
             figures.preemptions += count.preemptions
             figures.migrations += count.migrations
             figures.work_lost_s += count.work_lost_s
+    totals.measured_gpu_hours = measured
     if "job" in dimensions:
         _add_jobs(groups["job"], per_job, jobs)
     return Report(
@@ -69,6 +74,7 @@ def build_report(store: Store, window: Window, team: str | None = None, now: dat
         groups={d: _sorted_groups(d, rows_, jobs) for d, rows_ in groups.items()},
         wastes=top_wastes(provisioning, idle, cluster_minutes, clusters, jobs),
         daily=_daily(cells),
+        right_sizing=sizing,
     )
 
 
@@ -87,6 +93,12 @@ def _add(targets: list[Figures], cell: Cell | JobCell) -> None:
             figures.spot_gpu_hours += gpu_hours
         if usage == _RUNNING:
             figures.useful_gpu_hours += gpu_hours
+        elif usage in HELD_IDLE_PARTS:
+            part = HELD_IDLE_PARTS[usage]
+            figures.idle_gpu_hours[HELD_IDLE] = figures.idle_gpu_hours.get(HELD_IDLE, 0.0) + gpu_hours
+            figures.idle_cost[HELD_IDLE] = figures.idle_cost.get(HELD_IDLE, 0.0) + cost
+            figures.held_idle_parts[part] = figures.held_idle_parts.get(part, 0.0) + gpu_hours
+            figures.held_idle_parts_cost[part] = figures.held_idle_parts_cost.get(part, 0.0) + cost
         else:
             figures.idle_gpu_hours[usage] = figures.idle_gpu_hours.get(usage, 0.0) + gpu_hours
             figures.idle_cost[usage] = figures.idle_cost.get(usage, 0.0) + cost

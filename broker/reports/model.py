@@ -17,7 +17,15 @@ IDLE_CAUSES: tuple[str, ...] = (
     Usage.STRANDED.value,
     Usage.FINISHED.value,
     Usage.QUEUE_DRAIN.value,
+    "held_idle",
 )
+# The ledger's held-idle usages (broker/engine/gpu_attribution.py), summed as one cause and kept by part.
+HELD_IDLE = "held_idle"
+HELD_IDLE_PARTS: dict[str, str] = {
+    Usage.HELD_IDLE_STARTUP.value: "startup",
+    Usage.HELD_IDLE_CHECKPOINT.value: "checkpoint",
+    Usage.HELD_IDLE_STALLED.value: "stalled",
+}
 CAUSE_LABELS: dict[str, str] = {
     "provisioning": "provisioning",
     "restarting": "checkpoint & restart",
@@ -26,6 +34,7 @@ CAUSE_LABELS: dict[str, str] = {
     "stranded": "stranded GPU fractions",
     "finished": "held by finished jobs",
     "queue_drain": "queue drain (between jobs)",
+    "held_idle": "held idle by running jobs (measured)",
 }
 DIMENSIONS: tuple[str, ...] = ("job", "team", "cloud", "region", "gpu")
 IDLE_KEY = "(idle)"  # the job grouping's key for GPUs no job held
@@ -47,6 +56,16 @@ class Figures:
     work_lost_s: float = 0.0
     jobs: int = 0
     shared_gpu_hours: float = 0.0  # held by jobs holding a fraction of a GPU (A100:0.5)
+    # GPU-hours running jobs held while their GPUs were measured idle, by part (startup, checkpoint, stalled).
+    held_idle_parts: dict[str, float] = field(default_factory=dict)
+    held_idle_parts_cost: dict[str, float] = field(default_factory=dict)
+    measured_gpu_hours: float = 0.0  # GPU-hours of running jobs whose GPUs' utilisation was measured
+
+    @property
+    def unmeasured_gpu_hours(self) -> float:
+        """Running jobs' GPU-hours no GPU figure covers (a node without NVML): counted useful, as before."""
+        held = self.useful_gpu_hours + self.idle_gpu_hours.get(HELD_IDLE, 0.0)
+        return max(held - self.measured_gpu_hours, 0.0)
 
     @property
     def saving(self) -> float:
@@ -82,7 +101,7 @@ class Figures:
         data.update(saving=self.saving, saving_pct=self.saving_pct, spot_share=self.spot_share,
                     idle_total_gpu_hours=self.idle_total_gpu_hours, restart_gpu_hours=self.restart_gpu_hours,
                     restart_cost=self.restart_cost, work_lost_hours=self.work_lost_s / 3600,
-                    stranded_gpu_hours=self.stranded_gpu_hours)
+                    stranded_gpu_hours=self.stranded_gpu_hours, unmeasured_gpu_hours=self.unmeasured_gpu_hours)
         return data
 
     @classmethod
@@ -136,6 +155,8 @@ class Report:
     groups: dict[str, list[Group]]
     wastes: list[Waste]
     daily: list[DailyPoint]
+    # Per finished, measured job: what its GPUs say it needed (broker/reports/rightsizing.py), as data.
+    right_sizing: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def title(self) -> str:
@@ -152,6 +173,7 @@ class Report:
             "groups": {name: [g.to_dict() for g in rows] for name, rows in self.groups.items()},
             "wastes": [asdict(w) for w in self.wastes],
             "daily": [asdict(d) for d in self.daily],
+            "right_sizing": self.right_sizing,
         }
 
     @classmethod
@@ -165,4 +187,5 @@ class Report:
             groups={name: [Group.from_dict(g) for g in rows] for name, rows in data["groups"].items()},
             wastes=[Waste(**w) for w in data["wastes"]],
             daily=[DailyPoint(**d) for d in data["daily"]],
+            right_sizing=list(data.get("right_sizing", [])),
         )

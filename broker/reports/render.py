@@ -29,7 +29,22 @@ def _causes(figures: Figures) -> list[str]:
 
 def summary_lines(report: Report) -> list[str]:
     t = report.totals
-    return [*_main_lines(t), *_sharing_lines(t)]
+    return [*_main_lines(t), *_measured_lines(t), *_sharing_lines(t)]
+
+
+def _measured_lines(t: Figures) -> list[str]:
+    """What the GPUs themselves said: idle time inside running jobs, and what no GPU figure covers."""
+    lines = []
+    held = t.idle_gpu_hours.get("held_idle", 0.0)
+    if held:
+        parts = ", ".join(f"{name} {t.held_idle_parts.get(name, 0.0):,.1f}" for name in ("startup", "checkpoint",
+                                                                                          "stalled"))
+        lines.append(f"Held idle by running jobs (GPUs measured idle): {held:,.1f} GPU-h "
+                     f"({money(t.idle_cost.get('held_idle', 0.0))}): {parts}")
+    if t.unmeasured_gpu_hours > 0.05 or t.measured_gpu_hours:
+        lines.append(f"GPU utilisation measured on {t.measured_gpu_hours:,.1f} GPU-h of running jobs; "
+                     f"{t.unmeasured_gpu_hours:,.1f} GPU-h not measured (counted useful)")
+    return lines
 
 
 def _sharing_lines(t: Figures) -> list[str]:
@@ -105,6 +120,17 @@ def print_table(report: Report, console: Console) -> None:
         console.print("none: every GPU-minute in the window was held by a running job")
     for i, waste in enumerate(report.wastes, 1):
         console.print(f"{i}. {escape_markup(waste.suggestion)}", highlight=False)
+    if report.right_sizing:
+        console.print()
+        console.print("[bold]Right-sizing (finished jobs, from their measured GPUs; never applied)[/bold]")
+    for line in right_sizing_lines(report):
+        console.print(escape_markup(line), highlight=False)
+
+
+def right_sizing_lines(report: Report) -> list[str]:
+    """One line per suggestion: the job (a name from the store, escaped by each renderer), then the advice."""
+    return [f"- {entry['label']} [{entry['job_id']}]: {s['text']}"
+            for entry in report.right_sizing for s in entry["suggestions"]]
 
 
 def escape_markup(text: str) -> str:
@@ -186,6 +212,10 @@ def render_html(report: Report, chart_cid: str | None = None, inline_chart: bool
     parts.append("<h3>Largest wastes</h3><ol>")
     parts += [f"<li>{escape(w.suggestion)}</li>" for w in report.wastes] or ["<li>none</li>"]
     parts.append("</ol>")
+    if report.right_sizing:
+        parts.append("<h3>Right-sizing (finished jobs, from their measured GPUs; never applied)</h3><ul>")
+        parts += [f"<li>{escape(line[2:])}</li>" for line in right_sizing_lines(report)]
+        parts.append("</ul>")
     for dimension in ("team", "cloud", "region", "gpu", "job"):
         groups = report.groups.get(dimension, [])
         parts.append(f"<h3>{GROUP_TITLES[dimension]}</h3>")

@@ -31,6 +31,7 @@ from sqlalchemy import (
 
 from broker.model import Usage
 from broker.reports.window import Window
+from broker.store.gpu import GpuMinuteRow, GpuRollupRow
 from broker.store.rollup import LedgerRollupRow
 from broker.store.tables import ClusterRow, JobRow, LedgerRow
 
@@ -266,3 +267,24 @@ def cluster_gpu_minutes(session: Any, r: Subquery) -> dict[str, float]:
     idle = func.sum(case((r.c.usage.not_in((_RUNNING, _PROVISIONING)), 1), else_=0))
     stmt = select(r.c.cluster_id, func.sum(r.c.gpu_minutes)).group_by(r.c.cluster_id).having(idle > 0)
     return {cid: _num(gm) for cid, gm in session.execute(stmt)}
+
+
+def measured_gpu_hours(session: Any, dialect: str, window: Window, team: str | None) -> float:
+    """GPU-hours of the window an agent measured the utilisation of: roll-up hours inside, minutes at the ends."""
+    first, last = _whole_hours(window)
+    M, R = GpuMinuteRow, GpuRollupRow
+    measured = or_(M.utilization_mean.is_not(None), M.job_utilization_mean.is_not(None))
+    if first < last:
+        edges = or_(and_(M.started_at >= window.start, M.started_at < first),
+                    and_(M.started_at >= last, M.started_at < window.end))
+    else:
+        edges = and_(M.started_at >= window.start, M.started_at < window.end)
+    minutes = select(func.sum(M.seconds)).where(edges, measured)
+    hours = select(func.sum(R.measured_seconds)).where(R.hour >= first, R.hour < last)
+    if team is not None:
+        minutes = minutes.join(JobRow, JobRow.id == M.job_id).where(JobRow.team == team)
+        hours = hours.join(JobRow, JobRow.id == R.job_id).where(JobRow.team == team)
+    seconds = float(session.scalar(minutes) or 0.0)
+    if first < last:
+        seconds += float(session.scalar(hours) or 0.0)
+    return _num(seconds / 3600.0)

@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from broker.model import Usage
-from broker.reports.model import CAUSE_LABELS, Waste
+from broker.reports.model import CAUSE_LABELS, HELD_IDLE, HELD_IDLE_PARTS, Waste
 from broker.reports.sums import IdleSum, ZoneProvisioning
 
 
@@ -46,7 +46,13 @@ def top_wastes(provisioning: list[ZoneProvisioning], idle: list[IdleSum], cluste
         rows = [i for i in idle if i.usage == usage]
         for key, total in _sum_by(rows, lambda i: i.job_id or f"cluster:{i.cluster_id}").items():
             candidates.append(describe.by_job(usage, key, total))
-    for usage in sorted({i.usage for i in idle} - {Usage.RESTARTING.value, Usage.FINISHED.value}):
+    held = [i for i in idle if i.usage in HELD_IDLE_PARTS and i.job_id]
+    for job_id in sorted({i.job_id for i in held if i.job_id}):
+        mine = [i for i in held if i.job_id == job_id]
+        parts = {HELD_IDLE_PARTS[u]: t for u, t in _sum_by(mine, lambda i: i.usage).items()}
+        candidates.append(describe.held_idle(job_id, _sum_by(mine, lambda _: "all")["all"], parts))
+    by_job = {Usage.RESTARTING.value, Usage.FINISHED.value, *HELD_IDLE_PARTS}
+    for usage in sorted({i.usage for i in idle} - by_job):
         rows = [i for i in idle if i.usage == usage]
         for cluster_id, total in _sum_by(rows, lambda i: i.cluster_id).items():
             candidates.append(describe.by_cluster(usage, cluster_id, total))
@@ -126,6 +132,25 @@ class _Describer:
             advice = f"it held {held:.0f} GPU(s) for {total.minutes:.0f} min after it ended: release GPUs as a job ends"
             line = f"{_upper_first(where)} cost ${total.cost:,.2f} ({gpu_hours:.1f} GPU-h) after finishing; "
         return Waste(usage, where, gpu_hours, total.cost, line + advice + ".")
+
+    def held_idle(self, job_id: str, total: _Sum, parts: dict[str, _Sum]) -> Waste:
+        """A running job whose GPUs were measured idle: for how long, what it cost, and why where known."""
+        gpu_hours = total.gpu_minutes / 60
+        job = self.jobs.get(job_id)
+        where = f"job {job_id}" + (f" {job.name} (team {job.team})" if job else "")
+        order = [name for name in ("startup", "checkpoint", "stalled") if name in parts]
+        split = ", ".join(f"{name} {parts[name].gpu_minutes / 60:.1f}" for name in order)
+        largest = max(order, key=lambda name: parts[name].gpu_minutes) if order else "stalled"
+        advice = {
+            "startup": "its GPUs sat idle before its first step: load data and restore checkpoints before "
+                       "asking for GPUs, or cache the dataset on the node",
+            "checkpoint": "its GPUs sat idle while it wrote checkpoints: write them asynchronously or less often",
+            "stalled": "its GPUs sat idle while it ran: feed them faster (more data-loader workers, prefetch), "
+                       "move evaluation off the GPUs' time, or look for a hung job",
+        }[largest]
+        return Waste(HELD_IDLE, where, gpu_hours, total.cost,
+                     f"{_upper_first(where)} held {gpu_hours:.1f} GPU-h (${total.cost:,.2f}) of GPUs measured idle "
+                     f"while running (GPU-h by part: {split}); {advice}.")
 
     def by_cluster(self, usage: str, cluster_id: str, total: _Sum) -> Waste:
         gpu_hours = total.gpu_minutes / 60

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from broker.store.gpu import GpuRollupRow
 from broker.store.tables import AllocationRow, ClusterRow, JobRow, LedgerRow, PredictionRow, ProgressRow
 
 if TYPE_CHECKING:
@@ -32,6 +33,14 @@ class SessionSource:
             .where(LedgerRow.job_id == job_id)
         ).one()
         return cost, on_demand
+
+    def gpu(self, job_id: str) -> tuple[float, float, float | None]:
+        measured, utilization, peak = self.s.execute(
+            select(func.coalesce(func.sum(GpuRollupRow.measured_seconds), 0.0),
+                   func.coalesce(func.sum(GpuRollupRow.utilization_seconds), 0.0),
+                   func.max(GpuRollupRow.peak_memory_mb))
+            .where(GpuRollupRow.job_id == job_id)).one()
+        return float(measured), float(utilization), peak
 
     def last_allocation(self, job_id: str) -> Allocation | None:
         return self.s.scalar(select(AllocationRow).where(AllocationRow.job_id == job_id)

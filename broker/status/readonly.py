@@ -138,6 +138,12 @@ class ReadOnlyStore:
             "WHERE ledger.job_id = ?", (0.0, 0.0, job_id)).fetchone()
         return cost, on_demand
 
+    def gpu(self, job_id: str) -> tuple[float, float, float | None]:
+        measured, utilization, peak = self.conn.execute(
+            "SELECT coalesce(sum(measured_seconds), 0.0), coalesce(sum(utilization_seconds), 0.0), "
+            "max(peak_memory_mb) FROM gpu_rollup WHERE job_id = ?", (job_id,)).fetchone()
+        return float(measured), float(utilization), peak
+
     def last_allocation(self, job_id: str) -> Allocation | None:
         return cast("Allocation | None", self._first(
             "allocations", "WHERE allocations.job_id = ? ORDER BY allocations.attempt DESC LIMIT ? OFFSET ?",

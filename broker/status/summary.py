@@ -121,6 +121,8 @@ class SummarySource(Protocol):
     def jobs(self) -> list[Job]: ...  # every job, oldest first
     def job(self, job_id: str) -> Job | None: ...
     def costs(self, job_id: str) -> tuple[float, float]: ...  # (cost, on-demand cost) of the ledger
+    # (GPU-seconds measured, their utilisation-seconds in percent, peak memory MB) from the GPU roll-up
+    def gpu(self, job_id: str) -> tuple[float, float, float | None]: ...
     def last_allocation(self, job_id: str) -> Allocation | None: ...  # of the latest attempt
     def cluster(self, cluster_id: str) -> Cluster | None: ...
     def newest_cluster_up(self, job_id: str) -> Cluster | None: ...  # launched for the job, came up
@@ -188,8 +190,18 @@ def summarise(source: SummarySource, job: Job, now: datetime | None = None) -> d
         "reason": job.reason,
         "checkpoint_reason": job.checkpoint_reason,
         "cluster_teardown_reason": cluster.teardown_reason if cluster else None,
+        "gpu": gpu_fields(*source.gpu(job.id)),
         **_progress_fields(source, job, latest),
     }
+
+
+def gpu_fields(measured_s: float, utilization_s: float, peak_memory_mb: float | None) -> dict[str, Any] | None:
+    """What the job's GPUs did, as its agents measured (None: never measured, e.g. a node without NVML)."""
+    if not measured_s and peak_memory_mb is None:
+        return None
+    return {"mean_utilization": round(utilization_s / measured_s / 100.0, 4) if measured_s else None,
+            "peak_memory_gb": round(peak_memory_mb / 1024.0, 3) if peak_memory_mb is not None else None,
+            "measured_gpu_hours": round(measured_s / 3600.0, 4)}
 
 
 def _progress_fields(source: SummarySource, job: Job, latest: Allocation | None) -> dict[str, Any]:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -11,11 +11,14 @@ from sqlalchemy import func, select
 
 from broker.errors import UserError
 from broker.model import JobState
+from broker.reports.rightsizing import job_suggestions
 from broker.store import Store
 from broker.store.rollup import LedgerRollupRow
 from broker.store.tables import AllocationRow, ClusterRow, JobEventRow, JobRow, LedgerRow, NoticeRow
+from broker.web.gpu_chart import gpu_svg, load_gpu
 from broker.web.html import STATE_COLOURS, e, money, query, table
 from broker.web.session import Viewer
+from policies.rightsizing import Suggestion
 
 SORTS = {"submitted": JobRow.created_at, "name": JobRow.name, "team": JobRow.team, "state": JobRow.state,
          "priority": JobRow.priority}
@@ -184,6 +187,9 @@ class JobView:
     ledger: list[tuple[str, str, str, float, float, float]]  # cluster, zone, usage, minutes billed, cost, on-demand
     progress: float | None
     finish: datetime | None
+    gpu: dict[tuple[int, str, int], list[tuple[datetime, float]]] = field(default_factory=dict)
+    checkpoints: list[datetime] = field(default_factory=list)
+    sizing: tuple[Suggestion, ...] = ()
 
 
 def load_job(store: Store, viewer: Viewer, job_id: str, now: datetime) -> JobView:
@@ -212,8 +218,10 @@ def load_job(store: Store, viewer: Viewer, job_id: str, now: datetime) -> JobVie
             .group_by(LedgerRow.cluster_id, LedgerRow.zone, LedgerRow.usage)
             .order_by(func.min(LedgerRow.minute)))]
         progress, finish = progress_of(s, job, now)
+        gpu, checkpoints = load_gpu(s, job_id)
+        sizing = job_suggestions(s, job)
         s.expunge_all()
-    return JobView(job, events, allocations, notices, prices, ledger, progress, finish)
+    return JobView(job, events, allocations, notices, prices, ledger, progress, finish, gpu, checkpoints, sizing)
 
 
 def log_tail(home: Path, job_id: str) -> str:
@@ -301,6 +309,22 @@ def job_live_html(view: JobView, now: datetime) -> str:
             f'<p>Progress: {progress}{finish}</p>{timeline_svg(view, now)}</section>')
 
 
+def _gpu_chart(view: JobView, now: datetime) -> str:
+    end = view.job.finished_at or max([now, *(ev.at for ev in view.events)])
+    marks = [("attempt", a.started_at, f"attempt {a.attempt} on {c.id}") for a, c in view.allocations]
+    marks += [("notice", n.received_at, f"{n.kind} notice ({zone})") for n, zone in view.notices]
+    marks += [("migration", ev.at, "migration") for ev in view.events
+              if ev.kind == "moving" or ev.to_state == JobState.MIGRATING.value]
+    return gpu_svg(view.gpu, view.checkpoints, marks, view.job.created_at, end)
+
+
+def _sizing(view: JobView) -> str:
+    if not view.sizing:
+        return ""
+    items = "".join(f'<li data-kind="{e(a.kind)}">{e(a.text)}</li>' for a in view.sizing)
+    return f'<h3>Right-sizing (from its measured GPUs; never applied)</h3><ul class="rightsizing">{items}</ul>'
+
+
 def render_job(view: JobView, home: Path, now: datetime) -> str:
     job = view.job
     ledger_rows = [[e(c), e(z), e(u), f"{n:.1f}", e(money(cost)), e(money(od))]
@@ -311,6 +335,7 @@ def render_job(view: JobView, home: Path, now: datetime) -> str:
     tail = log_tail(home, job.id)
     return (f'<p>{e(job.name)} · team {e(job.team)} · priority {job.priority} · {job.num_nodes} node(s) × '
             f'{job.gpus_per_node} {e(job.accelerator or "GPU")}</p>{job_live_html(view, now)}'
+            f'<h2>GPU utilisation (measured)</h2>{_gpu_chart(view, now)}{_sizing(view)}'
             f'<h2>Ledger ({e(money(total))})</h2>'
             + table(["cluster", "zone", "usage", "minutes", "cost", "on-demand"], ledger_rows)
             + "<h2>Events</h2>" + table(["at", "event", "from", "to", "detail"], events)

@@ -3,6 +3,7 @@ from __future__ import annotations
 from alembic import context
 from sqlalchemy import create_engine
 
+import broker.store.gpu
 import broker.store.rollup  # noqa: F401  (its table is part of the metadata)
 from broker.store.tables import Base
 

@@ -70,6 +70,10 @@ def test_status_prints_the_same_table_and_json_as_the_sqlalchemy_path(engine_hel
         assert fast.stdout == orm.stdout and job_id in fast.stdout
         fast, orm = _both(path, job_id, "--json")
         assert _settled(json.loads(fast.stdout)) == _settled(json.loads(orm.stdout))
+        gpu = json.loads(fast.stdout)["gpu"]
+        # By hand: (2 h at 30 % + 1 h at 60 %) / 3 h = 40 %; the larger peak, 41000.5 MB = 40.0395 GB.
+        assert gpu == ({"mean_utilization": 0.4, "peak_memory_gb": 40.04, "measured_gpu_hours": 3.0}
+                       if job_id == "j-running" else None)
     fast, orm = _both(path, "j-nobody")
     assert fast.returncode == orm.returncode == 2 and fast.stderr == orm.stderr
     assert fast.stderr.strip() == "error: no job 'j-nobody'"

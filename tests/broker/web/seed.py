@@ -6,6 +6,7 @@ from datetime import UTC, datetime, timedelta
 
 from broker.market.book import PriceBook
 from broker.store import Store
+from broker.store.gpu import GpuMinuteRow
 from broker.store.tables import AllocationRow, ClusterRow, JobEventRow, JobRow, LedgerRow, NoticeRow
 from providers.base import SpotQuote
 
@@ -54,6 +55,18 @@ def seed_fleet(store: Store) -> dict[str, str]:
                             started_at=DAY0, running_at=DAY0 + timedelta(minutes=6)))
         s.add(NoticeRow(dedup_key="n1", cluster_id="c-gcp", node="node-0", kind="preemption", source="metadata",
                         received_at=moved, detail={}))
+        # What the agents measured on j-alpha-run's 4 GPUs, hourly: busy, with GPU 3 idle in its second attempt.
+        for attempt, cluster, began, until in ((1, "c-gcp", DAY0 + timedelta(minutes=6), moved),
+                                               (2, "c-aws", moved + timedelta(minutes=9), NOW)):
+            at = began
+            while at < until:
+                for gpu in range(4):
+                    util = 2.0 if attempt == 2 and gpu == 3 else 70.0 + 5 * gpu
+                    s.add(GpuMinuteRow(job_id="j-alpha-run", attempt=attempt, cluster_id=cluster, node="0", gpu=gpu,
+                                       uuid=f"GPU-{cluster}-{gpu}", started_at=at, ended_at=at + timedelta(minutes=1),
+                                       samples=12, seconds=60.0, utilization_mean=util, utilization_max=util + 10,
+                                       memory_used_mb_max=30000.0, memory_total_mb=40960.0, received_at=at))
+                at += timedelta(hours=1)
         for job_id, at, kind, old, new in [
                 ("j-alpha-run", DAY0, "submitted", None, "PENDING"),
                 ("j-alpha-run", DAY0 + timedelta(minutes=1), "transition", "PENDING", "PROVISIONING"),

@@ -62,3 +62,23 @@ def test_every_page_renders_without_console_errors(dashboard: Dashboard, tab: Ta
         tab.page.wait_for_timeout(300)
         tab.screenshot(name)
         assert tab.errors == [], f"{path}: {tab.errors}"
+
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_the_job_page_charts_each_gpu_s_measured_utilisation_with_the_job_s_moments(dashboard: Dashboard,
+                                                                                    tab: Tab) -> None:
+    tab.sign_in(dashboard.tokens["alpha"])
+    tab.goto(f"/jobs/{dashboard.jobs['alpha']}")
+    chart = tab.page.locator("svg.gpu-chart")
+    chart.wait_for()
+    lines = chart.locator("polyline.gpu-util")
+    assert lines.count() == 8  # 4 GPUs in each of 2 attempts
+    idle = chart.locator('polyline.gpu-util[data-attempt="2"][data-gpu="3"] title')
+    assert idle.text_content() == "attempt 2, node 0, GPU 3: mean 2%"
+    assert chart.locator(".marker.attempt").count() == 2 and chart.locator(".marker.notice").count() == 1
+    assert chart.locator(".marker.migration").count() >= 1
+    box = chart.bounding_box()
+    assert box is not None and box["width"] > 300 and box["height"] > 50  # drawn, not collapsed
+    tab.screenshot("job-gpu")
+    tab.goto(f"/jobs/{dashboard.jobs['alpha_done']}")
+    assert "Not measured" in tab.page.inner_text(".gpu-unmeasured")

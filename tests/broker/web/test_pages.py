@@ -165,3 +165,33 @@ def test_overview_figures_equal_broker_report_json_for_the_same_window(dashboard
     assert unescape(cards["saving"]) == f"{money(totals['saving'])} ({totals['saving_pct']:.1f}%)"
     assert cards["preemptions"] == str(totals["preemptions"]) and cards["migrations"] == str(totals["migrations"])
     assert cards["idle_total_gpu_hours"] == f"{totals['idle_total_gpu_hours']:,.2f}"
+
+
+def test_a_finished_measured_job_s_page_says_what_would_have_fit(dashboard: Dashboard) -> None:
+    from datetime import UTC, datetime, timedelta
+
+    from broker.store.gpu import GpuRollupRow
+    from broker.store.tables import JobRow, LedgerRow
+
+    at = datetime(2026, 1, 5, 10, tzinfo=UTC)
+    with dashboard.store.transaction() as s:
+        s.add(JobRow(id="j-alpha-sized", name="<b>eval</b>", team="alpha", state="SUCCEEDED", priority=500, spec={},
+                     backend="local", num_nodes=1, gpus_per_node=4, accelerator="A100", checkpoint_dir="/c",
+                     created_at=at, updated_at=at, finished_at=at + timedelta(minutes=10), zones=[]))
+        s.flush()
+        # 10 minutes of 4 GPUs at 0.16 $ a minute; measured 15 % busy, 6,000 MB at its peak of 40,960.
+        s.add_all([LedgerRow(cluster_id="c-aws", minute=at + timedelta(minutes=m), holder="job:j-alpha-sized",
+                             job_id="j-alpha-sized", team="alpha", usage="running", cloud="aws", region="us-east-1",
+                             zone="us-east-1a", instance_type="p4d.24xlarge", accelerator="A100", nodes=1, gpus=4.0,
+                             seconds=60.0, spot=True, price_per_node_hour=19.2, on_demand_price_per_node_hour=32.77,
+                             cost=0.16, on_demand_cost=0.27) for m in range(10)])
+        s.add(GpuRollupRow(job_id="j-alpha-sized", node="0", hour=at, gpu_minutes=40, measured_seconds=2400.0,
+                           utilization_seconds=15.0 * 2400, peak_memory_mb=6000.0, memory_total_mb=40960.0,
+                           peak_utilization=30.0))
+    html = dashboard.signed_in("alpha").get("/jobs/j-alpha-sized").text
+    # ceil(4 * 0.15 / 0.8) = 1 GPU would have done: 3/4 of the 1.60 $ saved.
+    assert ('<li data-kind="fewer_gpus">its 4 GPUs were 15% busy: 1 would have been 60% busy, saving $1.20 where '
+            'its work divides across fewer GPUs</li>') in html
+    assert "<b>eval</b>" not in html  # the store's text is escaped
+    running = dashboard.signed_in("alpha").get(f"/jobs/{dashboard.jobs['alpha']}").text
+    assert 'class="gpu-chart"' in running and 'class="rightsizing"' not in running  # still running: no advice
