@@ -109,7 +109,9 @@ def test_broker_engine_runs_in_the_foreground_and_ctrl_c_leaves_the_job_for_the_
         if engine.poll() is None:
             engine.kill()
     assert engine.returncode == 130, err
-    assert "engine: driving 1 active job(s)" in err and "PENDING -> PROVISIONING" in err
+    # How far the killed engine had taken the job depends on the machine's speed; the foreground
+    # engine took it from there to RUNNING (waited for above).
+    assert "engine: driving 1 active job(s)" in err
     assert "engine stopped: 1 job(s) still active" in err and "Traceback" not in err
     assert _stored_state(broker_home, job_id) == "RUNNING"  # left as it was (`status` would restart an engine)
 
