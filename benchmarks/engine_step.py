@@ -1,12 +1,13 @@
 """The engine's step against the size of the queue: time, SQL statements and transactions per step.
 
     python benchmarks/engine_step.py [--queued 10,100,1000] [--running 10] [--steps 5]
-                                     [--baseline-max 1000] [--db-url postgresql://...]
+                                     [--baseline-max 1000] [--postgres postgresql://USER@HOST:5432/postgres]
 
-For each queue size N it builds a fresh embedded broker (the local backend, its store on SQLite
-unless ``--db-url`` names another database), starts ``--running`` jobs for real (local clusters,
-each a host process and an agent per node) with the pool capped at their GPUs (``max_gpus``), then
-queues N more jobs behind that cap and drives ``Engine.step()`` in-process:
+For each queue size N it builds a fresh embedded broker (the local backend, its store on SQLite, or
+with ``--postgres`` on a fresh database created on that server and dropped after), starts
+``--running`` jobs for real (local clusters, each a host process and an agent per node) with the
+pool capped at their GPUs (``max_gpus``), then queues N more jobs behind that cap and drives
+``Engine.step()`` in-process:
 
 - the first step after the N jobs arrive (every queued job is new to the engine: the batch a
   change of capacity costs), then ``--steps`` steps in which nothing changes (median and p95);
@@ -29,6 +30,7 @@ import statistics
 import sys
 import tempfile
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -128,11 +130,29 @@ def submit(engine: Engine, home: Path, count: int, prefix: str, priority: str) -
 
 
 @contextlib.contextmanager
+def database(server: str | None) -> Iterator[str | None]:
+    """A fresh PostgreSQL database on ``server`` (an admin URL), dropped afterwards; None: SQLite."""
+    if server is None:
+        yield None
+        return
+    import psycopg
+
+    name = f"engine_step_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(server, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield f"{server.rsplit('/', 1)[0]}/{name}"
+    finally:
+        with psycopg.connect(server, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@contextlib.contextmanager
 def broker(home: Path, running: int, db_url: str | None) -> Iterator[EmbeddedBroker]:
     home.mkdir(parents=True, exist_ok=True)
     settings = load_settings(home=home, market=market(home / "market.csv", running + 2), speed=60.0,
                              local_provision_seconds=60.0, max_gpus=running * GPUS_PER_NODE, pool_idle_seconds=0.0,
-                             database_url=db_url)
+                             db_url=db_url)
     embedded = EmbeddedBroker(settings, fresh_market=True)
     try:
         yield embedded
@@ -148,9 +168,9 @@ def broker(home: Path, running: int, db_url: str | None) -> Iterator[EmbeddedBro
         embedded.close()
 
 
-def one_size(queued: int, running: int, steps: int, baseline: bool, db_url: str | None) -> list[str]:
+def one_size(queued: int, running: int, steps: int, baseline: bool, server: str | None) -> list[str]:
     lines = []
-    with tempfile.TemporaryDirectory(prefix="engine-step-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="engine-step-") as tmp, database(server) as db_url:
         home = Path(tmp) / "home"
         with broker(home, running, db_url) as embedded:
             engine = embedded.start()
@@ -195,14 +215,15 @@ def main() -> None:
     parser.add_argument("--running", type=int, default=10)
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--baseline-max", type=int, default=1000)
-    parser.add_argument("--db-url", default=None, help="the store (default: SQLite in a fresh broker home)")
+    parser.add_argument("--postgres", default=None,
+                        help="a PostgreSQL admin URL: each size gets a fresh database there (default: SQLite)")
     args = parser.parse_args()
     logging.getLogger("broker").setLevel(logging.WARNING)
     sizes = [int(n) for n in args.queued.split(",")]
-    print(f"{args.running} running, store {'SQLite' if args.db_url is None else args.db_url.split(':')[0]}")
+    print(f"{args.running} running, store {'SQLite' if args.postgres is None else 'PostgreSQL'}")
     print(f"{'queued':>7} {'path':<10} {'median s':>9} {'p95 s':>9} {'statements':>11} {'txns':>8}")
     for n in sizes:
-        for line in one_size(n, args.running, args.steps, n <= args.baseline_max, args.db_url):
+        for line in one_size(n, args.running, args.steps, n <= args.baseline_max, args.postgres):
             print(f"{n:>7} {line}", flush=True)
 
 
