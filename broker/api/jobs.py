@@ -14,11 +14,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, HTTPException, Query, Request, status
+from fastapi import APIRouter, Depends, HTTPException, Query, Request, Response, status
 from fastapi import Path as PathParam
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
-from sqlalchemy import select
+from sqlalchemy import and_, or_, select
 
 from broker.api.limits import out_of_time
 from broker.api.validation import Text, body_schema, json_body
@@ -59,6 +59,9 @@ submission_body = json_body(JobSubmission)
 JobId = Annotated[str, PathParam(max_length=32, pattern=r"^[A-Za-z0-9_.-]+$")]
 # The widest integer every store takes (PostgreSQL's INTEGER).
 MAX_STORED_INT = 2**31 - 1
+# Jobs per page of ``GET /v1/jobs``: by default, and at most.
+DEFAULT_PAGE = 100
+MAX_PAGE = 1000
 # A log offset past this is no file's; seeking there overflows.
 MAX_LOG_OFFSET = 2**53
 
@@ -216,15 +219,31 @@ def jobs_router(store: Store, clock: Clock, intake: JobIntake, team_of: Any) -> 
             return job_summary(s, owned(s, job_id, team))
 
     @router.get("")
-    def list_jobs(team: str = Depends(team_of),
+    def list_jobs(response: Response, team: str = Depends(team_of),
                   state: Annotated[str | None, Query(description="only jobs in this state", max_length=20)] = None,
+                  limit: Annotated[int, Query(ge=1, le=MAX_PAGE, description="jobs per page")] = DEFAULT_PAGE,
+                  after: Annotated[str | None, Query(max_length=32, pattern=r"^[A-Za-z0-9_.-]+$",
+                                                     description="the last job of the page before")] = None,
                   ) -> list[dict[str, Any]]:
-        """The caller's team's jobs, oldest first."""
+        """The caller's team's jobs, oldest first, a page at a time: the next page is ``after`` the last
+        job of this one (its id is also in the ``X-Next-After`` header when there are more). Jobs added
+        meanwhile come after every job listed, so paging never skips or repeats one."""
         with store.transaction() as s:
-            query = select(JobRow).where(JobRow.team == team).order_by(JobRow.created_at)
+            query = select(JobRow).where(JobRow.team == team).order_by(JobRow.created_at, JobRow.id)
             if state is not None:
                 query = query.where(JobRow.state == state.upper())
-            return [job_summary(s, job) for job in s.scalars(query)]
+            if after is not None:
+                last = s.get(JobRow, after)
+                if last is None or last.team != team:
+                    raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT,
+                                        f"after: no job {after!r} of team {team!r} to list from")
+                query = query.where(or_(JobRow.created_at > last.created_at,
+                                        and_(JobRow.created_at == last.created_at, JobRow.id > last.id)))
+            page = list(s.scalars(query.limit(limit + 1)))
+            if len(page) > limit:
+                page = page[:limit]
+                response.headers["X-Next-After"] = page[-1].id
+            return [job_summary(s, job) for job in page]
 
     @router.get("/{job_id}")
     def get_job(job_id: JobId, team: str = Depends(team_of)) -> dict[str, Any]:

@@ -84,8 +84,16 @@ class BrokerClient:
         """A multi-document job file: its stages recorded together (``POST /v1/pipelines``)."""
         return self._call("POST", "/v1/pipelines", json_body={"spec": text, "source": source})  # type: ignore[no-any-return]
 
-    def jobs(self) -> list[dict[str, Any]]:
-        return self._call("GET", "/v1/jobs")  # type: ignore[no-any-return]
+    def jobs(self, page: int = 500) -> list[dict[str, Any]]:
+        """Every job of the caller's team, read a page at a time (``GET /v1/jobs`` is paginated)."""
+        found: list[dict[str, Any]] = []
+        params: dict[str, list[str]] = {"limit": [str(page)]}
+        while True:
+            batch = self._call("GET", "/v1/jobs", params=params)
+            found.extend(batch)
+            if len(batch) < page:
+                return found
+            params["after"] = [str(batch[-1]["job_id"])]
 
     def job(self, job_id: str) -> dict[str, Any]:
         return self._call("GET", f"/v1/jobs/{job_id}")  # type: ignore[no-any-return]

@@ -104,14 +104,14 @@ def fleet_gpus(s: Session, leaving: str | Collection[str] | None = None) -> int:
 
 BLOCKED = ("fleet_full", "queue_full")
 # What ends a spell of waiting on a limit: the job launched, or moved (placed, requeued, ended).
-_UNBLOCKED = ("launch", "transition")
+UNBLOCKED = ("launch", "transition")
 
 
 def record_blocked(parts: Parts, s: Session, job: JobRow, kind: str, **detail: object) -> None:
     """Record that a limit holds the job back, once per spell: not on every step it still waits for
     the same reason, only when it was last launched or moved, or held back by something else."""
     last = s.execute(select(JobEventRow.kind, JobEventRow.detail)
-                     .where(JobEventRow.job_id == job.id, JobEventRow.kind.in_((*BLOCKED, *_UNBLOCKED)))
+                     .where(JobEventRow.job_id == job.id, JobEventRow.kind.in_((*BLOCKED, *UNBLOCKED)))
                      .order_by(JobEventRow.id.desc()).limit(1)).first()
     if last is not None and last.kind == kind and last.detail == jsonable(detail):
         return

@@ -26,6 +26,7 @@ from broker.engine.checkpoints import (
 from broker.engine.notices import open_notice
 from broker.engine.parts import AfterCommit, Parts, cluster_info
 from broker.engine.planning import Planner
+from broker.engine.queue import QueueView
 from broker.engine.review import Reviewer
 from broker.model import CheckpointReason, ClusterState, JobState, TeardownReason
 from broker.store.tables import AllocationRow, ClusterRow, JobEventRow, JobRow
@@ -43,19 +44,21 @@ class JobStepper:
         self.reviewer = Reviewer(parts, planner)
         self.cadence = Cadence(parts)
 
-    def advance(self, job_id: str) -> None:
-        """Move one job on by at most one transition, then start it if its GPUs are ready."""
+    def advance(self, job_id: str, view: QueueView | None = None) -> bool:
+        """Move one job on by at most one transition, then start it if its GPUs are ready. True when
+        anything may have changed for the others (its state moved, or the provisioner was called).
+        ``view``: the queue as this pass reads it, to pass over the doors it says are shut."""
         parts = self.parts
         after = AfterCommit()
         with parts.store.transaction() as s:
             job = s.get(JobRow, job_id, with_for_update=True)
             if job is None or JobState(job.state).terminal:
-                return
+                return False
             state = JobState(job.state)
             if state is JobState.PENDING:
                 if parts.options.admit is not None and not parts.options.admit(s, job):
-                    return
-                self._from_pending(s, job, after)
+                    return False
+                self._from_pending(s, job, after, view)
             elif state in (JobState.PROVISIONING, JobState.MIGRATING):
                 self._from_provisioning(s, job, after)
             elif state is JobState.RUNNING:
@@ -63,14 +66,16 @@ class JobStepper:
             elif state is JobState.CHECKPOINTING:
                 self._from_checkpointing(s, job, after)
         self._carry_out(after)
-        if after.launches or not JobState(job.state).terminal:
-            self.start_if_ready(job_id)
+        moved = JobState(job.state) is not state or after.called
+        if job.state in (JobState.PROVISIONING.value, JobState.MIGRATING.value):  # only these start
+            moved = self.start_if_ready(job_id) or moved
+        return moved
 
-    def _from_pending(self, s: Session, job: JobRow, after: AfterCommit) -> None:
+    def _from_pending(self, s: Session, job: JobRow, after: AfterCommit, view: QueueView | None) -> None:
         parts = self.parts
         if stages.held_back(parts, s, job):
             return
-        if packing.place_on_existing(parts, s, job):
+        if (view is None or view.may_place(job.id)) and packing.place_on_existing(parts, s, job):
             return
         exclude = self.planner.avoid(s, job)
         row = clusters.launch(parts, s, job, self.planner.plan(s, job, Location(IDLE), exclude), exclude, after)
@@ -79,7 +84,9 @@ class JobStepper:
                 job.started_at = parts.clock.now()
             machine.provisioning(s, parts.clock, job, cluster=row.id, zone=row.zone)
             return
-        packing.preempt_for(parts, s, job, after)
+        if (view is None or view.may_preempt(job.id)) and not packing.preempt_for(parts, s, job, after) \
+                and view is not None:
+            view.no_preemption(job.id)
 
     def _from_provisioning(self, s: Session, job: JobRow, after: AfterCommit) -> None:
         if clusters.target_of(s, job) is not None:
@@ -246,20 +253,21 @@ class JobStepper:
         job.preempted_by = job.checkpoint_requested_at = None
         machine.requeued(s, clock, job, reason="requeued after yielding its GPUs", checkpoint=job.checkpoint)
 
-    def start_if_ready(self, job_id: str) -> None:
-        """Start the job on its target once the GPUs are up and free (and any old cluster is gone)."""
+    def start_if_ready(self, job_id: str) -> bool:
+        """Start the job on its target once the GPUs are up and free (and any old cluster is gone); True
+        if the provisioner was called."""
         parts, clock = self.parts, self.parts.clock
         after = AfterCommit()
         with parts.store.transaction() as s:
             job = s.get(JobRow, job_id, with_for_update=True)
             if job is None or job.state not in (JobState.PROVISIONING.value, JobState.MIGRATING.value):
-                return
+                return False
             target = clusters.target_of(s, job)
             if target is None or target.state != ClusterState.UP.value or job.target_gpus is None:
-                return
+                return False
             claim = GangPlacement.from_json(target.id, job.target_gpus)
             if packing.claim_still_held(s, job, target.id, claim):
-                return  # the gangs it preempted have not left yet
+                return False  # the gangs it preempted have not left yet
             previous = current_allocation(s, job)
             if previous is not None and previous.ended_at is None:
                 old = s.get(ClusterRow, previous.cluster_id)
@@ -278,6 +286,7 @@ class JobStepper:
                 if setup_done is not None:  # None: its early setup is still running there
                     after.starts.append(self._start_on(s, job, target, claim, setup_done))
         self._carry_out(after)
+        return after.called
 
     def _start_on(self, s: Session, job: JobRow, target: ClusterRow, placement: GangPlacement,
                   setup_done: bool = False) -> tuple[ClusterInfo, JobLaunch]:

@@ -157,8 +157,8 @@ def place_on_existing(parts: Parts, s: Session, job: JobRow) -> bool:
     return False
 
 
-def preempt_for(parts: Parts, s: Session, job: JobRow, after: AfterCommit) -> None:
-    """Take GPUs from lower-priority gangs when the work they lose is less than this job gains."""
+def preempt_for(parts: Parts, s: Session, job: JobRow, after: AfterCommit) -> bool:
+    """Take GPUs from lower-priority gangs when the work they lose is less than this job gains (True if so)."""
     spec = parts.spec_of(job)
     now = parts.clock.now()
     for row in s.scalars(select(ClusterRow).where(ClusterRow.state == ClusterState.UP.value)):
@@ -186,7 +186,8 @@ def preempt_for(parts: Parts, s: Session, job: JobRow, after: AfterCommit) -> No
         job.target_cluster_id, job.target_gpus, job.gpu_share = row.id, plan.placement.to_json(), None
         machine.provisioning(s, parts.clock, job, cluster=row.id, preempting=list(plan.victims),
                              work_lost_gpu_s=plan.work_lost_gpu_s, gain_gpu_s=plan.gain_gpu_s)
-        return
+        return True
+    return False
 
 
 def _wait_avoided(s: Session, running: tuple[RunningGang, ...], now: datetime) -> float:

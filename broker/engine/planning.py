@@ -32,6 +32,8 @@ if TYPE_CHECKING:
 
 # How long a zone that preempted or refused a job stays off that job's plans.
 AVOID_ZONE_FOR = timedelta(hours=1)
+# How long a spot offer whose launch failed is left alone, on a market without ticks.
+LAUNCH_BACKOFF = timedelta(minutes=5)
 # How often a running job's place is reviewed on a market without ticks.
 REVIEW_SECONDS = 300.0
 
@@ -197,7 +199,19 @@ class Planner:
                                               ClusterRow.terminated_at.is_not(None), ClusterRow.terminated_at >= since))
         notices = s.execute(select(*where).join(NoticeRow, NoticeRow.cluster_id == ClusterRow.id)
                             .where(ClusterRow.job_id == job.id))
-        return {str(OfferKey(*row)) for row in (*rows, *notices)}
+        return {str(OfferKey(*row)) for row in (*rows, *notices)} | self.refused_lately(s)
+
+    def refused_lately(self, s: Session) -> set[str]:
+        """Spot offers a launch (for any job) failed in since the market last changed: on a replayed trace,
+        within the current tick; on a live market, within ``LAUNCH_BACKOFF``. Launching the next job into a
+        zone that just said no would only fail again (and, on the local backend, start a process to do so)."""
+        market, now = self.parts.market, self.parts.clock.now()
+        since = market.tick_start(now) if market.tick_seconds else now - LAUNCH_BACKOFF
+        rows = s.execute(select(ClusterRow.cloud, ClusterRow.region, ClusterRow.zone, ClusterRow.instance_type)
+                         .where(ClusterRow.state == ClusterState.FAILED.value, ClusterRow.spot.is_(True),
+                                ClusterRow.teardown_reason == TeardownReason.LAUNCH_FAILED.value,
+                                ClusterRow.terminated_at >= since).distinct())
+        return {str(OfferKey(*row)) for row in rows}
 
 
 def work_estimate(s: Session, job: JobRow, now: datetime) -> WorkEstimate:

@@ -20,6 +20,7 @@ from broker.engine import clusters, eager, forecast, gpu_attribution, machine, m
 from broker.engine.jobs import JobStepper
 from broker.engine.parts import EngineOptions, Parts
 from broker.engine.planning import Planner
+from broker.engine.queue import QueueView, Shapes
 from broker.market.book import Market
 from broker.model import ACTIVE_STATES, JobState
 from broker.spec.job import JobSpec
@@ -34,6 +35,7 @@ class Engine:
         self.parts = Parts(store, clock, market, provisioner, options, tokens)
         self.planner = Planner(self.parts)
         self.jobs = JobStepper(self.parts, self.planner)
+        self._shapes = Shapes(self.parts)
         self._lock = threading.Lock()
 
     @property
@@ -61,7 +63,8 @@ class Engine:
         """One pass over everything, in this order:
 
         1. sync every live cluster with the backend (up, failed, gone; relaunch one a crash left unlaunched);
-        2. move every active job on by at most one transition, highest priority first;
+        2. move every active job on by at most one transition, highest priority first (a queued job that
+           certainly waits is passed over: ``broker.engine.queue``);
         3. give up the reservations of jobs whose running job runs late when they could run elsewhere
            sooner (eager allocation), then let queued jobs take GPUs that step 2 freed (not a cluster
            an early boot took the room of), before idle clusters are reaped;
@@ -73,18 +76,28 @@ class Engine:
         """
         with self._lock:
             clusters.sync(self.parts)
-            for job_id in self.active_jobs():
-                self.jobs.advance(job_id)
+            self.advance_all(self.active_jobs())
             eager.give_up(self.parts, self.planner)
             eager.release_leaving(self.parts)
-            for job_id in self.active_jobs(JobState.PENDING):
-                self.jobs.advance(job_id)
+            self.advance_all(self.active_jobs(JobState.PENDING))
             eager.ready_next(self.parts, self.planner)
             setup_ahead.stop_stale(self.parts)
             clusters.reap(self.parts)
             metering.meter(self.store, self.clock, self.parts.market)
             gpu_attribution.attribute(self.store, self.parts.options.gpu_idle_below, self.clock.now())
             forecast.record(self.store, self.clock.now())
+
+    def advance_all(self, job_ids: list[str]) -> None:
+        """Advance each job in turn, passing over the queued ones the queue's view says wait; the view is
+        read again once anything has moved."""
+        view: QueueView | None = None
+        for job_id in job_ids:
+            if self.options.queue_fast_path:
+                view = view or QueueView(self.parts, self._shapes)
+                if view.waits(job_id):
+                    continue
+            if self.jobs.advance(job_id, view):
+                view = None
 
     def active_jobs(self, only: JobState | None = None) -> list[str]:
         states = [only.value] if only else ACTIVE_STATES

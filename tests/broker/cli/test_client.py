@@ -20,7 +20,7 @@ def test_a_url_that_is_no_server_is_refused_naming_the_flag(url: str) -> None:
 class _NotTheBroker(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         body = b"<html>a proxy's error page</html>" if self.path.startswith("/v1/jobs") else b"{\"detail\": \"x\"}"
-        self.send_response(200 if self.path == "/v1/jobs" else 502)
+        self.send_response(200 if self.path.split("?")[0] == "/v1/jobs" else 502)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         self.wfile.write(body)

@@ -1,0 +1,231 @@
+"""The engine's step against the size of the queue: time, SQL statements and transactions per step.
+
+    python benchmarks/engine_step.py [--queued 10,100,1000] [--running 10] [--steps 5]
+                                     [--baseline-max 1000] [--postgres postgresql://USER@HOST:5432/postgres]
+
+For each queue size N it builds a fresh embedded broker (the local backend, its store on SQLite, or
+with ``--postgres`` on a fresh database created on that server and dropped after), starts
+``--running`` jobs for real (local clusters, each a host process and an agent per node) with the
+pool capped at their GPUs (``max_gpus``), then queues N more jobs behind that cap and drives
+``Engine.step()`` in-process:
+
+- the first step after the N jobs arrive (every queued job is new to the engine: the batch a
+  change of capacity costs), then ``--steps`` steps in which nothing changes (median and p95);
+- a notice's time to act: a termination notice recorded for one running cluster, then one step,
+  timed until that job is CHECKPOINTING;
+- statements (SQLAlchemy ``before_cursor_execute``) and transactions (``begin``) per step, which do
+  not depend on the machine.
+
+Baseline, measured in the same run on the same store: the same steps by an engine built with
+``queue_fast_path=False``, which takes every queued job through the full decision on every pass,
+as the engine did before (skipped above ``--baseline-max`` queued jobs, where one step takes
+minutes; its statements grow linearly, so the printed slope says what it would cost).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import logging  # noqa: E402
+
+from sqlalchemy import event, select  # noqa: E402
+
+from broker.config.settings import load_settings  # noqa: E402
+from broker.engine import Engine  # noqa: E402
+from broker.engine.notices import record_backend_notice  # noqa: E402
+from broker.model import JobState  # noqa: E402
+from broker.runtime import EmbeddedBroker  # noqa: E402
+from broker.spec.job import parse_job_spec  # noqa: E402
+from broker.store.tables import AllocationRow, JobRow  # noqa: E402
+from providers.base import SpotQuote  # noqa: E402
+from providers.trace import write_trace  # noqa: E402
+
+GPUS_PER_NODE = 4
+JOB = """\
+name: {name}
+resources:
+  accelerators: V100:4
+run: sleep 100000
+broker:
+  priority: {priority}
+"""
+
+
+@dataclass
+class Count:
+    statements: int = 0
+    transactions: int = 0
+
+
+@dataclass
+class Figures:
+    seconds: list[float]
+    statements: list[int]
+    transactions: list[int]
+
+    def line(self, label: str) -> str:
+        p95 = statistics.quantiles(self.seconds, n=20)[-1] if len(self.seconds) >= 2 else self.seconds[0]
+        return (f"{label:<10} {statistics.median(self.seconds):9.3f} {p95:9.3f} "
+                f"{statistics.median(self.statements):11.0f} {statistics.median(self.transactions):8.0f}")
+
+
+def counting(engine: Any) -> Count:
+    count = Count()
+
+    def statement(*_: Any) -> None:
+        count.statements += 1
+
+    def begin(*_: Any) -> None:
+        count.transactions += 1
+
+    event.listen(engine, "before_cursor_execute", statement)
+    event.listen(engine, "begin", begin)
+    return count
+
+
+def measure(step: Callable[[], None], count: Count, repeat: int) -> Figures:
+    figures = Figures([], [], [])
+    for _ in range(repeat):
+        before = (count.statements, count.transactions)
+        started = time.perf_counter()
+        step()
+        figures.seconds.append(time.perf_counter() - started)
+        figures.statements.append(count.statements - before[0])
+        figures.transactions.append(count.transactions - before[1])
+    return figures
+
+
+def market(path: Path, nodes: int) -> Path:
+    origin = datetime(2026, 1, 1, tzinfo=UTC)
+    write_trace(path, [SpotQuote("aws", "us-east-1", "us-east-1a", "p3.8xlarge", "V100", GPUS_PER_NODE, 3.67, 12.24,
+                                 origin + timedelta(minutes=m), available_nodes=nodes) for m in range(24 * 60)])
+    return path
+
+
+def states(engine: Engine) -> dict[str, int]:
+    with engine.store.transaction() as s:
+        found: dict[str, int] = {}
+        for state in s.scalars(select(JobRow.state)):
+            found[state] = found.get(state, 0) + 1
+        return found
+
+
+def submit(engine: Engine, home: Path, count: int, prefix: str, priority: str) -> list[str]:
+    spec = parse_job_spec(JOB.format(name=f"{prefix}", priority=priority), source=str(home / f"{prefix}.yaml"))
+    return [engine.submit(spec) for _ in range(count)]
+
+
+@contextlib.contextmanager
+def database(server: str | None) -> Iterator[str | None]:
+    """A fresh PostgreSQL database on ``server`` (an admin URL), dropped afterwards; None: SQLite."""
+    if server is None:
+        yield None
+        return
+    import psycopg
+
+    name = f"engine_step_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(server, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield f"{server.rsplit('/', 1)[0]}/{name}"
+    finally:
+        with psycopg.connect(server, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@contextlib.contextmanager
+def broker(home: Path, running: int, db_url: str | None) -> Iterator[EmbeddedBroker]:
+    home.mkdir(parents=True, exist_ok=True)
+    settings = load_settings(home=home, market=market(home / "market.csv", running + 2), speed=60.0,
+                             local_provision_seconds=60.0, max_gpus=running * GPUS_PER_NODE, pool_idle_seconds=0.0,
+                             db_url=db_url)
+    embedded = EmbeddedBroker(settings, fresh_market=True)
+    try:
+        yield embedded
+    finally:
+        engine = embedded.engine
+        if engine is not None:
+            from broker.engine import machine
+
+            for job_id in engine.active_jobs():
+                machine.cancel_job(engine.store, job_id, engine.clock)
+            for _ in range(3):
+                engine.step()
+        embedded.close()
+
+
+def one_size(queued: int, running: int, steps: int, baseline: bool, server: str | None) -> list[str]:
+    lines = []
+    with tempfile.TemporaryDirectory(prefix="engine-step-") as tmp, database(server) as db_url:
+        home = Path(tmp) / "home"
+        with broker(home, running, db_url) as embedded:
+            engine = embedded.start()
+            count = counting(engine.store.engine)
+            first = submit(engine, home, running, "running", "training")
+            deadline = time.time() + 300
+            while states(engine).get("RUNNING", 0) < running:
+                if time.time() > deadline:
+                    raise SystemExit(f"the {running} running jobs did not start: {states(engine)}")
+                engine.step()
+                time.sleep(0.1)
+            submit(engine, home, queued, "queued", "training")
+            new = measure(engine.step, count, 1)
+            steady = measure(engine.step, count, steps)
+            lines.append(new.line("new:first"))
+            lines.append(steady.line("new:steady"))
+            if baseline:
+                old = embedded.runtime.engine(embedded.server.url if embedded.server else None, queue_fast_path=False)
+                old_steady = measure(old.step, count, max(1, min(steps, 3 if queued <= 100 else 1)))
+                lines.append(old_steady.line("old:steady"))
+            assert states(engine).get("PENDING", 0) == queued, states(engine)
+            # A notice: recorded for one running cluster, acted on by the next step.
+            with engine.store.transaction() as s:
+                alloc = s.scalar(select(AllocationRow).where(AllocationRow.job_id == first[0],
+                                                             AllocationRow.ended_at.is_(None)))
+                assert alloc is not None
+                cluster_id = alloc.cluster_id
+            record_backend_notice(engine.store, engine.clock, cluster_id, engine.clock.now() + timedelta(minutes=2))
+            started = time.perf_counter()
+            engine.step()
+            acted = time.perf_counter() - started
+            with engine.store.transaction() as s:
+                state = s.get(JobRow, first[0]).state  # type: ignore[union-attr]
+            lines.append(f"notice acted on in {acted:.3f} s (job {state})")
+            assert state == JobState.CHECKPOINTING.value, state
+    return lines
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--queued", default="10,100,1000")
+    parser.add_argument("--running", type=int, default=10)
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--baseline-max", type=int, default=1000)
+    parser.add_argument("--postgres", default=None,
+                        help="a PostgreSQL admin URL: each size gets a fresh database there (default: SQLite)")
+    args = parser.parse_args()
+    logging.getLogger("broker").setLevel(logging.WARNING)
+    sizes = [int(n) for n in args.queued.split(",")]
+    print(f"{args.running} running, store {'SQLite' if args.postgres is None else 'PostgreSQL'}")
+    print(f"{'queued':>7} {'path':<10} {'median s':>9} {'p95 s':>9} {'statements':>11} {'txns':>8}")
+    for n in sizes:
+        for line in one_size(n, args.running, args.steps, n <= args.baseline_max, args.postgres):
+            print(f"{n:>7} {line}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

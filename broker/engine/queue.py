@@ -1,0 +1,224 @@
+"""The queue as one pass of a step sees it: which queued jobs cannot move, read in a few statements.
+
+A queued job leaves PENDING only through one of these doors (``JobStepper._from_pending``): its
+pipeline stage is released, it is placed on free GPUs of a cluster that is up, a cluster is
+launched for it, or it takes GPUs from lower-priority gangs. ``QueueView`` reads, once per pass
+and in a handful of batched statements, what each door needs, and says of a queued job that
+every door is shut (``waits``), so that the full decision (a transaction, its reads, the
+selection policy) is spent only on the jobs that might move. It is conservative: a job it cannot
+rule out goes through the full decision, which is the one that decides.
+
+- **stage**: the stage before it has not ended (a chained stage is held back, nothing written);
+- **free GPUs**: no cluster that is up with its accelerator has as many GPUs not fully held as the
+  job needs (its smallest choice of GPUs per node, times its nodes), counting running
+  allocations and the claims of jobs heading there;
+- **launch**: the pool (``max_gpus``), or else its queue (``queue_max_gpus``), has no room for its
+  smallest possible cluster, and the job's last word on waiting already says so (``fleet_full``
+  or ``queue_full`` with the same limit: the full decision would write nothing new);
+- **preemption**: no running job has a lower priority (the default policy takes only those).
+
+A view is good while nothing moves: the step reads a new one for each of its passes over the
+queue, and after any job whose advance changed something.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Iterable
+from dataclasses import dataclass
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from broker.engine import clusters
+from broker.engine.parts import Parts, jsonable
+from broker.engine.shares import EPSILON
+from broker.model import ACTIVE_STATES, ClusterState, JobState
+from broker.service.timepolicy import queue_of
+from broker.store.tables import AllocationRow, ClusterRow, JobEventRow, JobRow
+
+# The preemption policies whose victims are only gangs of strictly lower priority.
+LOWER_PRIORITY_ONLY = (None, "checkpoint_aware")
+
+
+@dataclass(frozen=True, slots=True)
+class Shape:
+    """What a queued job needs, from its spec (which never changes): per accelerator, GPUs per node."""
+
+    per_node: dict[str, int]  # accelerator, lowercased -> the fewest GPUs per node of that choice
+    queue: str
+    gang: Hashable  # all the spec says of where its gang may go: jobs alike in it fare alike in preemption
+
+    @property
+    def gpu_free(self) -> bool:
+        return not self.per_node  # a task without accelerators: GPU limits never hold it
+
+
+@dataclass(frozen=True, slots=True)
+class Queued:
+    job_id: str
+    priority: int
+    num_nodes: int
+    after_job_id: str | None
+
+
+class Shapes:
+    """Queued jobs' shapes, kept for the engine's life (a job's spec never changes)."""
+
+    def __init__(self, parts: Parts) -> None:
+        self.parts = parts
+        self._known: dict[str, Shape] = {}
+
+    def of(self, s: Session, job_ids: Iterable[str]) -> dict[str, Shape]:
+        wanted = list(job_ids)
+        missing = [j for j in wanted if j not in self._known]
+        for chunk in range(0, len(missing), 500):
+            for job in s.scalars(select(JobRow).where(JobRow.id.in_(missing[chunk:chunk + 500]))):
+                spec = self.parts.spec_of(job)
+                per_node: dict[str, int] = {}
+                for choice in spec.accelerators:
+                    name = choice.name.lower()
+                    per_node[name] = min(per_node.get(name, choice.count), choice.count)
+                gang = (tuple((a.name.lower(), a.count, a.fraction) for a in spec.accelerators),
+                        spec.allowed_regions, spec.broker.topology)
+                self._known[job.id] = Shape(per_node, queue_of(job.spec), gang)
+        return {j: self._known[j] for j in wanted if j in self._known}
+
+    def forget(self, keep: set[str]) -> None:
+        for job_id in [j for j in self._known if j not in keep]:
+            del self._known[job_id]
+
+
+class QueueView:
+    """One pass's reading of the queue and of the capacity it waits for."""
+
+    def __init__(self, parts: Parts, shapes: Shapes) -> None:
+        self.parts = parts
+        options = parts.options
+        with parts.store.transaction() as s:
+            self.queued = {row.job_id: row for row in (
+                Queued(i, p, n, a) for i, p, n, a in s.execute(
+                    select(JobRow.id, JobRow.priority, JobRow.num_nodes, JobRow.after_job_id)
+                    .where(JobRow.state == JobState.PENDING.value)))}
+            shapes.forget(set(self.queued))
+            self.shapes = shapes.of(s, self.queued)
+            self.before = self._stages_before(s)
+            self.free = self._free_gpus(s)
+            self.fleet = clusters.fleet_gpus(s)
+            self.queues = self._queue_gpus(s) if options.queue_max_gpus else {}
+            self.last_wait = self._last_waits(s)
+            lowest = s.scalar(select(func.min(JobRow.priority)).where(JobRow.state == JobState.RUNNING.value))
+            self.lowest_running = lowest
+        self.may_preempt_any = options.preemption_policy not in LOWER_PRIORITY_ONLY
+        self._no_preemption: set[Hashable] = set()
+
+    def _stages_before(self, s: Session) -> dict[str, str]:
+        ids = sorted({q.after_job_id for q in self.queued.values() if q.after_job_id is not None})
+        found: dict[str, str] = {}
+        for chunk in range(0, len(ids), 500):
+            rows = s.execute(select(JobRow.id, JobRow.state).where(JobRow.id.in_(ids[chunk:chunk + 500])))
+            found.update({job_id: state for job_id, state in rows})
+        return found
+
+    def _free_gpus(self, s: Session) -> dict[str, int]:
+        """accelerator, lowercased -> the most GPUs not fully held on one cluster of it that is up."""
+        up = {row.id: row for row in s.scalars(select(ClusterRow).where(ClusterRow.state == ClusterState.UP.value))}
+        use: dict[str, dict[tuple[int, int], float]] = {cid: {} for cid in up}
+        held: set[tuple[str, str]] = set()
+        for job_id, cid, gpus, share in s.execute(
+                select(AllocationRow.job_id, AllocationRow.cluster_id, AllocationRow.gpus, AllocationRow.gpu_share)
+                .join(ClusterRow, ClusterRow.id == AllocationRow.cluster_id)
+                .where(AllocationRow.ended_at.is_(None), ClusterRow.state == ClusterState.UP.value)):
+            held.add((cid, job_id))
+            _hold(use[cid], gpus, share)
+        for job_id, target, claim, share in s.execute(
+                select(JobRow.id, JobRow.target_cluster_id, JobRow.target_gpus, JobRow.gpu_share)
+                .join(ClusterRow, ClusterRow.id == JobRow.target_cluster_id)
+                .where(JobRow.state.in_(ACTIVE_STATES), ClusterRow.state == ClusterState.UP.value)):
+            if target is not None and claim and (target, job_id) not in held:
+                _hold(use[target], claim, share)
+        free: dict[str, int] = {}
+        for cid, row in up.items():
+            taken = sum(1 for (rank, gpu), part in use[cid].items()
+                        if 0 <= rank < row.num_nodes and 0 <= gpu < row.gpus_per_node and part >= 1.0 - EPSILON)
+            name = (row.accelerator or "").lower()
+            free[name] = max(free.get(name, 0), row.num_nodes * row.gpus_per_node - taken)
+        return free
+
+    def _queue_gpus(self, s: Session) -> dict[str, int]:
+        held: dict[str, int] = {}
+        for nodes, per_node, spec in s.execute(
+                select(ClusterRow.num_nodes, ClusterRow.gpus_per_node, JobRow.spec)
+                .join(JobRow, JobRow.id == ClusterRow.job_id).where(ClusterRow.state.in_(clusters.HOLDING))):
+            queue = queue_of(spec)
+            held[queue] = held.get(queue, 0) + nodes * per_node
+        return held
+
+    def _last_waits(self, s: Session) -> dict[str, tuple[str, dict[str, object]]]:
+        """Queued job -> its last event among those that open or end a spell of waiting on a limit."""
+        kinds = (*clusters.BLOCKED, *clusters.UNBLOCKED)
+        last = (select(func.max(JobEventRow.id).label("id"))
+                .join(JobRow, JobRow.id == JobEventRow.job_id)
+                .where(JobRow.state == JobState.PENDING.value, JobEventRow.kind.in_(kinds))
+                .group_by(JobEventRow.job_id).subquery())
+        rows = s.execute(select(JobEventRow.job_id, JobEventRow.kind, JobEventRow.detail)
+                         .join(last, last.c.id == JobEventRow.id))
+        return {job_id: (kind, detail) for job_id, kind, detail in rows}
+
+    def waits(self, job_id: str) -> bool:
+        """True when the job certainly stays PENDING this pass, with nothing to write about it."""
+        queued = self.queued.get(job_id)
+        shape = self.shapes.get(job_id)
+        if queued is None or shape is None or shape.gpu_free:
+            return False
+        if queued.after_job_id is not None:
+            before = self.before.get(queued.after_job_id)
+            return before is not None and not JobState(before).terminal
+        return not self.may_place(job_id) and self._launch_refused(queued, shape) and not self.may_preempt(job_id)
+
+    def may_place(self, job_id: str) -> bool:
+        """False when no cluster that is up has room for the job's GPUs (True: the full decision tells)."""
+        queued, shape = self.queued.get(job_id), self.shapes.get(job_id)
+        if queued is None or shape is None or shape.gpu_free:
+            return True
+        return any(self.free.get(name, 0) >= queued.num_nodes * per_node for name, per_node in shape.per_node.items())
+
+    def _launch_refused(self, queued: Queued, shape: Shape) -> bool:
+        smallest = queued.num_nodes * min(shape.per_node.values())  # an offer's nodes have at least that many
+        options = self.parts.options
+        last = self.last_wait.get(queued.job_id)
+        if options.max_gpus is not None and self.fleet + smallest > options.max_gpus:
+            return last == ("fleet_full", jsonable({"max_gpus": options.max_gpus}))
+        limit = dict(options.queue_max_gpus).get(shape.queue)
+        if limit is not None and self.queues.get(shape.queue, 0) + smallest > limit:
+            return last == ("queue_full", jsonable({"queue_max_gpus": limit}))
+        return False
+
+    def may_preempt(self, job_id: str) -> bool:
+        """False when no running job has a lower priority than the job, or a job alike (same priority,
+        nodes and gang) found no gang to preempt in this view (True: the preemption policy tells)."""
+        queued = self.queued.get(job_id)
+        if queued is None or self.may_preempt_any:
+            return True
+        alike = self._alike(queued)
+        if alike is not None and alike in self._no_preemption:
+            return False
+        lowest = self.lowest_running
+        return lowest is not None and lowest < queued.priority
+
+    def no_preemption(self, job_id: str) -> None:
+        """The preemption policy found nothing to take for this job: nor will it for jobs alike, in this view."""
+        queued = self.queued.get(job_id)
+        alike = self._alike(queued) if queued is not None else None
+        if alike is not None:
+            self._no_preemption.add(alike)
+
+    def _alike(self, queued: Queued) -> Hashable | None:
+        shape = self.shapes.get(queued.job_id)
+        return (queued.priority, queued.num_nodes, shape.gang) if shape is not None else None
+
+
+def _hold(use: dict[tuple[int, int], float], gpus: dict[str, list[int]], share: float | None) -> None:
+    for rank, held in gpus.items():
+        for gpu in held:
+            key = (int(rank), int(gpu))
+            use[key] = use.get(key, 0.0) + (1.0 if share is None else share)
