@@ -98,6 +98,10 @@ def test_bad_flags_are_one_line_and_exit_2(files: tuple[Path, Path], capsys: pyt
      "row 2: memory_mib: -1 is out of range"),
     ("pods", "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec\na,1,1,0,0,\n", "requests no GPU"),
     ("pods", b"name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec\na,1,1\x00,1,500,\n", "row 2: contains a NUL"),
+    ("pods", "name,cpu_milli,memory_mib,num_gpu\na,1,1,1\n", "row 1: missing column(s) gpu_milli"),
+    ("pods", "name,cpu_milli,memory_mib,num_gpu,gpu_milli\na,1,1,1,500\nb,1,1,99999999999999999999,1000\n",
+     "row 3: num_gpu: 99999999999999999999 is out of range"),
+    ("pods", "name,cpu_milli,memory_mib,num_gpu,gpu_milli\na,1,1,1,500\nb,1,1,1\n", "row 3: expected 5 columns"),
 ])
 def test_bad_files_name_file_row_and_column(files: tuple[Path, Path], capsys: pytest.CaptureFixture[str],
                                             which: str, text: str | bytes, message: str) -> None:
@@ -125,3 +129,14 @@ def test_the_cluster_mode_still_needs_a_cluster(files: tuple[Path, Path], capsys
     pods, _ = files
     code, _, err = run(["simulate-placement", "--workload", str(pods)], capsys)
     assert code == 2 and "--cluster" in err
+
+
+def test_the_five_column_layout_of_the_multigpu_lists_replays(files: tuple[Path, Path],
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    pods, nodes = files
+    pods.write_text("name,cpu_milli,memory_mib,num_gpu,gpu_milli\n"
+                    "a,1000,1024,1,500\nb,1000,1024,2,1000\nc,500,512,0,0\nd,1000,1024,1,1000\n")
+    code, out, err = run(["simulate-placement", "--workload", str(pods), "--nodes", str(nodes), "--json"], capsys)
+    assert code == 0, err
+    report = json.loads(out)["policies"]
+    assert all(r["allocated_gpu_pct"] > 0 for r in report.values())
