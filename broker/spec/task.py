@@ -68,10 +68,8 @@ def build_task(doc: LoadedYaml, source: str, now: datetime | None, offline: bool
                 raise SpecError(f"{request.name} is not a GPU: the broker places GPUs and CPUs only "
                                 "(run TPU, Inferentia and Trainium tasks with SkyPilot directly)",
                                 field=format_path(request.path), line=doc.line_of(request.path), source=source)
-            if request.fraction is not None and int(task.get("num_nodes") or 1) > 1:
-                raise SpecError(f"a fraction of a GPU ({request.name}:{request.count:g}) is for one node; a gang of "
-                                f"{task.get('num_nodes')} nodes needs whole GPUs", field=format_path(request.path),
-                                line=doc.line_of(request.path), source=source)
+    # A fraction per node in a gang of several nodes (SkyPilot's job-queue examples: T4:0.5 on 2 nodes)
+    # is one share of one GPU on each node, all of the same type: SkyPilot judged it above.
     warnings: tuple[str, ...] = ()
     if market is not None:
         _check_market(alternatives, market, doc, source)

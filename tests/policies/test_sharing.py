@@ -236,3 +236,15 @@ def test_fgd_keeps_the_only_t4s_for_the_tasks_that_need_a_t4(seed: int) -> None:
     alone = registry.get("sharing", "fgd")(SharingRequest(any_one, WorkloadMix((four, any_one), (0.3, 0.1)), seed),
                                            SharingCluster.of([t4, g2]))
     assert alone is not None and alone.node == 0
+
+
+@pytest.mark.parametrize("name", POLICIES)
+def test_every_policy_keeps_off_the_nodes_a_request_avoids(name: str) -> None:
+    # A gang of fractions takes one share per node: the nodes its other shares hold are avoided.
+    cluster = two_t4().with_placement(HALF, SharingPlacement(0, (0,), 500))
+    for seed in range(5):
+        placed = registry.get("sharing", name)(SharingRequest(HALF, WorkloadMix.of({HALF: 1}), seed,
+                                                              avoid_nodes=frozenset({0})), cluster)
+        assert placed is not None and placed.node == 1
+    assert registry.get("sharing", name)(SharingRequest(HALF, WorkloadMix.of({HALF: 1}), 0,
+                                                        avoid_nodes=frozenset({0, 1, 7})), cluster) is None

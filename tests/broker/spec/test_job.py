@@ -229,8 +229,6 @@ BAD_FILES: list[tuple[str, str, str | None, int | None, list[str]]] = [
      ["Cannot specify both `infra` and"]),
     ("fraction over one GPU", "run: x\nresources:\n  accelerators: V100:1.5\n", "resources.accelerators", 3,
      ["fraction below 1", "'1.5'"]),
-    ("gang of fractions", "run: x\nnum_nodes: 2\nresources:\n  accelerators: V100:0.5\n",
-     "resources.accelerators", 4, ["a gang of 2 nodes needs whole GPUs"]),
     ("top level is a list", "- run: x\n", None, 1, ["expected a mapping"]),
     ("empty file", "", None, None, ["expected a mapping", "empty file"]),
 ]
@@ -329,6 +327,13 @@ def test_a_dropped_choice_with_a_hostile_name_is_one_escaped_clipped_line() -> N
     [warning] = spec.warnings
     assert "\x1b" not in warning and "\n" not in warning and len(warning) <= 520
     assert spec.accelerators == (AcceleratorChoice("L4", 1),)
+
+
+def test_a_fraction_per_node_in_a_gang_is_accepted_as_skypilot_does() -> None:
+    # SkyPilot's job-queue examples: half a T4 on each of two nodes.
+    spec = parse("run: x\nnum_nodes: 2\nresources:\n  accelerators: T4:0.5\n")
+    assert (spec.num_nodes, spec.gpu_fraction, spec.accelerators) == (2, 0.5, (AcceleratorChoice("T4", 1, 0.5),))
+    assert refused("run: x\nnum_nodes: 2\nresources:\n  accelerators: T4:1.5\n").field == "resources.accelerators"
 
 
 def test_broker_clouds_narrow_where_an_accelerator_must_exist() -> None:
