@@ -194,3 +194,19 @@ def test_the_alibaba_trace_fgd_beats_best_fit_early_on(shared_traces: Path) -> N
         r = replay(head, nodes, name, registry.get("sharing", name), seed=42)
         assert r.failed_tasks == 0
         assert 0 < r.allocated_gpu_pct < 100
+
+
+@pytest.mark.traces
+def test_every_published_pod_list_reads(shared_traces: Path) -> None:
+    folder = shared_traces / "alibaba-openb"
+    nodes = read_nodes(folder / "openb_node_list_gpu_node.csv")
+    lists = sorted(folder.glob("openb_pod_list_*.csv"))
+    assert len(lists) >= 12
+    for path in lists:
+        pods = read_pods(path, nodes)
+        assert 8000 <= len(pods) <= 10_000, path.name
+        typed = sum(1 for p in pods if p.shape.gpu_types)
+        if "gpuspec" in path.name:
+            assert typed > 0, path.name
+        else:
+            assert typed == 0, path.name
