@@ -49,6 +49,12 @@ def _mix_arrays(mix: WorkloadMix) -> _MixArrays:
                       any(s.gpu_types for s in shapes))
 
 
+# How steeply a bound shape's weight grows as the GPUs it can use get scarce: 1 is its demand over its
+# share of the free GPU; 1.5 also protects a scarce model before it runs low, which the linear weight
+# did too late on some seeds (benchmarks/README.md, "GPU sharing").
+SCARCITY_POWER = 1.5
+
+
 @lru_cache(maxsize=16)
 def _accepts(arrays: _MixArrays, models: tuple[str, ...]) -> Any:
     """``models x shapes``: a shape can use a GPU of that model."""
@@ -64,8 +70,8 @@ def _allowed(cluster: SharingCluster, arrays: _MixArrays, nodes: Any) -> Any:
 
 
 def _weights(cluster: SharingCluster, arrays: _MixArrays) -> Any:
-    """Each shape's weight on the GPUs it can use: its share of the expected demand, divided by the share
-    of the cluster's free GPU that is of a model it accepts.
+    """Each shape's weight on the GPUs it can use: its share of the expected demand, times (the cluster's
+    free GPU over the free GPU of the models it accepts) ** SCARCITY_POWER.
 
     Without GPU-type constraints every shape can use every GPU and this is the mix's weight. A shape
     bound to T4, a tenth of the demand while T4s are a seventh of the free GPUs, is most of what a
@@ -80,7 +86,7 @@ def _weights(cluster: SharingCluster, arrays: _MixArrays) -> Any:
     free = np.clip(cluster.gpu_left, 0, None).sum(axis=1)
     per_model = np.bincount(cluster.model_of, weights=free, minlength=len(cluster.models))
     usable = per_model @ _accepts(arrays, cluster.models)
-    return arrays.weights * max(float(per_model.sum()), MILLI) / np.maximum(usable, MILLI)
+    return arrays.weights * (max(float(per_model.sum()), MILLI) / np.maximum(usable, MILLI)) ** SCARCITY_POWER
 
 
 def _frag(arrays: _MixArrays, allowed: Any, cpu: Any, mem: Any, fit: Any, short: Any, total: Any) -> Any:

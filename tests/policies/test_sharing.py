@@ -216,8 +216,8 @@ def test_fgd_keeps_the_only_t4s_for_the_tasks_that_need_a_t4(seed: int) -> None:
     # arrives. Weighed against the whole cluster, the T4 tasks' 0.6 is less than what taking a G2
     # GPU costs the 4-GPU tasks (growth G2: 3000 x 0.3 - 1000 x 0.6 = 300 > T4: -1000 x 0.3), so the
     # task would take a T4 and one of the next two T4 tasks would find none. Weighed on the GPUs they
-    # can use (T4s are a third of the free GPUs: 0.6 x 3 = 1.8), the T4 is worth more: the task goes to
-    # the G2 (growth 900 - 1800 < -300) and both T4 tasks fit.
+    # can use (T4s are a third of the free GPUs: 0.6 x 3 ** 1.5 = 3.1), the T4 is worth more: the task
+    # goes to the G2 (growth 900 - 3100 < -300) and both T4 tasks fit.
     t4, g2 = SharingNode("t4", 16000, 65536, 2, "T4"), SharingNode("g2", 16000, 65536, 4, "G2")
     cluster = SharingCluster.of([t4, g2])
     four = TaskShape.of(gpus=4)
