@@ -1,14 +1,17 @@
-"""GPU-sharing benchmark: FGD's inflation experiment on the Alibaba trace under every sharing policy,
-next to the FGD paper's published figures for the same trace, and the decision time on the full
-1,213-node cluster.
+"""GPU-sharing benchmark: FGD's inflation experiment on every published Alibaba pod list under every
+sharing policy, next to the FGD paper's published figures where it gives them, and the decision time
+on the full 1,213-node cluster.
 
-    python benchmarks/sharing.py [--traces DIR] [--seeds 42[,43,...]] [--until 1.3] [--plot FILE.png]
+    python benchmarks/sharing.py [--traces DIR] [--lists all|default,gpuspec25,...] [--seeds 42[,43,...]]
+                                 [--until 1.3] [--plot FILE.png]
 
-The pod list (``openb_pod_list_default``) is inflated to 1.3 x the cluster's GPU capacity with the
-seed, shuffled, and placed task by task; none departs (``broker.sim.sharing``). With several seeds
-each figure is the median over them. The paper's figures are the medians over seeds 42-51 of the
-authors' published per-seed results for this pod list (their simulator's
-``analysis_allo_discrete.csv``, 1.3 inflation), read at 100 % arrived workload.
+Each pod list (``openb_pod_list_<name>.csv``: the production mix ``default`` and the paper's
+variants ``gpushare*``, ``gpuspec*``, ``multigpu*``, whatever of them the folder holds) is inflated
+to 1.3 x the cluster's GPU capacity with the seed, shuffled, and placed task by task; none departs
+(``broker.sim.sharing``). The table is the share of GPU capacity left unallocated when 100 % of it
+has arrived; with several seeds each figure is the median over them. The paper's figure for the
+default list is the median over seeds 42-51 of the authors' published per-seed results (their
+simulator's ``analysis_allo_discrete.csv``, 1.3 inflation), read at 100 % arrived workload.
 """
 
 from __future__ import annotations
@@ -26,70 +29,83 @@ from policies import kinds
 
 DEFAULT_TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
 # Unallocated GPU % at 100 % arrived workload, default pod list, median of the authors' 10 seeds.
-PAPER_AT_100 = {"fgd": 4.8, "best_fit": 7.1, "gpu_packing": 8.2, "gpu_clustering": 8.5, "dot_product": 9.4,
-                "random": 13.5}
-MARKS = (80, 90, 100, 110, 120, 130)
+PAPER_AT_100 = {"default": {"fgd": 4.8, "best_fit": 7.1, "gpu_packing": 8.2, "gpu_clustering": 8.5,
+                            "dot_product": 9.4, "random": 13.5}}
+FAMILY_ORDER = ("default", "gpushare", "gpuspec", "multigpu")
 
 
-def median_result(runs: list[SharingResult]) -> dict[str, float]:
-    out = {f"@{m}": statistics.median(r.at(m) or 0.0 for r in runs) for m in MARKS}
-    out["failed"] = statistics.median(r.failed_tasks for r in runs)
-    out["ms"] = statistics.median(r.decision_ms_p50 for r in runs)
-    return out
+def list_names(folder: Path, wanted: str) -> list[str]:
+    found = sorted(p.name.removeprefix("openb_pod_list_").removesuffix(".csv")
+                   for p in folder.glob("openb_pod_list_*.csv"))
+    if wanted != "all":
+        names = [n.strip() for n in wanted.split(",") if n.strip()]
+        missing = [n for n in names if n not in found]
+        if missing:
+            raise SystemExit(f"--lists: no openb_pod_list_{missing[0]}.csv in {folder}; there are {', '.join(found)}")
+        return names
+    return sorted(found, key=lambda n: (next((i for i, f in enumerate(FAMILY_ORDER) if n.startswith(f)),
+                                             len(FAMILY_ORDER)), n))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--traces", type=Path, default=DEFAULT_TRACES)
+    parser.add_argument("--lists", default="all")
     parser.add_argument("--seeds", default="42")
     parser.add_argument("--until", type=float, default=1.3)
-    parser.add_argument("--plot", type=Path)
+    parser.add_argument("--plot", type=Path, help="the curves of the first list and seed")
     args = parser.parse_args()
     folder = args.traces / "alibaba-openb"
     nodes = read_nodes(folder / "openb_node_list_gpu_node.csv")
-    pods = read_pods(folder / "openb_pod_list_default.csv", nodes)
     capacity = 1000 * sum(n.gpus for n in nodes)
     seeds = [int(s) for s in args.seeds.split(",")]
+    lists = list_names(folder, args.lists)
     default = kinds.sharing.default_name() or "fgd"
     names = sorted(kinds.sharing.names(), key=lambda n: (n != default, n))
-    print(f"{len(nodes)} nodes, {capacity // 1000} GPUs; {len(pods)} pods inflated to {args.until:g} x GPU "
-          f"capacity; seed(s) {', '.join(map(str, seeds))}")
-    runs: dict[str, list[SharingResult]] = {n: [] for n in names}
+    print(f"{len(nodes)} nodes, {capacity // 1000} GPUs; pod lists inflated to {args.until:g} x GPU capacity; "
+          f"seed(s) {', '.join(map(str, seeds))}; lists: {', '.join(lists)}")
+    at100: dict[str, dict[str, float]] = {}
+    ms: dict[str, float] = {}
+    first: list[SharingResult] = []
     started = time.perf_counter()
-    for seed in seeds:
-        tasks = inflate(pods, capacity, args.until, seed)
-        for name in names:
-            t0 = time.perf_counter()
-            runs[name].append(replay(tasks, nodes, name, kinds.sharing.get(name), seed=seed, until=args.until))
-            print(f"  seed {seed} {name}: {len(tasks)} tasks in {time.perf_counter() - t0:.0f} s", flush=True)
-    med = {n: median_result(r) for n, r in runs.items()}
-    print(f"\nunallocated GPU % of capacity when N % of it has arrived (ours), the paper's at 100 %; "
-          f"({time.perf_counter() - started:.0f} s)")
-    print(f"{'policy':15}" + "".join(f"{'@' + str(m) + '%':>8}" for m in MARKS)
-          + f"{'paper@100':>11}{'failed':>8}{'ms p50':>8}")
-    for n in names:
-        m = med[n]
-        paper = PAPER_AT_100.get(n)
-        print(f"{n:15}" + "".join(f"{m[f'@{k}']:8.2f}" for k in MARKS)
-              + f"{(f'{paper:.1f}' if paper is not None else '-'):>11}{m['failed']:8.0f}{m['ms']:8.3f}")
-    ours = med[default]["@100"]
-    print(f"\nat 100 % arrived, {default} leaves {ours:.2f} % of GPU capacity unallocated "
-          f"({ours * capacity / 100_000:.0f} GPUs); against each baseline:")
+    for pod_list in lists:
+        pods = read_pods(folder / f"openb_pod_list_{pod_list}.csv", nodes)
+        runs: dict[str, list[SharingResult]] = {n: [] for n in names}
+        t0 = time.perf_counter()
+        for seed in seeds:
+            tasks = inflate(pods, capacity, args.until, seed)
+            for name in names:
+                result = replay(tasks, nodes, name, kinds.sharing.get(name), seed=seed, until=args.until)
+                runs[name].append(result)
+                if pod_list == lists[0] and seed == seeds[0]:
+                    first.append(result)
+        at100[pod_list] = {n: statistics.median(r.at(100) or 0.0 for r in rs) for n, rs in runs.items()}
+        ms[pod_list] = statistics.median(r.decision_ms_p50 for r in runs[default])
+        row = "  ".join(f"{n} {v:.2f}" for n, v in at100[pod_list].items())
+        print(f"  {pod_list} ({len(pods)} pods, {time.perf_counter() - t0:.0f} s): {row}", flush=True)
+    print(f"\nunallocated GPU % of capacity at 100 % arrived (ours; the paper's in brackets where it gives "
+          f"one); {time.perf_counter() - started:.0f} s")
+    width = max(9, *(len(n) + 1 for n in lists))
+    print(f"{'policy':15}" + "".join(f"{n:>{width}}" for n in lists))
+    for name in names:
+        cells = []
+        for pod_list in lists:
+            paper = PAPER_AT_100.get(pod_list, {}).get(name)
+            cell = f"{at100[pod_list][name]:.2f}" + (f" ({paper:.1f})" if paper is not None else "")
+            cells.append(f"{cell:>{width}}")
+        print(f"{name:15}" + "".join(cells))
+    print(f"\n{default} against the best baseline on each list (points, GPUs), and its median decision time:")
     beaten = True
-    for n in names[1:]:
-        theirs = med[n]["@100"]
+    for pod_list in lists:
+        ours = at100[pod_list][default]
+        best = min((n for n in names if n != default), key=lambda n: at100[pod_list][n])
+        theirs = at100[pod_list][best]
         beaten &= ours < theirs
-        gpus = (theirs - ours) * capacity / 100_000
-        print(f"  {n:15} {theirs:6.2f} %  -> {theirs - ours:+.2f} points, {gpus:+.0f} GPUs, "
-              f"{100 * (theirs - ours) / theirs:.0f} % fewer unallocated")
-    paper = PAPER_AT_100[default]
-    print(f"paper: FGD {paper:.1f} %, best baseline (best_fit) {PAPER_AT_100['best_fit']:.1f} %; "
-          f"ours vs the paper's FGD: {ours - paper:+.2f} points")
-    print(f"median decision time of {default} on the full {len(nodes)}-node cluster: {med[default]['ms']:.3f} ms "
-          f"(best_fit: {med['best_fit']['ms']:.3f} ms)")
-    print("default beats every baseline at 100 %: " + ("yes" if beaten else "NO"))
-    if args.plot:
-        plot([runs[n][0] for n in names], args.plot, f"Alibaba openb default, seed {seeds[0]}")
+        print(f"  {pod_list:12} {ours:6.2f} % vs {best} {theirs:6.2f} %: {theirs - ours:+.2f} points, "
+              f"{(theirs - ours) * capacity / 100_000:+.0f} GPUs; {ms[pod_list]:.3f} ms")
+    print(f"default ({default}) leaves the fewest GPUs unallocated on every list: " + ("yes" if beaten else "NO"))
+    if args.plot and first:
+        plot(first, args.plot, f"Alibaba openb {lists[0]}, seed {seeds[0]}")
         print(f"plot: {args.plot}")
 
 

@@ -6,6 +6,8 @@ use: all of it when the shape does not fit the node at all (CPU, memory, GPU mod
 with enough share), otherwise the share left on GPUs with less than the shape asks. The expected
 fragmentation weighs the shapes seen so far (``WorkloadMix``; the replay weighs them by the GPU
 share they brought); the task goes to the node and GPU whose expected fragmentation grows least.
+A shape bound to some GPU models weighs, on every node, its share of the demand over the share of
+the free GPU it can use (``_weights``): what the expected workload can use is counted by model.
 Among placements that leave it alike, the tightest node (least CPU, memory and GPU share left)
 wins, and on it the GPU left with the least share.
 """
@@ -54,13 +56,44 @@ def _mix_arrays(mix: WorkloadMix) -> _MixArrays:
                       any(s.gpu_types for s in shapes))
 
 
+# How steeply a bound shape's weight grows as the GPUs it can use get scarce: 1 is its demand over its
+# share of the free GPU; 1.5 also protects a scarce model before it runs low, which the linear weight
+# did too late on some seeds (benchmarks/README.md, "GPU sharing").
+SCARCITY_POWER = 1.5
+
+
+@lru_cache(maxsize=16)
+def _accepts(arrays: _MixArrays, models: tuple[str, ...]) -> Any:
+    """``models x shapes``: a shape can use a GPU of that model."""
+    import numpy as np
+
+    return np.array([[not s.gpu_types or m in s.gpu_types for s in arrays.shapes] for m in models], dtype=bool)
+
+
 def _allowed(cluster: SharingCluster, arrays: _MixArrays, nodes: Any) -> Any:
+    if not arrays.typed:
+        return True
+    return _accepts(arrays, cluster.models)[cluster.model_of[nodes]]
+
+
+def _weights(cluster: SharingCluster, arrays: _MixArrays) -> Any:
+    """Each shape's weight on the GPUs it can use: its share of the expected demand, times (the cluster's
+    free GPU over the free GPU of the models it accepts) ** SCARCITY_POWER.
+
+    Without GPU-type constraints every shape can use every GPU and this is the mix's weight. A shape
+    bound to T4, a tenth of the demand while T4s are a seventh of the free GPUs, is most of what a
+    T4 node is expected to host; weighed by its share of the whole cluster instead, the T4 nodes
+    look as free for any task as the rest, and unconstrained tasks fill them first (the 2-GPU T4
+    nodes are the tightest) until the T4-bound tasks find none.
+    """
     import numpy as np
 
     if not arrays.typed:
-        return True
-    per_model = np.array([[not s.gpu_types or m in s.gpu_types for s in arrays.shapes] for m in cluster.models])
-    return per_model[cluster.model_of[nodes]]
+        return arrays.weights
+    free = np.clip(cluster.gpu_left, 0, None).sum(axis=1)
+    per_model = np.bincount(cluster.model_of, weights=free, minlength=len(cluster.models))
+    usable = per_model @ _accepts(arrays, cluster.models)
+    return arrays.weights * (max(float(per_model.sum()), MILLI) / np.maximum(usable, MILLI)) ** SCARCITY_POWER
 
 
 def _frag(arrays: _MixArrays, allowed: Any, cpu: Any, mem: Any, fit: Any, short: Any, total: Any) -> Any:
@@ -90,7 +123,7 @@ def expected_fragmentation(cluster: SharingCluster, mix: WorkloadMix) -> Any:
     total = np.clip(cluster.gpu_left, 0, None).sum(axis=1)
     frag = _frag(arrays, _allowed(cluster, arrays, nodes), cluster.cpu_left, cluster.mem_left,
                  cluster.fit_count[:, cols], cluster.short_milli[:, cols], total)
-    return frag @ arrays.weights
+    return frag @ _weights(cluster, arrays)
 
 
 @SHARING_POLICIES.register("fgd", default=True)
@@ -145,7 +178,7 @@ def fgd(request: SharingRequest, cluster: SharingCluster) -> SharingPlacement | 
         fit_a, short_a = fit_b, short_b
     frag_a = _frag(arrays, allowed, cpu_b - task.cpu_milli, mem_b - task.memory_mib, fit_a, short_a,
                    total_b - task.total_gpu_milli)
-    growth = (frag_a - frag_b) @ arrays.weights
+    growth = (frag_a - frag_b) @ _weights(cluster, arrays)
     # Many placements leave the expected fragmentation alike (a whole GPU taken from a node with
     # several free). Among those, pack: the node left with the least CPU, memory and GPU share, so
     # load is not scattered over the cluster the way a random tie-break would scatter it, and on

@@ -112,6 +112,9 @@ def candidates(request: SharingRequest, cluster: SharingCluster) -> Candidates |
     import numpy as np
 
     ok, fits = feasible(request.task, cluster)
+    if request.avoid_nodes:
+        ok = ok.copy()
+        ok[[n for n in request.avoid_nodes if 0 <= n < len(ok)]] = False
     nodes = np.flatnonzero(ok)
     if not len(nodes):
         return None

@@ -132,10 +132,13 @@ class WorkloadMix:
 
 @dataclass(frozen=True, slots=True)
 class SharingRequest:
+    """``avoid_nodes``: node indices the task may not take (the nodes a gang's other shares hold)."""
+
     task: TaskShape
     mix: WorkloadMix = WorkloadMix()
     seed: int = 0
     task_id: str = ""
+    avoid_nodes: frozenset[int] = frozenset()
 
 
 @dataclass(frozen=True, slots=True)

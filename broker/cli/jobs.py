@@ -97,6 +97,7 @@ def launch(
         raise UsageError("--dryrun: only with --backend skypilot (the local backend has nothing to dry-run)")
     # On SkyPilot the job is judged by what the clouds quote first (any instance type they sell).
     loaded = _read_sky_job(job_file, settings) if settings.backend == "skypilot" else load_job_file(job_file)
+    _warn(loaded)
     if isinstance(loaded, Pipeline):
         if dryrun:
             raise UsageError(f"--dryrun: {job_file} is a {len(loaded.stages)}-stage {loaded.kind}; dry-run "
@@ -128,6 +129,18 @@ def launch(
     finally:
         broker.close()
     finish(summary, as_json)
+
+
+def _warn(loaded: JobSpec | Pipeline) -> None:
+    """What validation let pass but changed (accelerator choices no cloud sells), one line each on stderr."""
+    from rich.markup import escape
+
+    from broker.cli.app import err_console
+    from broker.spec.job import Pipeline
+
+    for spec in loaded.stages if isinstance(loaded, Pipeline) else (loaded,):
+        for line in spec.warnings:
+            err_console.print(f"warning: {escape(line)}", soft_wrap=True, highlight=False)
 
 
 def _launch_pipeline(settings: Settings, pipeline: Pipeline, fresh_market: bool, detach: bool, as_json: bool,

@@ -33,8 +33,8 @@ def parse_cluster(text: str) -> tuple[int, str]:
 
 WorkloadOption = Annotated[Path, typer.Option("--workload", help="job trace CSV: job_id,num_gpus,submit_time,"
                                                                    "duration,model; with --nodes, a pod list "
-                                                                   "(name,cpu_milli,memory_mib,num_gpu,gpu_milli,"
-                                                                   "gpu_spec)")]
+                                                                   "(name,cpu_milli,memory_mib,num_gpu,gpu_milli"
+                                                                   "[,gpu_spec])")]
 ClusterOption = Annotated[str | None, typer.Option("--cluster", help="fixed cluster, NODESxINSTANCE_TYPE, "
                                                                      "e.g. 8xp3.16xlarge")]
 NodesOption = Annotated[Path | None, typer.Option("--nodes", help="GPU-sharing replay: node list CSV "

@@ -155,14 +155,21 @@ def _mix(parts: Parts, s: Session, row: ClusterRow, held: Iterable[Holding], tas
 
 
 def place_fraction(parts: Parts, s: Session, row: ClusterRow, job: JobRow, share: float) -> GangPlacement | None:
-    """One GPU of one node of ``row`` with ``share`` left for the job, as the sharing policy picks it."""
+    """One GPU with ``share`` left on each of the job's nodes (distinct nodes of ``row``, so all of one
+    GPU type), as the sharing policy picks them one node after another; None unless all fit."""
     spec = parts.spec_of(job)
     held = [h for h in holdings(s, row.id) if h.job_id != job.id]
     cluster = sharing_cluster(parts, s, row, held)
     task = task_shape(spec, share, 1, row.accelerator)
+    mix = _mix(parts, s, row, held, task)
     policy = parts.policies.sharing
-    choice = policy(SharingRequest(task, _mix(parts, s, row, held, task), seed=zlib.crc32(job.id.encode()),
-                                   task_id=job.id), cluster)
-    if choice is None:
-        return None
-    return GangPlacement(row.id, ((choice.node, choice.gpus),))
+    taken: dict[int, tuple[int, ...]] = {}
+    for part in range(max(1, spec.num_nodes)):
+        choice = policy(SharingRequest(task, mix, seed=zlib.crc32(f"{job.id}/{part}".encode()) if part
+                                       else zlib.crc32(job.id.encode()), task_id=job.id,
+                                       avoid_nodes=frozenset(taken)), cluster)
+        if choice is None:
+            return None
+        taken[choice.node] = choice.gpus
+        cluster = cluster.with_placement(task, choice)
+    return GangPlacement(row.id, tuple(sorted(taken.items())))

@@ -1,7 +1,10 @@
 """FGD's inflation experiment on an Alibaba GPU-sharing trace (cluster-trace-gpu-v2023 columns).
 
 Inputs are the published node list (``sn,cpu_milli,memory_mib,gpu,model``) and pod list
-(``name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,...``; other columns are ignored).
+(``name,cpu_milli,memory_mib,num_gpu,gpu_milli`` and, optionally, ``gpu_spec``; other columns are
+ignored). Every published layout reads: the ``multigpu*`` lists have only the five required
+columns, and a missing ``gpu_spec`` means what an empty one means in the paper's simulator: any GPU
+model.
 
 The workload is inflated as the paper's simulator does: every pod of the list, plus pods drawn
 from it at random with replacement until the GPU they request would pass ``until`` times the
@@ -37,9 +40,11 @@ from policies.sharing import (
 )
 
 NODE_COLUMNS = ("sn", "cpu_milli", "memory_mib", "gpu", "model")
-POD_COLUMNS = ("name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli", "gpu_spec")
+POD_COLUMNS = ("name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli")
+POD_OPTIONAL_COLUMNS = ("gpu_spec",)  # absent: every pod takes any GPU model
 MAX_FILE_BYTES = 64 * 1024 * 1024
 MAX_ROWS = 1_000_000
+MAX_POD_ROWS = 200_000  # the published lists have about 9,000; a replay never has more tasks than this
 MAX_NODES = 100_000
 # Bounds that keep every figure meaningful: a node of up to 4,096 cores, 64 TiB and 64 GPUs.
 MAX_CPU_MILLI = 4_096_000
@@ -60,8 +65,8 @@ class Pod:
     shape: TaskShape
 
 
-def _rows(path: Path, columns: tuple[str, ...], what: str,
-          max_rows: int | None = None) -> Iterator[tuple[int, dict[str, str]]]:
+def _rows(path: Path, columns: tuple[str, ...], what: str, max_rows: int | None = None,
+          optional: tuple[str, ...] = ()) -> Iterator[tuple[int, dict[str, str]]]:
     limit = MAX_ROWS if max_rows is None else max_rows
     try:
         size = path.stat().st_size
@@ -86,13 +91,14 @@ def _rows(path: Path, columns: tuple[str, ...], what: str,
     missing = [c for c in columns if c not in header]
     if missing:
         raise ClusterTraceError(f"{path}: row 1: missing column(s) {', '.join(missing)}; a {what} has "
-                         f"{','.join(columns)}")
+                         f"{','.join(columns)}" + (f" (and optionally {','.join(optional)})" if optional else ""))
+    present = (*columns, *(c for c in optional if c in header))
     row = 1
     try:
         for row, rec in enumerate(reader, start=2):
             if row > limit + 1:
                 raise ClusterTraceError(f"{path}: row {row}: more than {limit} rows")
-            if None in rec or any(rec.get(c) is None for c in columns):
+            if None in rec or any(rec.get(c) is None for c in present):
                 raise ClusterTraceError(f"{path}: row {row}: expected {len(header)} columns")
             yield row, rec
     except csv.Error as exc:
@@ -154,7 +160,8 @@ def read_pods(path: Path, nodes: list[SharingNode]) -> list[Pod]:
     """The pod list; ClusterTraceError naming the first bad cell, or a GPU type no node has."""
     models = {n.gpu_model for n in nodes if n.gpus}
     pods: list[Pod] = []
-    for row, rec in _rows(path, POD_COLUMNS, "pod list"):
+    limit = min(MAX_ROWS, MAX_POD_ROWS)
+    for row, rec in _rows(path, POD_COLUMNS, "pod list", limit, POD_OPTIONAL_COLUMNS):
         name = _name(path, row, "name", rec["name"])
         cpu = _int(path, row, "cpu_milli", rec["cpu_milli"], 0, MAX_CPU_MILLI)
         mem = _int(path, row, "memory_mib", rec["memory_mib"], 0, MAX_MEMORY_MIB)
@@ -167,8 +174,9 @@ def read_pods(path: Path, nodes: list[SharingNode]) -> list[Pod]:
         if gpus > 1 and milli != MILLI:
             raise ClusterTraceError(f"{path}: row {row}: gpu_milli: a share of {milli} is for one GPU only, "
                              f"not {gpus}")
-        spec = rec["gpu_spec"].strip()
-        types = tuple(t.strip() for t in spec.split("|") if t.strip()) if spec else ()
+        spec = (rec.get("gpu_spec") or "").strip()
+        # "V100M16|V100M32|V100M32" as published: a set of models, so equal sets make one task shape.
+        types = tuple(sorted({t.strip() for t in spec.split("|") if t.strip()})) if spec else ()
         for t in types:
             if t not in models:
                 raise ClusterTraceError(f"{path}: row {row}: gpu_spec: no node has GPU type {t[:40]!r}; "
@@ -195,9 +203,15 @@ def inflate(pods: list[Pod], capacity_milli: int, until: float, seed: int) -> li
                                 f"tasks from this pod list, more than the {MAX_INFLATED_TASKS} a replay may have; "
                                 f"lower --until or use a smaller node list")
     if total > target:
-        while total > target and tasks:
-            i = int(rng.integers(len(tasks)))
-            total -= tasks.pop(i).shape.total_gpu_milli
+        # Removing pods one at a time at random is removing them in a random order: one pass, not a
+        # list.pop per pod, so a long list is thinned in linear time.
+        drop: set[int] = set()
+        for i in rng.permutation(len(tasks)):
+            if total <= target:
+                break
+            drop.add(int(i))
+            total -= tasks[int(i)].shape.total_gpu_milli
+        tasks = [t for i, t in enumerate(tasks) if i not in drop]
     else:
         n = 0
         while True:

@@ -20,8 +20,8 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from broker.spec.errors import SpecError
-from broker.spec.resources import ResourceAlternative
+from broker.spec.errors import MAX_MESSAGE_CHARS, SpecError
+from broker.spec.resources import AcceleratorRequest, ResourceAlternative
 from broker.spec.yaml_lines import LoadedYaml, Path, format_path
 from providers.base import PUBLIC_CLOUDS
 
@@ -52,9 +52,27 @@ class _Queries:
     region_zones: set[tuple[str | None, str | None]] = field(default_factory=set)
 
 
+@dataclass(frozen=True)
+class DroppedChoice:
+    """An accelerator choice no candidate cloud sells, left out of a job that has other choices."""
+
+    request: AcceleratorRequest
+    error: SpecError  # the refusal, when no choice is left
+    reason: str  # why it is dropped, in a few words
+
+    def warning(self, keeps: str) -> str:
+        where = (self.error.source or "job file") + (f":{self.error.line}" if self.error.line is not None else "")
+        text = (f"{where}: {self.error.field}: {self.request.name!r} dropped from the accelerator choices: "
+                f"{self.reason}; the job keeps {keeps}")
+        text = "".join(c if c.isprintable() else ascii(c)[1:-1] for c in text)  # a name may hold anything
+        return text if len(text) <= MAX_MESSAGE_CHARS else text[:MAX_MESSAGE_CHARS - 3] + "..."
+
+
 def check_catalog(alternatives: list[ResourceAlternative], allowed_clouds: tuple[str, ...], doc: LoadedYaml,
-                  source: str, *, offline: bool = False, timeout: float = CATALOG_TIMEOUT_SECONDS) -> None:
-    """Raise ``SpecError`` on the first name no candidate cloud's catalog knows.
+                  source: str, *, offline: bool = False,
+                  timeout: float = CATALOG_TIMEOUT_SECONDS) -> list[DroppedChoice]:
+    """The accelerator choices to drop; ``SpecError`` when no choice is left, or on a name no
+    catalog knows that is not an accelerator choice (an instance type, a region).
 
     ``allowed_clouds`` are the ``broker.clouds`` (empty: any); they narrow where an alternative
     without its own cloud may run. ``offline`` skips SkyPilot's catalog altogether.
@@ -69,23 +87,30 @@ def check_catalog(alternatives: list[ResourceAlternative], allowed_clouds: tuple
             if alt.cloud and (alt.region or alt.zone):
                 q.region_zones.add((alt.region, alt.zone))
     if not queries:
-        return
+        return []
     if offline:
         facts = _builtin_facts(queries, "offline validation")
     elif allowed_clouds and set(allowed_clouds) == {"local"}:
         facts = _builtin_facts(queries, "the job may only run on the local backend")
     else:
         facts = _skypilot_facts(queries, timeout)
-    # A count no node offers rules out that choice only: like SkyPilot, the job stands while one of its
-    # alternatives can be bought. Unknown names are refused at once (a typo, not a choice).
+    # A count no node offers rules out that choice only, and an accelerator the clouds do not sell
+    # (L40 in {L4, L40, A10G}: sold on Kubernetes and neoclouds) is dropped from the choices: like
+    # SkyPilot, the job stands while one of its choices can be bought. With none left, the first
+    # unknown name is the refusal (most likely a typo), else the first count no node offers.
+    unknown: list[DroppedChoice] = []
     unavailable: list[SpecError] = []
     choices = 0
     for alt in alternatives:
-        problems = _check_alternative(alt, [facts[c] for c in _clouds_for(alt, candidates)], doc, source)
+        not_sold, problems = _check_alternative(alt, [facts[c] for c in _clouds_for(alt, candidates)], doc, source)
+        unknown += not_sold
         unavailable += problems
         choices += max(1, len(alt.accelerators))
-    if unavailable and len(unavailable) >= choices:
+    if unknown and len(unknown) + len(unavailable) >= choices:
+        raise unknown[0].error
+    if unavailable and len(unknown) + len(unavailable) >= choices:
         raise unavailable[0]
+    return unknown
 
 
 def _candidate_clouds(allowed: tuple[str, ...]) -> tuple[str, ...]:
@@ -101,10 +126,12 @@ def _clouds_for(alt: ResourceAlternative, candidates: tuple[str, ...]) -> tuple[
 
 
 def _check_alternative(alt: ResourceAlternative, facts: list[CloudFacts], doc: LoadedYaml,
-                       source: str) -> list[SpecError]:
-    """Raise on a name no catalog knows; return the choices whose count no node offers."""
+                       source: str) -> tuple[list[DroppedChoice], list[SpecError]]:
+    """Raise on an instance type or region no catalog knows; return the accelerators no catalog
+    knows, and the choices whose count no node offers."""
     if not facts:
-        return []
+        return [], []
+    unknown: list[DroppedChoice] = []
     unavailable: list[SpecError] = []
     where = facts[0].cloud if len(facts) == 1 else "any of " + ", ".join(f.cloud for f in facts)
     note = _note(facts)
@@ -133,13 +160,17 @@ def _check_alternative(alt: ResourceAlternative, facts: list[CloudFacts], doc: L
             hint = f" (did you mean {by_upper[close[0]]!r}?)" if close else ""
             if any(f.builtin_because for f in facts):
                 hint += f"; known: {', '.join(known)}"
-            raise _error(f"unknown accelerator {request.name!r} on {where}{hint}{note}", request.path, doc, source)
+            close_hint = f" (did you mean {by_upper[close[0]]!r}?)" if close else ""
+            unknown.append(DroppedChoice(request, _error(f"unknown accelerator {request.name!r} on {where}{hint}{note}",
+                                                         request.path, doc, source),
+                                         f"not sold on {where}{close_hint}{note}"))
+            continue
         name, counts = next(iter(offered.items()))
         if counts and request.fraction is None and request.count not in counts:
             offered_text = ", ".join(str(c) for c in sorted(counts))
             unavailable.append(_error(f"{name}:{request.count} is not offered on {where}: a node has {offered_text} "
                                       f"{name}{note}", request.path, doc, source))
-    return unavailable
+    return unknown, unavailable
 
 
 def _alias(name: str) -> str:

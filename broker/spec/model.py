@@ -81,6 +81,7 @@ class JobSpec:
     memory: str | None = None  # GB per node: "32" or "32+"
     instance_types: tuple[str, ...] = ()  # every alternative's instance_type, in the file's order
     resource_places: tuple[CloudScope, ...] = ()  # where `resources` pins the job (every alternative names a cloud)
+    warnings: tuple[str, ...] = ()  # what validation let pass but changed: accelerator choices dropped
 
     @property
     def allowed_clouds(self) -> frozenset[str]:

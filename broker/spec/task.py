@@ -3,13 +3,14 @@ the SkyPilot part by SkyPilot itself, the accelerators against a catalog or the 
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from broker.spec import values
 from broker.spec.broker_section import BrokerModel, validate_broker_section
-from broker.spec.catalog_check import check_catalog
+from broker.spec.catalog_check import DroppedChoice, check_catalog
 from broker.spec.errors import SpecError
 from broker.spec.model import (
     AcceleratorChoice,
@@ -67,15 +68,15 @@ def build_task(doc: LoadedYaml, source: str, now: datetime | None, offline: bool
                 raise SpecError(f"{request.name} is not a GPU: the broker places GPUs and CPUs only "
                                 "(run TPU, Inferentia and Trainium tasks with SkyPilot directly)",
                                 field=format_path(request.path), line=doc.line_of(request.path), source=source)
-            if request.fraction is not None and int(task.get("num_nodes") or 1) > 1:
-                raise SpecError(f"a fraction of a GPU ({request.name}:{request.count:g}) is for one node; a gang of "
-                                f"{task.get('num_nodes')} nodes needs whole GPUs", field=format_path(request.path),
-                                line=doc.line_of(request.path), source=source)
+    # A fraction per node in a gang of several nodes (SkyPilot's job-queue examples: T4:0.5 on 2 nodes)
+    # is one share of one GPU on each node, all of the same type: SkyPilot judged it above.
+    warnings: tuple[str, ...] = ()
     if market is not None:
         _check_market(alternatives, market, doc, source)
     else:
-        check_catalog(alternatives, tuple(c for c, _ in section.clouds), doc, source, offline=offline,
-                      timeout=catalog_timeout)
+        dropped = check_catalog(alternatives, tuple(c for c, _ in section.clouds), doc, source, offline=offline,
+                                timeout=catalog_timeout)
+        alternatives, warnings = _without(alternatives, dropped)
     accelerators: list[AcceleratorChoice] = []
     for alt in alternatives:
         requests = [(r.name, r.count) for r in alt.accelerators] or _inferred(alt.instance_type, alt.cloud, market)
@@ -104,7 +105,26 @@ def build_task(doc: LoadedYaml, source: str, now: datetime | None, offline: bool
         memory=first.memory,
         instance_types=tuple(dict.fromkeys(a.instance_type for a in alternatives if a.instance_type)),
         resource_places=_resource_places(alternatives, section, doc, source),
+        warnings=warnings,
     )
+
+
+def _without(alternatives: list[ResourceAlternative],
+             dropped: list[DroppedChoice]) -> tuple[list[ResourceAlternative], tuple[str, ...]]:
+    """The alternatives less the dropped accelerator choices (an alternative left with none goes too),
+    and one warning per dropped choice naming it and what the job keeps."""
+    if not dropped:
+        return alternatives, ()
+    gone = {id(d.request) for d in dropped}
+    kept = []
+    for alt in alternatives:
+        left = tuple(r for r in alt.accelerators if id(r) not in gone)
+        if left or not alt.accelerators:
+            kept.append(dataclasses.replace(alt, accelerators=left))
+    names = ", ".join(dict.fromkeys(f"{r.name}:{r.count:g}" for a in kept for r in a.accelerators)) or \
+        ", ".join(dict.fromkeys(a.instance_type or "CPU" for a in kept))
+    warnings = tuple(d.warning(names) for d in dropped)
+    return kept, warnings
 
 
 def _resource_places(alternatives: list[ResourceAlternative], section: BrokerModel, doc: LoadedYaml,

@@ -207,3 +207,44 @@ def test_gpu_packing_keeps_the_simulators_integer_ties() -> None:
     cluster = cluster.with_placement(TaskShape(1000, 1024, 1, 420), SharingPlacement(1, (1,), 420))
     chosen = {place("gpu_packing", HALF, cluster, seed=seed) for seed in range(20)}
     assert chosen == {SharingPlacement(0, (0,), 500), SharingPlacement(1, (1,), 500)}
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_fgd_keeps_the_only_t4s_for_the_tasks_that_need_a_t4(seed: int) -> None:
+    # A 2-GPU T4 node and a 4-GPU G2 node. Expected: 4-GPU tasks of any model (0.3 of the GPU demand),
+    # 1-GPU tasks of any model (0.1) and 1-GPU tasks that need a T4 (0.6). A 1-GPU task of any model
+    # arrives. Weighed against the whole cluster, the T4 tasks' 0.6 is less than what taking a G2
+    # GPU costs the 4-GPU tasks (growth G2: 3000 x 0.3 - 1000 x 0.6 = 300 > T4: -1000 x 0.3), so the
+    # task would take a T4 and one of the next two T4 tasks would find none. Weighed on the GPUs they
+    # can use (T4s are a third of the free GPUs: 0.6 x 3 ** 1.5 = 3.1), the T4 is worth more: the task
+    # goes to the G2 (growth 900 - 3100 < -300) and both T4 tasks fit.
+    t4, g2 = SharingNode("t4", 16000, 65536, 2, "T4"), SharingNode("g2", 16000, 65536, 4, "G2")
+    cluster = SharingCluster.of([t4, g2])
+    four = TaskShape.of(gpus=4)
+    any_one = TaskShape.of(gpus=1)
+    t4_one = TaskShape.of(gpus=1, gpu_types=("T4",))
+    mix = WorkloadMix((four, any_one, t4_one), (0.3, 0.1, 0.6))
+    first = kinds.sharing.get("fgd")(SharingRequest(any_one, mix, seed), cluster)
+    assert first is not None and first.node == 1
+    cluster = cluster.with_placement(any_one, first)
+    for _ in range(2):
+        placed = kinds.sharing.get("fgd")(SharingRequest(t4_one, mix, seed), cluster)
+        assert placed is not None and placed.node == 0
+        cluster = cluster.with_placement(t4_one, placed)
+    # Without the T4 tasks in the mix the measure has no reason to spare the T4: it keeps the G2 whole
+    # for the 4-GPU tasks.
+    alone = kinds.sharing.get("fgd")(SharingRequest(any_one, WorkloadMix((four, any_one), (0.3, 0.1)), seed),
+                                           SharingCluster.of([t4, g2]))
+    assert alone is not None and alone.node == 0
+
+
+@pytest.mark.parametrize("name", POLICIES)
+def test_every_policy_keeps_off_the_nodes_a_request_avoids(name: str) -> None:
+    # A gang of fractions takes one share per node: the nodes its other shares hold are avoided.
+    cluster = two_t4().with_placement(HALF, SharingPlacement(0, (0,), 500))
+    for seed in range(5):
+        placed = kinds.sharing.get(name)(SharingRequest(HALF, WorkloadMix.of({HALF: 1}), seed,
+                                                              avoid_nodes=frozenset({0})), cluster)
+        assert placed is not None and placed.node == 1
+    assert kinds.sharing.get(name)(SharingRequest(HALF, WorkloadMix.of({HALF: 1}), 0,
+                                                        avoid_nodes=frozenset({0, 1, 7})), cluster) is None

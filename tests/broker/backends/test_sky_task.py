@@ -147,3 +147,17 @@ def test_a_fraction_asks_skypilot_for_its_share_and_tells_the_agent() -> None:
     assert task["envs"]["BROKER_GPU_SHARE"] == "0.5" and task["envs"]["BROKER_GPU_MEMORY_MB"] == "20480"
     assert task["envs"]["BROKER_GPU_MPS"] == "auto"
     assert "0) export CUDA_VISIBLE_DEVICES=1;;" in task["run"]
+
+
+def test_a_fraction_per_node_of_a_gang_asks_skypilot_for_it_on_every_node() -> None:
+    # SkyPilot's job-queue example: a share of one GPU on each of two nodes; each node sees its own GPU.
+    spec = parse_job_spec("name: t\nnum_nodes: 2\nresources:\n  accelerators: A100:0.5\nrun: x\n", offline=True)
+    cluster = ClusterInfo("c", "gcp", "us-central1", "us-central1-a", "a2-highgpu-2g", 2, 2, True)
+    launch = JobLaunch("j", 1, spec, GangPlacement("c", ((0, (1,)), (1, (0,)))), "/ckpt", None, None, "/logs",
+                       gpu_share=0.5, gpu_memory_mb=20480)
+    task = job_task(cluster, launch)
+    assert task["num_nodes"] == 2 and task["resources"]["accelerators"] == {"A100": 0.5}
+    assert "0) export CUDA_VISIBLE_DEVICES=1;; 1) export CUDA_VISIBLE_DEVICES=0;;" in task["run"]
+    import sky
+
+    sky.Task.from_yaml_config({k: v for k, v in task.items() if k != "secrets"})  # SkyPilot takes it as it is

@@ -3,11 +3,17 @@
 from __future__ import annotations
 
 import json
+import os
+import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from broker.cli import main
+
+ROOT = Path(__file__).resolve().parents[3]
 
 NODES = "sn,cpu_milli,memory_mib,gpu,model\nn0,8000,32768,2,T4\nn1,8000,32768,2,T4\nn2,4000,16384,1,P100\n"
 PODS = ("name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos\n"
@@ -98,6 +104,10 @@ def test_bad_flags_are_one_line_and_exit_2(files: tuple[Path, Path], capsys: pyt
      "row 2: memory_mib: -1 is out of range"),
     ("pods", "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec\na,1,1,0,0,\n", "requests no GPU"),
     ("pods", b"name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec\na,1,1\x00,1,500,\n", "row 2: contains a NUL"),
+    ("pods", "name,cpu_milli,memory_mib,num_gpu\na,1,1,1\n", "row 1: missing column(s) gpu_milli"),
+    ("pods", "name,cpu_milli,memory_mib,num_gpu,gpu_milli\na,1,1,1,500\nb,1,1,99999999999999999999,1000\n",
+     "row 3: num_gpu: 99999999999999999999 is out of range"),
+    ("pods", "name,cpu_milli,memory_mib,num_gpu,gpu_milli\na,1,1,1,500\nb,1,1,1\n", "row 3: expected 5 columns"),
 ])
 def test_bad_files_name_file_row_and_column(files: tuple[Path, Path], capsys: pytest.CaptureFixture[str],
                                             which: str, text: str | bytes, message: str) -> None:
@@ -125,3 +135,47 @@ def test_the_cluster_mode_still_needs_a_cluster(files: tuple[Path, Path], capsys
     pods, _ = files
     code, _, err = run(["simulate-placement", "--workload", str(pods)], capsys)
     assert code == 2 and "--cluster" in err
+
+
+def test_the_five_column_layout_of_the_multigpu_lists_replays(files: tuple[Path, Path],
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    pods, nodes = files
+    pods.write_text("name,cpu_milli,memory_mib,num_gpu,gpu_milli\n"
+                    "a,1000,1024,1,500\nb,1000,1024,2,1000\nc,500,512,0,0\nd,1000,1024,1,1000\n")
+    code, out, err = run(["simulate-placement", "--workload", str(pods), "--nodes", str(nodes), "--json"], capsys)
+    assert code == 0, err
+    report = json.loads(out)["policies"]
+    assert all(r["allocated_gpu_pct"] > 0 for r in report.values())
+
+
+def _broker(home: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    # The jobs must never start: provisioning takes a market day.
+    env = {**os.environ, "BROKER_HOME": str(home), "BROKER_LOCAL_PROVISION_SECONDS": "86400"}
+    for name in ("BROKER_SERVER", "BROKER_MARKET", "BROKER_BACKEND"):
+        env.pop(name, None)
+    return subprocess.run([sys.executable, "-m", "broker", *args], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=300)
+
+
+@pytest.mark.slow
+def test_the_sharing_examples_launch_as_docs_sharing_shows(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    job_ids = []
+    try:
+        for name in ("half-t4-two-nodes.yaml", "l4-l40-a10g.yaml"):
+            launched = _broker(home, "launch", f"examples/sharing/{name}", "--backend", "local", "--detach")
+            assert launched.returncode == 0, launched.stderr
+            match = re.search(r"submitted (j-[0-9a-f]+)", launched.stdout)
+            assert match, launched.stdout
+            job_ids.append(match.group(1))
+            if name == "l4-l40-a10g.yaml":
+                [warning] = launched.stderr.splitlines()
+                assert warning.startswith("warning: examples/sharing/l4-l40-a10g.yaml:6: resources.accelerators.L40: "
+                                          "'L40' dropped from the accelerator choices: not sold on any of aws, gcp, "
+                                          "azure")
+                assert warning.endswith("the job keeps L4:1, A10G:1")
+            else:
+                assert launched.stderr == ""
+    finally:
+        for job_id in job_ids:
+            _broker(home, "cancel", job_id)

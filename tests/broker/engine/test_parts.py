@@ -23,7 +23,7 @@ from broker.spec.job import parse_job_spec
 from broker.store import Store, open_store
 from broker.store.db import Fence, Fenced
 from broker.store.tables import JobEventRow, JobRow
-from policies import registry
+from policies import kinds
 from policies.gang import GangPlacement
 from policies.registry import UnknownPolicy
 from tests.broker.engine.store_rows import JOB, T0, get, make_parts, new_cluster, stopped_clock, submitted
@@ -84,11 +84,11 @@ def test_parts_take_the_policies_the_options_name(store: Store, broker_home: Pat
     named = make_parts(store, broker_home, selection_policy="greedy", placement_policy="first_fit",
                        eager_policy="eager")
     assert (named.selection, named.placement, named.eager) == (
-        registry.get("selection", "greedy"), registry.get("placement", "first_fit"), registry.get("eager", "eager"))
+        kinds.selection.get("greedy"), kinds.placement.get("first_fit"), kinds.eager.get("eager"))
     default = make_parts(store, broker_home)
     assert (default.selection, default.placement, default.preemption, default.eager) == (
-        registry.get("selection", "broker"), registry.get("placement", "topology"),
-        registry.get("preemption", "checkpoint_aware"), registry.get("eager", "off"))
+        kinds.selection.get("broker"), kinds.placement.get("topology"),
+        kinds.preemption.get("checkpoint_aware"), kinds.eager.get("off"))
 
 
 @pytest.mark.parametrize(("option", "name", "says"), [

@@ -172,3 +172,56 @@ def test_cpu_and_memory_beside_free_gpus_are_honoured(tmp_path: Path, broker_hom
                     break
             time.sleep(0.1)
         broker.close()
+
+
+GANG_JOB = """\
+name: {name}
+num_nodes: 2
+resources:
+  accelerators: A100:0.5
+run: |
+  env | grep -E '^(CUDA_VISIBLE|BROKER_GPU_SHARE|SKYPILOT_NODE_RANK)' | sort > {out}/{name}-$SKYPILOT_NODE_RANK.env
+  for i in $(seq 600); do [ -f {out}/{other}-$SKYPILOT_NODE_RANK.env ] && break; sleep 0.1; done
+  test -f {out}/{other}-$SKYPILOT_NODE_RANK.env
+"""
+
+
+@pytest.mark.slow
+def test_two_gangs_of_half_gpus_share_one_gpu_on_each_of_two_nodes(tmp_path: Path, broker_home: Path) -> None:
+    # SkyPilot's job-queue example: A100:0.5 on each of 2 nodes. One share per node, on two distinct
+    # nodes of one cluster (so one GPU type); the second gang joins the first's GPUs, as a half joins
+    # a half on one node.
+    out = tmp_path / "out"
+    out.mkdir()
+    start = datetime(2026, 1, 1, tzinfo=UTC)
+    market = tmp_path / "m.csv"
+    write_trace(market, [SpotQuote("gcp", "us-central1", "us-central1-a", "a2-highgpu-2g", "A100", 2, 2.2, 7.35,
+                                   start + timedelta(minutes=t), available_nodes=2) for t in range(600)])
+    settings = load_settings(market=market, speed=30.0, local_provision_seconds=60.0, max_gpus=4)
+    broker = EmbeddedBroker(settings, fresh_market=True)
+    engine = broker.start()
+    try:
+        ids = [engine.submit(parse_job_spec(GANG_JOB.format(name=name, other=other, out=out),
+                                            source=str(tmp_path / f"{name}.yaml")))
+               for name, other in (("a", "b"), ("b", "a"))]
+        deadline = time.time() + 180
+        while time.time() < deadline and not all(st in ("SUCCEEDED", "FAILED") for st in _states(engine, *ids)):
+            engine.step()
+            time.sleep(0.05)
+        with engine.store.transaction() as s:
+            jobs = [s.get(JobRow, j) for j in ids]
+            clusters = list(s.scalars(select(ClusterRow)))
+            allocations = {a.job_id: a for a in s.scalars(select(AllocationRow))}
+    finally:
+        broker.close()
+
+    assert [j.state for j in jobs] == ["SUCCEEDED", "SUCCEEDED"], [j.reason for j in jobs]
+    assert len(clusters) == 1 and clusters[0].num_nodes == 2
+    a, b = (allocations[j] for j in ids)
+    assert sorted(a.gpus) == ["0", "1"] and all(len(g) == 1 for g in a.gpus.values())
+    assert a.gpus == b.gpus and a.gpu_share == b.gpu_share == 0.5
+    for name, alloc in (("a", a), ("b", b)):
+        for rank in (0, 1):
+            env = _env(out / f"{name}-{rank}.env")
+            assert env["BROKER_GPU_SHARE"] == "0.5"
+            assert env["CUDA_VISIBLE_DEVICES"] == str(alloc.gpus[str(rank)][0])

@@ -32,6 +32,23 @@ def test_reads_the_published_columns_and_ignores_the_rest(tmp_path: Path) -> Non
                                        TaskShape(500, 10, 0, 0)]
 
 
+def test_reads_the_five_column_layout_of_the_multigpu_lists(tmp_path: Path) -> None:
+    # As published for openb_pod_list_multigpu*: no gpu_spec, so every pod takes any GPU model.
+    nodes = read_nodes(write(tmp_path, "n.csv", NODES))
+    pods = read_pods(write(tmp_path, "p.csv", "name,cpu_milli,memory_mib,num_gpu,gpu_milli\n"
+                                              "p0,12000,16384,1,460\np1,4000,8192,2,1000\np2,500,10,0,0\n"), nodes)
+    assert [p.shape for p in pods] == [TaskShape(12000, 16384, 1, 460), TaskShape(4000, 8192, 2, 1000),
+                                       TaskShape(500, 10, 0, 0)]
+
+
+def test_a_gpu_spec_is_a_set_of_models(tmp_path: Path) -> None:
+    nodes = read_nodes(write(tmp_path, "n.csv", NODES + "n2,8000,32768,4,V100M16\nn3,8000,32768,4,V100M32\n"))
+    pods = read_pods(write(tmp_path, "p.csv", HEAD + "a,1,1,1,1000,V100M32|V100M16|V100M32\n"
+                                              "b,1,1,1,1000,V100M16|V100M32\n"), nodes)
+    assert pods[0].shape == pods[1].shape
+    assert pods[0].shape.gpu_types == ("V100M16", "V100M32")
+
+
 def test_hand_checked_curve_on_a_tiny_cluster(tmp_path: Path) -> None:
     # 4 GPUs. Tasks in order: 0.5, 0.5, 1, 1, 1 (0.5 + 0.5 share a GPU under fgd): all fit until the
     # last whole GPU, which finds none. Arrived 10 % = 0.4 GPU: after the first task.
@@ -90,7 +107,17 @@ def test_bad_node_lists_name_the_row_and_column(tmp_path: Path, text: str | byte
 
 HEAD = "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec\n"
 BAD_PODS = [
-    ("name,cpu_milli,num_gpu\np,1,1\n", "row 1: missing column(s) memory_mib, gpu_milli, gpu_spec"),
+    ("name,cpu_milli,num_gpu\np,1,1\n", "row 1: missing column(s) memory_mib, gpu_milli"),
+    ("name,cpu_milli,memory_mib,num_gpu\np,1,1,1\n", "row 1: missing column(s) gpu_milli"),
+    (HEAD + "p,1000,1,1,500\n", "row 2: expected 6 columns"),
+    (HEAD + "p,1000,1,1,500,,\n", "row 2: expected 6 columns"),
+    (HEAD + "p,1000,-1,1,500,\n", "row 2: memory_mib: -1 is out of range"),
+    (HEAD + "p,1000,1,65,1000,\n", "row 2: num_gpu: 65 is out of range"),
+    (HEAD + "p,99999999999,1,1,1000,\n", "row 2: cpu_milli: 99999999999 is out of range"),
+    (HEAD + "p,inf,1,1,1000,\n", "row 2: cpu_milli: expected a whole number"),
+    ((HEAD + "p,1,1,1,100,").encode() + b"\xed\xb2\x80\n", "row 2: not UTF-8"),  # a lone surrogate
+    (HEAD + "p\x07,1,1,1,100,\n", "row 2: name: contains control characters"),
+    (HEAD + "p,1,1,1,100,|||\nq,1,1,1,100,T4|\nr,1,1,1,100,G2\n", "row 4: gpu_spec: no node has GPU type 'G2'"),
     (HEAD + "p,1000,1,1,1500,\n", "row 2: gpu_milli: 1500 is out of range 0..1000"),
     (HEAD + "p,1000,1,2,500,\n", "row 2: gpu_milli: a share of 500 is for one GPU only, not 2"),
     (HEAD + "p,1000,1,0,500,\n", "row 2: gpu_milli: 500 for a pod with num_gpu 0"),
@@ -105,13 +132,31 @@ BAD_PODS = [
 
 
 @pytest.mark.parametrize(("text", "message"), BAD_PODS)
-def test_bad_pod_lists_name_the_row_and_column(tmp_path: Path, text: str, message: str) -> None:
+def test_bad_pod_lists_name_the_row_and_column(tmp_path: Path, text: str | bytes, message: str) -> None:
     nodes = read_nodes(write(tmp_path, "n.csv", NODES))
     path = write(tmp_path, "pods.csv", text)
     with pytest.raises(ClusterTraceError) as info:
         read_pods(path, nodes)
     assert message in str(info.value)
     assert "\n" not in str(info.value)
+
+
+def test_a_pod_list_with_nul_bytes_is_refused_with_the_row(tmp_path: Path) -> None:
+    nodes = read_nodes(write(tmp_path, "n.csv", NODES))
+    path = write(tmp_path, "pods.csv", (HEAD + "p,1,1,1,100,\nq,1,1\x00,1,100,\n").encode())
+    with pytest.raises(ClusterTraceError, match="row 3: contains a NUL byte"):
+        read_pods(path, nodes)
+
+
+@pytest.mark.slow
+def test_a_million_row_pod_list_is_refused_at_the_row_past_the_limit(tmp_path: Path) -> None:
+    import broker.sim.sharing as sharing
+
+    nodes = read_nodes(write(tmp_path, "n.csv", NODES))
+    path = write(tmp_path, "pods.csv", HEAD + "p,1,1,1,100,\n" * 1_000_000)
+    limit = sharing.MAX_POD_ROWS
+    with pytest.raises(ClusterTraceError, match=f"row {limit + 2}: more than {limit} rows"):
+        read_pods(path, nodes)
 
 
 def test_a_huge_pod_list_is_refused_by_rows_without_reading_it_all(tmp_path: Path,
@@ -149,3 +194,19 @@ def test_the_alibaba_trace_fgd_beats_best_fit_early_on(shared_traces: Path) -> N
         r = replay(head, nodes, name, kinds.sharing.get(name), seed=42)
         assert r.failed_tasks == 0
         assert 0 < r.allocated_gpu_pct < 100
+
+
+@pytest.mark.traces
+def test_every_published_pod_list_reads(shared_traces: Path) -> None:
+    folder = shared_traces / "alibaba-openb"
+    nodes = read_nodes(folder / "openb_node_list_gpu_node.csv")
+    lists = sorted(folder.glob("openb_pod_list_*.csv"))
+    assert len(lists) >= 12
+    for path in lists:
+        pods = read_pods(path, nodes)
+        assert 8000 <= len(pods) <= 10_000, path.name
+        typed = sum(1 for p in pods if p.shape.gpu_types)
+        if "gpuspec" in path.name:
+            assert typed > 0, path.name
+        else:
+            assert typed == 0, path.name

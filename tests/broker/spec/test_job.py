@@ -229,8 +229,6 @@ BAD_FILES: list[tuple[str, str, str | None, int | None, list[str]]] = [
      ["Cannot specify both `infra` and"]),
     ("fraction over one GPU", "run: x\nresources:\n  accelerators: V100:1.5\n", "resources.accelerators", 3,
      ["fraction below 1", "'1.5'"]),
-    ("gang of fractions", "run: x\nnum_nodes: 2\nresources:\n  accelerators: V100:0.5\n",
-     "resources.accelerators", 4, ["a gang of 2 nodes needs whole GPUs"]),
     ("top level is a list", "- run: x\n", None, 1, ["expected a mapping"]),
     ("empty file", "", None, None, ["expected a mapping", "empty file"]),
 ]
@@ -291,6 +289,53 @@ def test_a_count_one_alternative_lacks_rules_out_that_choice_only() -> None:
     assert [a.name for a in spec.accelerators] == ["A100", "T4"]
 
 
+def test_a_choice_no_cloud_sells_is_dropped_with_a_warning_naming_it() -> None:
+    # L40 is sold on Kubernetes and neoclouds, not on AWS, GCP or Azure: SkyPilot takes the set.
+    spec = parse("run: x\nresources:\n  accelerators: {L4, L40, A10G}\n")
+    assert spec.accelerators == (AcceleratorChoice("L4", 1), AcceleratorChoice("A10G", 1))
+    [warning] = spec.warnings
+    assert warning.startswith("job.yaml:3: resources.accelerators.L40: 'L40' dropped from the accelerator choices: "
+                              "not sold on any of aws, gcp, azure (did you mean 'L40S'?)")
+    assert warning.endswith("; the job keeps L4:1, A10G:1")
+    spec = parse("run: x\nresources:\n  accelerators: [B100:8, H100:8]\n")
+    assert spec.accelerators == (AcceleratorChoice("H100", 8),)
+    assert [w.split(": ")[1] for w in spec.warnings] == ["resources.accelerators[0]"]
+    # A whole any_of alternative whose only choice no cloud sells goes; the pin it named goes with it.
+    spec = parse("run: x\nresources:\n  any_of:\n    - accelerators: B100:1\n      infra: aws\n"
+                 "    - accelerators: L4:1\n      infra: gcp\n")
+    assert spec.accelerators == (AcceleratorChoice("L4", 1),)
+    assert [p.cloud for p in spec.resource_places] == ["gcp"]
+    assert "'B100' dropped" in spec.warnings[0]
+    assert parse("run: x\nresources:\n  accelerators: {L4, A10G}\n").warnings == ()
+
+
+@pytest.mark.parametrize("text", [
+    "run: x\nresources:\n  accelerators: {L40, B100}\n",
+    "run: x\nresources:\n  accelerators: L40:1\n",
+    "run: x\nresources:\n  any_of:\n    - accelerators: L40:1\n    - accelerators: B100:8\n",
+    "run: x\nresources:\n  infra: gcp\n  accelerators: {L40: 1, A100: 3}\n",
+])
+def test_with_no_choice_left_the_first_unsold_one_is_the_refusal(text: str) -> None:
+    error = refused(text)
+    assert "unknown accelerator 'L40'" in str(error)
+    assert str(error.field).startswith("resources.") and error.line in (3, 4)
+
+
+def test_a_dropped_choice_with_a_hostile_name_is_one_escaped_clipped_line() -> None:
+    name = "\\x1b[31mX" + "Y" * 900  # YAML keys stop at 1,024 characters
+    spec = parse(f'run: x\nresources:\n  accelerators: {{L4: 1, "{name}": 1}}\n')
+    [warning] = spec.warnings
+    assert "\x1b" not in warning and "\n" not in warning and len(warning) <= 520
+    assert spec.accelerators == (AcceleratorChoice("L4", 1),)
+
+
+def test_a_fraction_per_node_in_a_gang_is_accepted_as_skypilot_does() -> None:
+    # SkyPilot's job-queue examples: half a T4 on each of two nodes.
+    spec = parse("run: x\nnum_nodes: 2\nresources:\n  accelerators: T4:0.5\n")
+    assert (spec.num_nodes, spec.gpu_fraction, spec.accelerators) == (2, 0.5, (AcceleratorChoice("T4", 1, 0.5),))
+    assert refused("run: x\nnum_nodes: 2\nresources:\n  accelerators: T4:1.5\n").field == "resources.accelerators"
+
+
 def test_broker_clouds_narrow_where_an_accelerator_must_exist() -> None:
     assert parse("run: x\nresources:\n  accelerators: A10:1\n").accelerators == (AcceleratorChoice("A10", 1),)
     error = refused("run: x\nresources:\n  accelerators: A10:1\nbroker:\n  clouds: [aws, gcp]\n")
@@ -305,7 +350,10 @@ def test_instance_type_checked_against_its_cloud() -> None:
 
 
 def test_an_any_of_item_is_blamed_on_its_own_line() -> None:
-    error = refused("run: x\nresources:\n  any_of:\n    - accelerators: A100:8\n    - accelerators: B900:8\n")
+    spec = parse("run: x\nresources:\n  any_of:\n    - accelerators: A100:8\n    - accelerators: B900:8\n")
+    assert spec.warnings[0].startswith("job.yaml:5: resources.any_of[1].accelerators: 'B900' dropped")
+    error = refused("run: x\nresources:\n  any_of:\n    - accelerators: A100:3\n    - accelerators: B900:8\n"
+                    "broker:\n  clouds: [gcp]\n")
     assert (error.field, error.line) == ("resources.any_of[1].accelerators", 5)
 
 

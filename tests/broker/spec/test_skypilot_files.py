@@ -2,8 +2,9 @@
 
 The files (Apache-2.0, see tests/broker/specs/skypilot/SOURCES.md) cover set and list syntax,
 any_of, instance_type only, CPU-only, setup-only, fractions, pipelines and files SkyPilot refuses.
-Three refusals are the broker's own, by design: TPUs (it places GPUs and CPUs only), a fraction
-of a GPU asked for by a gang of nodes, and a task with neither `run` nor `setup` (nothing to do).
+Two refusals are the broker's own, by design: TPUs (it places GPUs and CPUs only) and a task with
+neither `run` nor `setup` (nothing to do). A fraction of a GPU per node of a gang is accepted, as
+SkyPilot accepts it.
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ from broker.spec.job import JobSpec, Pipeline, SpecError, parse_job_file
 FILES = Path(__file__).resolve().parents[1] / "specs" / "skypilot"
 BY_DESIGN = {
     "tpuvm_mnist.yaml": "the broker places GPUs and CPUs only",
-    "job_queue_job_multinode.yaml": "a gang of 2 nodes needs whole GPUs",
     "autostop.yaml": "required: the command the job runs on each node",
 }
 
@@ -71,6 +71,11 @@ def test_broker_refuses_by_design_what_skypilot_accepts(name: str) -> None:
     verdict = broker_verdict(name)
     assert isinstance(verdict, SpecError) and BY_DESIGN[name] in str(verdict)
     assert verdict.field in ("resources.accelerators", "run")
+
+
+def test_a_fraction_per_node_of_a_gang_is_a_share_on_each_node() -> None:
+    spec = broker_verdict("job_queue_job_multinode.yaml")
+    assert isinstance(spec, JobSpec) and spec.num_nodes == 2 and spec.gpu_fraction == 0.5
 
 
 def test_set_syntax_is_alternatives_in_file_order() -> None:
