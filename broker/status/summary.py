@@ -12,6 +12,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from broker.status.joblogs import log_files
+
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session
 
@@ -254,8 +256,8 @@ def _median(values: list[float]) -> float:
 
 
 def last_log_line(home: Path, job_id: str) -> str:
-    logs = sorted((home / "logs" / job_id).glob("attempt-*-node-0.log"),
-                  key=lambda p: int(p.name.split("-")[1]))
+    """The last line the job printed on node 0 of its latest attempt (the agent's own lines left out)."""
+    logs = [path for path in log_files(home, job_id) if path.name.endswith("-node-0.log")]
     if not logs:
         return ""
     try:
