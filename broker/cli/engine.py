@@ -100,7 +100,8 @@ def engine(config: ConfigOption = None) -> None:
     from broker.cli.app import err_console
     from broker.cli.driving import drive
     from broker.config.settings import load_settings
-    from broker.runtime import EngineLock, active_job_count, open_broker
+    from broker.engine.machine import active_job_count
+    from broker.runtime import EngineLock, assemble
 
     settings = load_settings(config)
     lock = EngineLock(settings.home)
@@ -111,16 +112,16 @@ def engine(config: ConfigOption = None) -> None:
         return
     lock.release()  # drive() takes it again, for as long as it runs
     logging.getLogger("broker.engine").setLevel(logging.INFO)  # every transition, as it happens
-    broker = open_broker(settings)
+    runtime = assemble(settings)
     try:
-        err_console.print(f"engine: driving {active_job_count(broker.store)} active job(s) in {settings.home}; "
+        err_console.print(f"engine: driving {active_job_count(runtime.store)} active job(s) in {settings.home}; "
                           "Ctrl-C stops it", highlight=False, markup=False)
-        drive(broker, settings, None, show=False)
+        drive(runtime, settings, None, show=False)
     except KeyboardInterrupt:
-        left = active_job_count(broker.store)
+        left = active_job_count(runtime.store)
         err_console.print(f"engine stopped: {left} job(s) still active; `broker engine` (or `broker status`) "
                           "carries on with them", highlight=False, markup=False)
         raise SystemExit(130) from None
     finally:
-        broker.close()
+        runtime.close()
     err_console.print("engine: no active job left; stopped", highlight=False, markup=False)

@@ -16,6 +16,7 @@ from broker.cli.job_output import announce, announce_pipeline, finish, print_sta
 
 if TYPE_CHECKING:
     from broker.config.settings import Settings
+    from broker.runtime import Runtime
     from broker.spec.job import JobSpec, Pipeline
     from broker.store import Store
 
@@ -23,15 +24,11 @@ if TYPE_CHECKING:
 # imported inside the command that needs it, so `broker --help` and `broker status --server` stay fast.
 
 
-def _check_market_fits(broker: Any, spec: JobSpec, max_gpus: int | None) -> None:
+def _check_market_fits(runtime: Runtime, spec: JobSpec, max_gpus: int | None) -> None:
     """Refuse, before anything is stored, a job no offer of the market can ever hold."""
     from broker.engine.feasibility import never_held
-    from broker.runtime import EmbeddedBroker
 
-    # SkyPilot's catalog: an accelerator no cloud offers was refused when the job file was read.
-    offered = {(z.accelerator, z.gpus_per_node) for z in broker.market.trace.zones} \
-        if isinstance(broker, EmbeddedBroker) else None
-    problem = never_held(spec, offered, max_gpus)
+    problem = never_held(spec, runtime.offered(), max_gpus)
     if problem is not None:
         raise problem
 
@@ -110,23 +107,23 @@ def launch(
             raise typer.Exit(1)
         return
     from broker.engine.machine import submit_job
-    from broker.runtime import open_broker
+    from broker.runtime import assemble
 
-    broker = open_broker(settings, fresh_market=market_clock == "own")
+    runtime = assemble(settings, fresh_market=market_clock == "own")
     try:
-        _check_market_fits(broker, spec, settings.max_gpus)
+        _check_market_fits(runtime, spec, settings.max_gpus)
         if settings.backend == "skypilot":
-            _refresh_sky_prices(broker.store, settings, spec, as_json)
-        job_id = submit_job(broker.store, broker.clock, spec, settings.home, broker.provisioner.name)
+            _refresh_sky_prices(runtime.store, settings, spec, as_json)
+        job_id = submit_job(runtime.store, runtime.clock, spec, settings.home, runtime.provisioner.name)
         if detach:
             spawn_engine(config)  # exits at once if an engine already drives this home
         announce(job_id, spec.name, spec.num_nodes, detach, as_json)
         if detach:
             return
-        drive(broker, settings, job_id, show=not as_json)
-        summary = job_summary_of(broker.store, job_id)
+        drive(runtime, settings, job_id, show=not as_json)
+        summary = job_summary_of(runtime.store, job_id)
     finally:
-        broker.close()
+        runtime.close()
     finish(summary, as_json)
 
 
@@ -135,22 +132,22 @@ def _launch_pipeline(settings: Settings, pipeline: Pipeline, fresh_market: bool,
     """Submit every stage (a chain's stages wait for the one before them) and follow them to the end."""
     from broker.cli.job_output import finish_pipeline
     from broker.engine.machine import submit_pipeline
-    from broker.runtime import open_broker
+    from broker.runtime import assemble
 
-    broker = open_broker(settings, fresh_market=fresh_market)
+    runtime = assemble(settings, fresh_market=fresh_market)
     try:
         for stage in pipeline.stages:
-            _check_market_fits(broker, stage, settings.max_gpus)
-        job_ids = submit_pipeline(broker.store, broker.clock, pipeline, settings.home, broker.provisioner.name)
+            _check_market_fits(runtime, stage, settings.max_gpus)
+        job_ids = submit_pipeline(runtime.store, runtime.clock, pipeline, settings.home, runtime.provisioner.name)
         announce_pipeline(pipeline.name, pipeline.kind, job_ids,
                           [(stage.name, stage.num_nodes) for stage in pipeline.stages], detach, as_json)
         if detach:
             spawn_engine(config)
             return
-        drive(broker, settings, job_ids, show=not as_json)
-        summaries = [job_summary_of(broker.store, job_id) for job_id in job_ids]
+        drive(runtime, settings, job_ids, show=not as_json)
+        summaries = [job_summary_of(runtime.store, job_id) for job_id in job_ids]
     finally:
-        broker.close()
+        runtime.close()
     finish_pipeline(pipeline.name, summaries, as_json)
 
 
@@ -158,18 +155,18 @@ def _launch_pipeline(settings: Settings, pipeline: Pipeline, fresh_market: bool,
 def run_engine(config: ConfigOption = None) -> None:
     """Drive the engine until no job is active (what `launch --detach` leaves running)."""
     from broker.config.settings import load_settings
-    from broker.runtime import EngineLock, open_broker
+    from broker.runtime import EngineLock, assemble
 
     settings = load_settings(config)
     lock = EngineLock(settings.home)
     if not lock.acquire():
         return  # another engine drives this broker home already
     lock.release()
-    broker = open_broker(settings)
+    runtime = assemble(settings)
     try:
-        drive(broker, settings, None, show=False)
+        drive(runtime, settings, None, show=False)
     finally:
-        broker.close()
+        runtime.close()
 
 
 def _open(config: Path | None) -> tuple[Settings, Store]:
