@@ -23,7 +23,9 @@ from broker.backends.local.provisioner import LocalWorld
 from broker.clock import Clock, WallClock
 from broker.config.settings import Settings
 from broker.engine import Engine, engine_options
+from broker.intake import Intake, submit
 from broker.market.book import Market
+from broker.spec.job import JobSpec, Pipeline
 from broker.store import Store, open_store
 from broker.tokens import SharedAgentTokens
 
@@ -136,6 +138,15 @@ class Runtime:
 
     def offered(self) -> frozenset[tuple[str, int]] | None:
         return self.backend.offered()
+
+    def intake(self) -> Intake:
+        """What taking a job in needs of this broker: where it lives, its backend, what its market offers."""
+        return Intake(self.settings.home, self.provisioner.name, self.offered(), offline=self.settings.offline_catalog,
+                      max_gpus=self.settings.max_gpus)
+
+    def submit(self, job: JobSpec | Pipeline) -> list[str]:
+        """``job`` stored PENDING once the market can hold it (``broker.intake.submit``); its job ids."""
+        return submit(self.store, self.clock, self.intake(), job)
 
     def engine(self, broker_url: str | None, store: Store | None = None, provisioner: Provisioner | None = None,
                **extra: Any) -> Engine:

@@ -45,7 +45,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "dashboard": ("broker.cli.dashboard", "Open the dashboard on this machine's store; prints a sign-in token that "
                                           "is revoked when it stops."),
     "token": ("broker.cli.tokens", "API tokens for teams (the service's `Authorization: Bearer` tokens)."),
-    "run-engine": ("broker.cli.jobs", ""),
+    "run-engine": ("broker.cli.engine", ""),
 }
 HIDDEN = frozenset({"run-engine"})
 PIPE_WIDTH = 10_000  # columns when stdout is not a terminal: tables are printed whole, never cut

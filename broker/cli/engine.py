@@ -97,6 +97,18 @@ def revive_if(config: Path | None, jobs: int, clusters: int) -> None:
 @app.command("engine")
 def engine(config: ConfigOption = None) -> None:
     """Run the engine in the foreground until no job is active; Ctrl-C stops it, and its jobs wait for the next."""
+    drive_home(config, foreground=True)
+
+
+@app.command("run-engine", hidden=True)
+def run_engine(config: ConfigOption = None) -> None:
+    """Drive the engine until no job is active (what `launch --detach` leaves running), saying nothing."""
+    drive_home(config, foreground=False)
+
+
+def drive_home(config: Path | None, foreground: bool) -> None:
+    """The engine of the settings' broker home until no job is active, unless another one drives it.
+    ``foreground`` (``broker engine``): every transition logged, and a Ctrl-C leaves the jobs for the next."""
     from broker.cli.app import err_console
     from broker.cli.driving import drive
     from broker.config.settings import load_settings
@@ -107,21 +119,27 @@ def engine(config: ConfigOption = None) -> None:
     lock = EngineLock(settings.home)
     if not lock.acquire():
         holder = lock.holder()
-        err_console.print(f"an engine already drives {settings.home}" + (f" (pid {holder})" if holder else "")
-                          + ": nothing to do", highlight=False, markup=False)
+        if foreground:
+            err_console.print(f"an engine already drives {settings.home}" + (f" (pid {holder})" if holder else "")
+                              + ": nothing to do", highlight=False, markup=False)
         return
     lock.release()  # drive() takes it again, for as long as it runs
-    logging.getLogger("broker.engine").setLevel(logging.INFO)  # every transition, as it happens
+    if foreground:
+        logging.getLogger("broker.engine").setLevel(logging.INFO)  # every transition, as it happens
     runtime = assemble(settings)
     try:
-        err_console.print(f"engine: driving {active_job_count(runtime.store)} active job(s) in {settings.home}; "
-                          "Ctrl-C stops it", highlight=False, markup=False)
+        if foreground:
+            err_console.print(f"engine: driving {active_job_count(runtime.store)} active job(s) in {settings.home}; "
+                              "Ctrl-C stops it", highlight=False, markup=False)
         drive(runtime, settings, None, show=False)
     except KeyboardInterrupt:
+        if not foreground:
+            raise
         left = active_job_count(runtime.store)
         err_console.print(f"engine stopped: {left} job(s) still active; `broker engine` (or `broker status`) "
                           "carries on with them", highlight=False, markup=False)
         raise SystemExit(130) from None
     finally:
         runtime.close()
-    err_console.print("engine: no active job left; stopped", highlight=False, markup=False)
+    if foreground:
+        err_console.print("engine: no active job left; stopped", highlight=False, markup=False)

@@ -1,4 +1,4 @@
-"""Job commands: launch, status, cancel, logs (and the engine loop a detached launch leaves behind)."""
+"""Job commands: launch, status, cancel, logs."""
 
 from __future__ import annotations
 
@@ -16,7 +16,6 @@ from broker.cli.job_output import announce, announce_pipeline, finish, print_sta
 
 if TYPE_CHECKING:
     from broker.config.settings import Settings
-    from broker.runtime import Runtime
     from broker.spec.job import JobSpec, Pipeline
     from broker.store import Store
 
@@ -24,24 +23,19 @@ if TYPE_CHECKING:
 # imported inside the command that needs it, so `broker --help` and `broker status --server` stay fast.
 
 
-def _check_market_fits(runtime: Runtime, spec: JobSpec, max_gpus: int | None) -> None:
-    """Refuse, before anything is stored, a job no offer of the market can ever hold."""
-    from broker.engine.feasibility import never_held
+def _read_job(job_file: Path, settings: Settings) -> JobSpec | Pipeline:
+    """The job file as ``broker.intake`` reads it (on SkyPilot, judged by the price book's offers first)."""
+    from broker.intake import Intake, read_job
+    from broker.spec.job import read_job_file
 
-    problem = never_held(spec, runtime.offered(), max_gpus)
-    if problem is not None:
-        raise problem
-
-
-def _read_sky_job(job_file: Path, settings: Settings) -> JobSpec | Pipeline:
-    """The job file judged by the price book's offers first (any instance type a cloud quotes)."""
-    from broker.cli.sky_launch import read_job
-    from broker.market.book import PriceBook
+    text = read_job_file(job_file)
+    if settings.backend != "skypilot":
+        return read_job(text, str(job_file), Intake(settings.home, settings.backend), None)
     from broker.store import open_store
 
     store = open_store(settings.database_url)
     try:
-        return read_job(job_file, PriceBook(store))
+        return read_job(text, str(job_file), Intake(settings.home, settings.backend), store)
     finally:
         store.dispose()
 
@@ -85,15 +79,14 @@ def launch(
     if (served := remote.server_settings(config, server)) is not None:
         return remote.launch(remote.full_settings(config, served), job_file, detach, as_json)
     from broker.config.settings import load_settings
-    from broker.spec.job import Pipeline, load_job_file
+    from broker.spec.job import Pipeline
 
     settings = load_settings(config, backend=backend, market=market, speed=speed)
     if settings.backend not in ("local", "skypilot"):
         raise UsageError(f"--backend {settings.backend}: expected local or skypilot")
     if dryrun and settings.backend != "skypilot":
         raise UsageError("--dryrun: only with --backend skypilot (the local backend has nothing to dry-run)")
-    # On SkyPilot the job is judged by what the clouds quote first (any instance type they sell).
-    loaded = _read_sky_job(job_file, settings) if settings.backend == "skypilot" else load_job_file(job_file)
+    loaded = _read_job(job_file, settings)
     if isinstance(loaded, Pipeline):
         if dryrun:
             raise UsageError(f"--dryrun: {job_file} is a {len(loaded.stages)}-stage {loaded.kind}; dry-run "
@@ -106,15 +99,13 @@ def launch(
         if not sky_dryrun(settings, spec, as_json=as_json):
             raise typer.Exit(1)
         return
-    from broker.engine.machine import submit_job
     from broker.runtime import assemble
 
     runtime = assemble(settings, fresh_market=market_clock == "own")
     try:
-        _check_market_fits(runtime, spec, settings.max_gpus)
-        if settings.backend == "skypilot":
+        (job_id,) = runtime.submit(spec)
+        if settings.backend == "skypilot":  # before the engine starts, which decides on these quotes
             _refresh_sky_prices(runtime.store, settings, spec, as_json)
-        job_id = submit_job(runtime.store, runtime.clock, spec, settings.home, runtime.provisioner.name)
         if detach:
             spawn_engine(config)  # exits at once if an engine already drives this home
         announce(job_id, spec.name, spec.num_nodes, detach, as_json)
@@ -131,14 +122,11 @@ def _launch_pipeline(settings: Settings, pipeline: Pipeline, fresh_market: bool,
                      config: Path | None) -> None:
     """Submit every stage (a chain's stages wait for the one before them) and follow them to the end."""
     from broker.cli.job_output import finish_pipeline
-    from broker.engine.machine import submit_pipeline
     from broker.runtime import assemble
 
     runtime = assemble(settings, fresh_market=fresh_market)
     try:
-        for stage in pipeline.stages:
-            _check_market_fits(runtime, stage, settings.max_gpus)
-        job_ids = submit_pipeline(runtime.store, runtime.clock, pipeline, settings.home, runtime.provisioner.name)
+        job_ids = runtime.submit(pipeline)
         announce_pipeline(pipeline.name, pipeline.kind, job_ids,
                           [(stage.name, stage.num_nodes) for stage in pipeline.stages], detach, as_json)
         if detach:
@@ -149,24 +137,6 @@ def _launch_pipeline(settings: Settings, pipeline: Pipeline, fresh_market: bool,
     finally:
         runtime.close()
     finish_pipeline(pipeline.name, summaries, as_json)
-
-
-@app.command("run-engine", hidden=True)
-def run_engine(config: ConfigOption = None) -> None:
-    """Drive the engine until no job is active (what `launch --detach` leaves running)."""
-    from broker.config.settings import load_settings
-    from broker.runtime import EngineLock, assemble
-
-    settings = load_settings(config)
-    lock = EngineLock(settings.home)
-    if not lock.acquire():
-        return  # another engine drives this broker home already
-    lock.release()
-    runtime = assemble(settings)
-    try:
-        drive(runtime, settings, None, show=False)
-    finally:
-        runtime.close()
 
 
 def _open(config: Path | None) -> tuple[Settings, Store]:

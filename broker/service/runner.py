@@ -24,11 +24,11 @@ from typing import Any
 import uvicorn
 
 from broker.api.app import create_app
-from broker.api.jobs import JobIntake
 from broker.backends.fenced import FencedProvisioner
 from broker.backends.local.runtime import served_world
 from broker.config.settings import ConfigError, Settings
 from broker.engine import Engine
+from broker.intake import Intake
 from broker.runtime import assemble
 from broker.service import tasks
 from broker.service.hooks import resolve
@@ -65,7 +65,7 @@ class Service:
         host, port = self.socket.getsockname()[:2]
         self.url = f"http://{host}:{port}"
         self.public_url = settings.public_url or f"http://{'127.0.0.1' if host == '0.0.0.0' else host}:{port}"
-        intake = JobIntake(settings.home, self.runtime.provisioner.name, self.runtime.offered(),
+        intake = Intake(settings.home, self.runtime.provisioner.name, self.runtime.offered(),
                            offline=settings.offline_catalog, max_gpus=settings.max_gpus)
         self.app = create_app(self.runtime.store, self.runtime.clock, intake, is_leader=lambda: self.leading)
         self.server = uvicorn.Server(uvicorn.Config(self.app, log_config=None, access_log=False, lifespan="off",
