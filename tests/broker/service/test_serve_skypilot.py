@@ -131,8 +131,9 @@ def test_a_notice_moves_on_the_checkpoint_reported_after_it(broker_home: Path, d
     notice runs out, and the job resumes from it."""
     from datetime import timedelta
 
-    from broker.api.notices import NoticeReport, record_notice
+    from broker.api.notices import NoticeReport, notice_of
     from broker.engine.checkpoint_reports import ReportedCheckpoint, record
+    from broker.notices.record import record_notice
 
     store = open_store(db_url)
     now = datetime.now(UTC)
@@ -155,7 +156,7 @@ def test_a_notice_moves_on_the_checkpoint_reported_after_it(broker_home: Path, d
         seen = datetime.now(UTC)
         notice = NoticeReport(cluster_id=cluster_id, node="0", kind="terminate", noticed_at=seen,
                               action_time=seen + timedelta(minutes=2))
-        record_notice(store, service.runtime.clock, notice)
+        record_notice(store, service.runtime.clock, notice_of(notice, service.runtime.clock), source="agent")
         record(store, ReportedCheckpoint(job_id, cluster_id, "0", "step-000010.npz", seen + timedelta(seconds=1), 10),
                datetime.now(UTC))
 
