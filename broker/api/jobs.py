@@ -27,7 +27,7 @@ from broker.intake import submit as intake_submit
 from broker.service.timepolicy import priority_for, queue_of
 from broker.spec.job import JobSpec, Pipeline, SpecError
 from broker.status.joblogs import read_new
-from broker.status.summary import job_summary
+from broker.status.orm_source import job_summary
 from broker.store import Store
 from broker.store.tables import JobRow
 

@@ -27,7 +27,7 @@ from broker.clock import Clock
 from broker.intake import Intake
 from broker.intake import submit as intake_submit
 from broker.spec.job import Pipeline
-from broker.status.summary import job_summary
+from broker.status.orm_source import job_summary
 from broker.store import Store
 from broker.store.tables import JobRow
 

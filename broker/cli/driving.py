@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 
 
 def job_summary_of(store: Store, job_id: str) -> dict[str, Any]:
-    from broker.status.summary import job_summary
+    from broker.status.orm_source import job_summary
     from broker.store.tables import JobRow
 
     with store.transaction() as s:

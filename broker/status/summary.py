@@ -10,14 +10,9 @@ from __future__ import annotations
 
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from broker.status.joblogs import log_files
-
-if TYPE_CHECKING:
-    from sqlalchemy.orm import Session
-
-    from broker.store.tables import JobRow
 
 EARLIER_JOBS = 20  # finished jobs of the same name and team whose predictions are scored
 
@@ -130,13 +125,6 @@ class SummarySource(Protocol):
     def last_prediction(self, job_id: str) -> Prediction | None: ...
     def predictions(self, job_id: str) -> list[Prediction]: ...
     def succeeded(self, name: str, team: str, limit: int) -> list[Job]: ...  # latest finished first
-
-
-def job_summary(s: Session, job: JobRow, now: datetime | None = None) -> dict[str, Any]:
-    """The summary of a job read in a SQLAlchemy session."""
-    from broker.status.orm_source import SessionSource
-
-    return summarise(SessionSource(s), job, now)
 
 
 def summaries(source: SummarySource, job_id: str | None, now: datetime | None = None) -> list[dict[str, Any]] | None:

@@ -19,7 +19,7 @@ from broker.engine import Engine
 from broker.model import JobState
 from broker.runtime import Runtime, assemble
 from broker.spec.job import parse_job_spec
-from broker.status.summary import job_summary
+from broker.status.orm_source import job_summary
 from broker.store.tables import AllocationRow, ClusterRow, JobEventRow, JobRow
 from providers.base import SpotQuote
 from providers.trace import write_trace
