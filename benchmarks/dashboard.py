@@ -28,8 +28,8 @@ import psycopg
 from fastapi.testclient import TestClient
 
 from broker.api.app import create_app
-from broker.api.jobs import JobIntake
 from broker.clock import WallClock
+from broker.intake import Intake
 from broker.store import open_store
 from broker.tokens import create_api_token
 
@@ -100,7 +100,7 @@ def time_pages(db_url: str, home: Path, repeat: int) -> dict[str, float]:
     store = open_store(db_url)
     try:
         token = create_api_token(store, "admin").token
-        client = TestClient(create_app(store, WallClock(), JobIntake(home, "local", None)))
+        client = TestClient(create_app(store, WallClock(), Intake(home, "local", None)))
         assert client.post("/login", data={"token": token}, follow_redirects=False).status_code == 303
         first_job = "j-000001"
         pages = {"overview (1d)": "/?since=1d", "overview (7d)": "/", "overview (30d)": "/?since=30d",

@@ -62,7 +62,7 @@ def workload(count: int, step_s: float, speed: float, setup_s: float = 0.0) -> l
 
 def run(policy: str, jobs: list[tuple[str, str]], speed: float, timeout_s: float) -> dict[str, Any]:
     from broker.config.settings import load_settings
-    from broker.runtime import EmbeddedBroker
+    from broker.runtime import assemble
     from broker.spec.job import parse_job_spec
     from providers.base import SpotQuote
     from providers.trace import write_trace
@@ -76,7 +76,7 @@ def run(policy: str, jobs: list[tuple[str, str]], speed: float, timeout_s: float
         settings = load_settings(home=home, market=market, speed=speed, local_provision_seconds=120.0,
                                  max_gpus=16, pool_idle_seconds=600.0, eager_policy=policy,
                                  eager_lead_seconds=120.0, poll_seconds=0.2)
-        broker = EmbeddedBroker(settings, fresh_market=True)
+        broker = assemble(settings, fresh_market=True)
         engine = broker.start()
         began = time.monotonic()
         try:

@@ -1,6 +1,12 @@
-"""Putting a broker together: ``assemble`` builds store, clock, market, provisioner and agent tokens for
-a backend, and ``Runtime.engine`` the engine over them; the embedded CLI broker, the SkyPilot broker
-and ``broker serve`` all start from it."""
+"""Putting a broker together: ``assemble`` builds store, clock, market, provisioner and agent tokens
+for the settings' backend, and the ``Runtime`` it returns is what every front end drives: ``broker
+launch``/``broker engine`` (``start``, then the engine's steps), ``broker serve`` (``engine`` under
+the leader's fence) and the tests.
+
+Each backend builds its own parts in its package (``broker.backends.local.runtime``,
+``broker.backends.skypilot.runtime``); this module only picks one. The notice API an embedded
+engine serves is imported by ``start``, so a command that only assembles never imports FastAPI.
+"""
 
 from __future__ import annotations
 
@@ -8,31 +14,20 @@ import contextlib
 import fcntl
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, Any, Protocol
 
-from sqlalchemy import select
-
-from broker.api.app import BackgroundServer, create_app
 from broker.backends.base import Provisioner
-from broker.backends.local.provisioner import LocalProvisioner, LocalWorld
+from broker.backends.local.provisioner import LocalWorld
 from broker.clock import Clock, WallClock
 from broker.config.settings import Settings
 from broker.engine import Engine, engine_options
+from broker.intake import Intake, submit
 from broker.market.book import Market
-from broker.model import ACTIVE_STATES
-from broker.spec.job import JobSpec, job_spec_from_data
+from broker.spec.job import JobSpec, Pipeline
 from broker.store import Store, open_store
-from broker.store.tables import ClusterRow, JobRow
 from broker.tokens import SharedAgentTokens
-from providers.local import LocalMarket
-
-if TYPE_CHECKING:
-    from broker.backends.skypilot.provisioner import SkyPilotOptions
-    from broker.backends.skypilot.runtime import SkyPilotBroker
-
-BUNDLED_MARKET = Path(__file__).parent / "data" / "quickstart-market.csv"
 
 
 class EngineLock:
@@ -76,9 +71,40 @@ def broker_clock(settings: Settings) -> Clock:
     return world.clock if world is not None else WallClock()
 
 
-def active_job_count(store: Store) -> int:
-    with store.transaction() as s:
-        return len(list(s.scalars(select(JobRow.id).where(JobRow.state.in_(ACTIVE_STATES)))))
+class Stoppable(Protocol):
+    def stop(self) -> None: ...
+
+
+class Backend(Protocol):
+    """What one backend brings (``LocalBackend``, ``SkyPilotBackend``): its clock, market and
+    provisioner, and what differs in serving and tidying up around the engine."""
+
+    @property
+    def clock(self) -> Clock: ...
+    @property
+    def market(self) -> Market: ...
+    @property
+    def provisioner(self) -> Provisioner: ...
+    @property
+    def world(self) -> LocalWorld | None: ...
+
+    def offered(self) -> frozenset[tuple[str, int]] | None:
+        """(accelerator, GPUs per node) the market offers; None when a job file's catalog check is enough."""
+
+    def api_address(self, settings: Settings) -> tuple[str, int]:
+        """Where an embedded engine's notice API listens."""
+
+    def agents_url(self, settings: Settings, api_url: str) -> str:
+        """Where node agents report, given where the notice API listens."""
+
+    def reconcile(self, store: Store, check: Callable[[], None] | None = None) -> list[str]:
+        """Tear down the backend's clusters the store does not hold live (``check``: a leader's fence)."""
+
+    def notice_listener(self, store: Store, settings: Settings) -> Stoppable | None:
+        """A started listener for the cloud's own notices, when the settings ask for one."""
+
+    def beside_engine(self, store: Store, settings: Settings) -> list[Stoppable]:
+        """What an embedded engine starts beside itself; each is stopped on ``close``."""
 
 
 @dataclass
@@ -87,12 +113,40 @@ class Runtime:
 
     settings: Settings
     store: Store
-    clock: Clock
-    market: Market
-    provisioner: Provisioner
     # Kept in the store, so every replica derives the same agent tokens.
     tokens: SharedAgentTokens
-    world: LocalWorld | None = None  # the local replay, on the local backend
+    backend: Backend
+    _server: Any = field(default=None, init=False, repr=False)  # the embedded engine's notice API
+    _beside: list[Stoppable] = field(default_factory=list, init=False, repr=False)
+
+    @property
+    def clock(self) -> Clock:
+        return self.backend.clock
+
+    @property
+    def market(self) -> Market:
+        return self.backend.market
+
+    @property
+    def provisioner(self) -> Provisioner:
+        return self.backend.provisioner
+
+    @property
+    def world(self) -> LocalWorld | None:
+        """The local replay, on the local backend."""
+        return self.backend.world
+
+    def offered(self) -> frozenset[tuple[str, int]] | None:
+        return self.backend.offered()
+
+    def intake(self) -> Intake:
+        """What taking a job in needs of this broker: where it lives, its backend, what its market offers."""
+        return Intake(self.settings.home, self.provisioner.name, self.offered(), offline=self.settings.offline_catalog,
+                      max_gpus=self.settings.max_gpus)
+
+    def submit(self, job: JobSpec | Pipeline) -> list[str]:
+        """``job`` stored PENDING once the market can hold it (``broker.intake.submit``); its job ids."""
+        return submit(self.store, self.clock, self.intake(), job)
 
     def engine(self, broker_url: str | None, store: Store | None = None, provisioner: Provisioner | None = None,
                **extra: Any) -> Engine:
@@ -101,111 +155,48 @@ class Runtime:
         return Engine(store or self.store, self.clock, self.market, provisioner or self.provisioner,
                       engine_options(self.settings, broker_url, **extra), tokens=self.tokens)
 
+    def reconcile(self, store: Store | None = None, check: Callable[[], None] | None = None) -> list[str]:
+        return self.backend.reconcile(store or self.store, check)
 
-def embedded_world(settings: Settings, store: Store, fresh: bool) -> LocalWorld:
-    """The local replay of a one-process broker: kept while jobs are active or unless ``fresh``."""
-    existing = LocalWorld.load(settings.home)
-    trace = str(settings.market or BUNDLED_MARKET)
-    busy = active_job_count(store) > 0
-    if existing is not None and (busy or not fresh):
-        return existing
-    return LocalWorld.begin(settings.home, trace, settings.speed)
+    def start(self) -> Engine:
+        """Serve the notice API and build the engine, with what the backend runs beside it (call only
+        while holding the engine lock)."""
+        from broker.api.app import BackgroundServer, create_app
+
+        host, port = self.backend.api_address(self.settings)
+        self._server = BackgroundServer(create_app(self.store, self.clock), host, port).start()
+        engine = self.engine(self.backend.agents_url(self.settings, self._server.url))
+        self._beside = self.backend.beside_engine(self.store, self.settings)
+        return engine
+
+    def close(self) -> None:
+        for part in self._beside:
+            part.stop()
+        if self._server is not None:
+            with contextlib.suppress(Exception):
+                self._server.stop()
+        self.store.dispose()
 
 
-def assemble(settings: Settings, store: Store | None = None,
+def assemble(settings: Settings, store: Store | None = None, *, fresh_market: bool = False,
              world: Callable[[Store], LocalWorld] | None = None, sdk: Any = None, catalog: Any = None) -> Runtime:
     """The one way to put a broker together for ``settings.backend``.
 
     On the local backend, ``world`` picks the market replay (default: ``embedded_world``, kept
-    unless fresh): the local clusters and their market are one stand-in cloud. On SkyPilot the
-    market is the price book, with SkyPilot's catalog only for offers it never quoted; ``sdk`` and
-    ``catalog`` stand in for SkyPilot's own in tests.
+    unless ``fresh_market``): the local clusters and their market are one stand-in cloud. On
+    SkyPilot the market is the price book, with SkyPilot's catalog only for offers it never quoted;
+    ``sdk`` and ``catalog`` stand in for SkyPilot's own in tests.
     """
     store = store or open_store(settings.database_url)
     tokens = SharedAgentTokens(store, settings.home)
+    backend: Backend
     if settings.backend == "skypilot":
-        from broker.backends.skypilot.provisioner import SkyPilotProvisioner
-        from broker.market.book import PriceBook
-        from broker.market.price_market import PriceBookMarket
-        from broker.market.sky_catalog import SkyCatalogMarket
+        from broker.backends.skypilot.runtime import skypilot_backend
 
-        if sdk is None and settings.skypilot_sdk is not None:
-            from broker.service.hooks import find
+        backend = skypilot_backend(settings, store, sdk, catalog)
+    else:
+        from broker.backends.local.runtime import embedded_world, local_backend
 
-            sdk = find(settings.skypilot_sdk, "skypilot_sdk")
-        market = PriceBookMarket(PriceBook(store), SkyCatalogMarket(lambda: (), catalog=catalog),
-                                 settings.price_stale_seconds, wanted=lambda: active_accelerators(store))
-        provisioner = SkyPilotProvisioner(settings.home, store_specs(store), skypilot_options(settings), sdk=sdk)
-        return Runtime(settings, store, WallClock(), market, provisioner, tokens)
-    local = world(store) if world is not None else embedded_world(settings, store, fresh=False)
-    return Runtime(settings, store, local.clock, local.market(),
-                   LocalProvisioner(settings.home, local, settings.local_provision_seconds), tokens, local)
-
-
-def store_specs(store: Store) -> Callable[[str], JobSpec | None]:
-    """cluster id -> the spec of the job it was launched for (read from the store, then cached)."""
-    cache: dict[str, JobSpec] = {}
-
-    def lookup(cluster_id: str) -> JobSpec | None:
-        if cluster_id not in cache:
-            with store.transaction() as s:
-                job = s.scalar(select(JobRow).join(ClusterRow, ClusterRow.job_id == JobRow.id)
-                               .where(ClusterRow.id == cluster_id))
-                if job is None:
-                    return None
-                cache[cluster_id] = job_spec_from_data(job.spec, source=job.spec_path or job.name, offline=True)
-        return cache[cluster_id]
-
-    return lookup
-
-
-def active_accelerators(store: Store) -> set[str]:
-    with store.transaction() as s:
-        return {a for a in s.scalars(select(JobRow.accelerator).where(JobRow.state.in_(ACTIVE_STATES))) if a}
-
-
-def skypilot_options(settings: Settings) -> SkyPilotOptions:
-    from broker.backends.skypilot.provisioner import SkyPilotOptions
-
-    return SkyPilotOptions(prefix=settings.skypilot_prefix, launch_timeout_s=settings.skypilot_launch_timeout,
-                           refresh_s=settings.skypilot_refresh_seconds,
-                           idle_minutes_to_autostop=settings.skypilot_autostop_minutes)
-
-
-class EmbeddedBroker:
-    """The whole broker in one process, on the local backend."""
-
-    def __init__(self, settings: Settings, store: Store | None = None, fresh_market: bool = False) -> None:
-        self.settings = settings
-        self.home = settings.home
-        self.runtime = assemble(settings, store, world=lambda store: embedded_world(settings, store, fresh_market))
-        self.store = self.runtime.store
-        assert self.runtime.world is not None and isinstance(self.runtime.market, LocalMarket)
-        self.world = self.runtime.world
-        self.market = self.runtime.market
-        self.clock = self.runtime.clock
-        self.provisioner = self.runtime.provisioner
-        self.tokens = self.runtime.tokens
-        self.server: BackgroundServer | None = None
-        self.engine: Engine | None = None
-
-    def start(self) -> Engine:
-        """Serve the notice API and build the engine (call only while holding the engine lock)."""
-        self.server = BackgroundServer(create_app(self.store, self.clock)).start()
-        self.engine = self.runtime.engine(self.server.url)
-        return self.engine
-
-    def close(self) -> None:
-        if self.server is not None:
-            with contextlib.suppress(Exception):
-                self.server.stop()
-        self.store.dispose()
-
-
-def open_broker(settings: Settings, fresh_market: bool = False) -> EmbeddedBroker | SkyPilotBroker:
-    """The broker for ``settings.backend``: the embedded local one, or real clusters through SkyPilot."""
-    if settings.backend == "skypilot":
-        from broker.backends.skypilot.runtime import SkyPilotBroker
-
-        return SkyPilotBroker(assemble(settings))
-    return EmbeddedBroker(settings, fresh_market=fresh_market)
+        replay = world(store) if world is not None else embedded_world(settings, store, fresh_market)
+        backend = local_backend(settings, replay)
+    return Runtime(settings, store, tokens, backend)

@@ -13,7 +13,7 @@ from fastapi.exceptions import RequestValidationError
 from broker.api.agent_reports import agent_reports_router
 from broker.api.auth import team_dependency
 from broker.api.gpu_reports import gpu_reports_router
-from broker.api.jobs import JobIntake, jobs_router
+from broker.api.jobs import jobs_router
 from broker.api.limits import Limits, RequestLimits
 from broker.api.metrics import install_metrics
 from broker.api.notices import notices_router
@@ -23,10 +23,11 @@ from broker.api.reports import reports_router
 from broker.api.validation import user_error_response, validation_error_response
 from broker.clock import Clock
 from broker.errors import user_errors
+from broker.intake import Intake
 from broker.store import Store
 
 
-def create_app(store: Store, clock: Clock, intake: JobIntake | None = None,
+def create_app(store: Store, clock: Clock, intake: Intake | None = None,
                is_leader: Callable[[], bool] | None = None, limits: Limits | None = None) -> FastAPI:
     """The notice API alone (the embedded broker), or with ``intake`` the whole service API."""
     app = FastAPI(title="spot broker", version="1", docs_url=None, redoc_url=None)

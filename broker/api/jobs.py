@@ -9,9 +9,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import re
-from dataclasses import dataclass
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, HTTPException, Query, Request, Response, status
@@ -23,29 +21,17 @@ from sqlalchemy import and_, or_, select
 from broker.api.limits import out_of_time
 from broker.api.validation import Text, body_schema, json_body
 from broker.clock import Clock
-from broker.engine.feasibility import never_held
-from broker.engine.machine import cancel_job, submit_job
+from broker.engine.machine import cancel_job
+from broker.intake import Intake, market_problem, read_job
+from broker.intake import submit as intake_submit
 from broker.service.timepolicy import priority_for, queue_of
-from broker.spec.job import JobSpec, Pipeline, SpecError, market_offers, parse_job_file, parse_job_quoted
+from broker.spec.job import JobSpec, Pipeline, SpecError
 from broker.status.joblogs import read_new
-from broker.status.summary import job_summary
+from broker.status.orm_source import job_summary
 from broker.store import Store
 from broker.store.tables import JobRow
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class JobIntake:
-    """What the job routes need to know about the broker they submit to."""
-
-    home: Path
-    backend: str
-    # (accelerator, GPUs per node) the market offers; None when any may be asked for.
-    offered: frozenset[tuple[str, int]] | None = None
-    # Validate against the built-in catalog only (an air-gapped service: SkyPilot's cannot be fetched).
-    offline: bool = False
-    max_gpus: int | None = None  # GPUs the broker may hold: a gang bigger than this is refused
 
 
 class JobSubmission(BaseModel):
@@ -127,15 +113,14 @@ def _row_problem(spec: JobSpec, now: datetime) -> SpecError | None:
     return None
 
 
-def read_submission(body: JobSubmission, intake: JobIntake, store: Store, *,
+def read_submission(body: JobSubmission, intake: Intake, store: Store, *,
                     pipeline: bool) -> JobSpec | Pipeline | JSONResponse:
     """The submitted job file, read as ``broker launch`` reads it; a 422 naming the field if it cannot be.
-    ``pipeline``: a multi-document file is what is wanted (else one task is). On the SkyPilot backend
-    a task is judged by the price book's offers first: any instance type or accelerator the clouds
-    quote is accepted, whether or not a catalog knows it."""
+    ``pipeline``: a multi-document file is what is wanted (else one task is); ``broker.intake.read_job``
+    reads it."""
     source = body.source or "job file"
     try:
-        loaded = _parse(body.spec, source, intake, store)
+        loaded = read_job(body.spec, source, intake, store)
     except SpecError as exc:
         return spec_error_response(exc)
     except Exception as exc:  # whatever the parser trips on is the file's fault, not a 500
@@ -154,17 +139,9 @@ def read_submission(body: JobSubmission, intake: JobIntake, store: Store, *,
     return loaded
 
 
-def _parse(text: str, source: str, intake: JobIntake, store: Store) -> JobSpec | Pipeline:
-    if intake.backend != "skypilot":
-        return parse_job_file(text, source=source, offline=intake.offline)
-    from broker.market.book import PriceBook
-
-    return parse_job_quoted(text, source, market_offers(PriceBook(store).latest()), offline=intake.offline)
-
-
-def refusal(spec: JobSpec, team: str, clock: Clock, intake: JobIntake, stage: int | None = None) -> JSONResponse | None:
+def refusal(spec: JobSpec, team: str, clock: Clock, intake: Intake, stage: int | None = None) -> JSONResponse | None:
     """A 422 for what the store or the market can never hold, a 403 for a file naming another team."""
-    problem = _row_problem(spec, clock.now()) or never_held(spec, intake.offered, intake.max_gpus)
+    problem = _row_problem(spec, clock.now()) or market_problem(spec, intake)
     if problem is not None:
         if stage is not None and problem.source is None:
             problem = SpecError(problem.detail, field=problem.field, line=problem.line, source=spec.source)
@@ -191,7 +168,7 @@ def for_team(store: Store, spec: JobSpec, team: str) -> JobSpec:
     return dataclasses.replace(spec, broker=section)
 
 
-def jobs_router(store: Store, clock: Clock, intake: JobIntake, team_of: Any) -> APIRouter:
+def jobs_router(store: Store, clock: Clock, intake: Intake, team_of: Any) -> APIRouter:
     router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 
     def owned(s: Any, job_id: str, team: str) -> JobRow:
@@ -214,7 +191,7 @@ def jobs_router(store: Store, clock: Clock, intake: JobIntake, team_of: Any) -> 
         if (refused := refusal(loaded, team, clock, intake)) is not None:
             return refused
         check_time(request)
-        job_id = submit_job(store, clock, for_team(store, loaded, team), intake.home, intake.backend)
+        (job_id,) = intake_submit(store, clock, intake, loaded, queued=lambda spec: for_team(store, spec, team))
         with store.transaction() as s:
             return job_summary(s, owned(s, job_id, team))
 

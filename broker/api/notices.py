@@ -2,37 +2,37 @@
 
 An agent authenticates with the token the broker issued to its cluster; a token for one cluster
 cannot report for another. The same notice reported twice (two nodes, a retry, the SQS path and
-the agent racing) is recorded once; a later report may only add the checkpoint.
+the agent racing) is recorded once (``broker.notices.record``); a later report may only add the
+checkpoint.
 """
 
 from __future__ import annotations
 
 import posixpath
 import re
-from datetime import UTC, datetime
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, HTTPException, status
 from pydantic import BaseModel, Field
 from sqlalchemy import select
-from sqlalchemy.exc import IntegrityError
 
 from broker.api.auth import agent_dependency
 from broker.api.validation import Text, When, body_schema, json_body
 from broker.clock import Clock
+from broker.notices.record import KINDS, MAX_CHECKPOINT, MAX_CLUSTER_ID, MAX_NODE, Notice, record_notice, to_clock
 from broker.store import Store
-from broker.store.tables import ClusterRow, JobRow, NoticeRow
+from broker.store.tables import ClusterRow, JobRow
 
 
 class NoticeReport(BaseModel):
     # Lengths are those of the columns the values are stored in.
-    cluster_id: Text = Field(min_length=1, max_length=64)
-    node: Text = Field("0", max_length=100)
-    kind: str = Field(pattern="^(terminate|stop|hibernate|rebalance|maintenance)$")
+    cluster_id: Text = Field(min_length=1, max_length=MAX_CLUSTER_ID)
+    node: Text = Field("0", max_length=MAX_NODE)
+    kind: str = Field(pattern=f"^({'|'.join(KINDS)})$")
     action_time: When = None
     noticed_at: When = None
     signaled_at: When = None
-    checkpoint: Text | None = Field(default=None, max_length=4096)
+    checkpoint: Text | None = Field(default=None, max_length=MAX_CHECKPOINT)
     checkpoint_at: When = None
 
 
@@ -81,7 +81,7 @@ def notices_router(store: Store, clock: Clock) -> APIRouter:
         for field in ("action_time", "noticed_at", "signaled_at", "checkpoint_at"):
             value = getattr(report, field)
             try:
-                _to_clock(clock, value, strict=True)
+                to_clock(clock, value, strict=True)
             except (OverflowError, ValueError):
                 raise _unprocessable(field, f"{value.isoformat()} is beyond what the broker's clock can hold",
                                      "time_range") from None
@@ -93,50 +93,19 @@ def notices_router(store: Store, clock: Clock) -> APIRouter:
             if job is None or not checkpoint_allowed(report.checkpoint, job.checkpoint_dir, job.id, job.backend):
                 raise _unprocessable("checkpoint", "must lie under the job's checkpoint directory",
                                      "checkpoint_outside")
-        return record_notice(store, clock, report)
+        recorded = record_notice(store, clock, notice_of(report, clock), source="agent")
+        return NoticeAccepted(notice_id=recorded.notice_id, duplicate=recorded.duplicate)
 
     return router
 
 
-def _to_clock(clock: Clock, value: datetime | None, strict: bool = False) -> datetime | None:
-    if value is None:
-        return None
-    value = value if value.tzinfo else value.replace(tzinfo=UTC)
-    try:
-        return clock.to_clock(value.timestamp())
-    except (OverflowError, ValueError):
-        if strict:
-            raise
-        return None  # beyond what the clock can express: no deadline the engine could plan on
-
-
-def record_notice(store: Store, clock: Clock, report: NoticeReport, source: str = "agent") -> NoticeAccepted:
-    """Record a notice once per ``<cluster>:<kind>``, whoever reports it first (an agent, SQS); a later
-    report of the same notice only adds a newer checkpoint."""
-    key = f"{report.cluster_id}:{report.kind}"
+def notice_of(report: NoticeReport, clock: Clock) -> Notice:
+    """The notice an agent reported, its action time on the broker's clock."""
     detail: dict[str, Any] = {
         "node": report.node,
         "noticed_at": report.noticed_at.isoformat() if report.noticed_at else None,
         "signaled_at": report.signaled_at.isoformat() if report.signaled_at else None,
         "checkpoint_at": report.checkpoint_at.isoformat() if report.checkpoint_at else None,
     }
-    try:
-        with store.transaction() as s:
-            row = NoticeRow(dedup_key=key, cluster_id=report.cluster_id, node=report.node, kind=report.kind,
-                            source=source, action_time=_to_clock(clock, report.action_time),
-                            received_at=clock.now(), checkpoint=report.checkpoint, detail=detail)
-            s.add(row)
-            s.flush()
-            return NoticeAccepted(notice_id=row.id, duplicate=False)
-    except IntegrityError:
-        pass
-    with store.transaction() as s:
-        existing = s.scalar(select(NoticeRow).where(NoticeRow.dedup_key == key).with_for_update())
-        assert existing is not None
-        newer = report.checkpoint_at is not None and (
-            existing.detail.get("checkpoint_at") is None
-            or report.checkpoint_at.isoformat() > str(existing.detail["checkpoint_at"]))
-        if report.checkpoint and existing.checkpoint != report.checkpoint and newer:
-            existing.checkpoint = report.checkpoint
-            existing.detail = {**(existing.detail or {}), "checkpoint_at": detail["checkpoint_at"]}
-        return NoticeAccepted(notice_id=existing.id, duplicate=True)
+    return Notice(report.cluster_id, report.kind, node=report.node, action_time=to_clock(clock, report.action_time),
+                  checkpoint=report.checkpoint, detail=detail)

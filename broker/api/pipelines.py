@@ -1,14 +1,13 @@
 """``/v1/pipelines``: submit a multi-document job file (a chain of stages, or a job group).
 
 Every stage is judged as ``POST /v1/jobs`` judges a job (the parser, the store's columns, the
-market, the token's team), and only when all pass are they recorded, in one transaction, by the
-engine's own ``submit_pipeline``: a refused stage stores nothing. The stages are jobs from then on
+market, the token's team), and only when all pass are they recorded, in one transaction, by
+``broker.intake.submit``: a refused stage stores nothing. The stages are jobs from then on
 (``GET /v1/jobs`` lists them with their ``pipeline_id`` and ``stage``).
 """
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Request, status
@@ -16,7 +15,6 @@ from fastapi.responses import JSONResponse
 from sqlalchemy import select
 
 from broker.api.jobs import (
-    JobIntake,
     JobSubmission,
     check_time,
     for_team,
@@ -26,14 +24,15 @@ from broker.api.jobs import (
 )
 from broker.api.validation import body_schema
 from broker.clock import Clock
-from broker.engine.machine import submit_pipeline
+from broker.intake import Intake
+from broker.intake import submit as intake_submit
 from broker.spec.job import Pipeline
-from broker.status.summary import job_summary
+from broker.status.orm_source import job_summary
 from broker.store import Store
 from broker.store.tables import JobRow
 
 
-def pipelines_router(store: Store, clock: Clock, intake: JobIntake, team_of: Any) -> APIRouter:
+def pipelines_router(store: Store, clock: Clock, intake: Intake, team_of: Any) -> APIRouter:
     router = APIRouter(prefix="/v1/pipelines", tags=["jobs"])
 
     @router.post("", status_code=status.HTTP_201_CREATED,
@@ -50,10 +49,8 @@ def pipelines_router(store: Store, clock: Clock, intake: JobIntake, team_of: Any
         for number, stage in enumerate(loaded.stages, start=1):
             if (refused := refusal(stage, team, clock, intake, stage=number)) is not None:
                 return refused
-        stages = tuple(for_team(store, stage, team) for stage in loaded.stages)
         check_time(request)
-        job_ids = submit_pipeline(store, clock, dataclasses.replace(loaded, stages=stages), intake.home,
-                                  intake.backend)
+        job_ids = intake_submit(store, clock, intake, loaded, queued=lambda stage: for_team(store, stage, team))
         with store.transaction() as s:
             rows = list(s.scalars(select(JobRow).where(JobRow.id.in_(job_ids)).order_by(JobRow.stage)))
             return {"pipeline_id": rows[0].pipeline_id, "name": loaded.name, "kind": loaded.kind,

@@ -32,6 +32,6 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "dashboard": ("broker.cli.dashboard", "Open the dashboard on this machine's store; prints a sign-in token that "
                                           "is revoked when it stops."),
     "token": ("broker.cli.tokens", "API tokens for teams (the service's `Authorization: Bearer` tokens)."),
-    "run-engine": ("broker.cli.jobs", ""),
+    "run-engine": ("broker.cli.engine", ""),
 }
 HIDDEN = frozenset({"run-engine"})

@@ -14,11 +14,12 @@ from broker.cli.job_output import progress_table
 
 if TYPE_CHECKING:
     from broker.config.settings import Settings
+    from broker.runtime import Runtime
     from broker.store import Store
 
 
 def job_summary_of(store: Store, job_id: str) -> dict[str, Any]:
-    from broker.status.summary import job_summary
+    from broker.status.orm_source import job_summary
     from broker.store.tables import JobRow
 
     with store.transaction() as s:
@@ -28,7 +29,7 @@ def job_summary_of(store: Store, job_id: str) -> dict[str, Any]:
         return job_summary(s, job)
 
 
-def drive(broker: Any, settings: Settings, job_id: str | list[str] | None, show: bool) -> None:
+def drive(runtime: Runtime, settings: Settings, job_id: str | list[str] | None, show: bool) -> None:
     """Run the engine (or, if another process holds the engine lock, watch) until the job ends
     (every one of them, for the stages of a pipeline; the progress shown is the first still going)."""
     from rich.live import Live
@@ -40,7 +41,7 @@ def drive(broker: Any, settings: Settings, job_id: str | list[str] | None, show:
 
     watched = [job_id] if isinstance(job_id, str) else list(job_id or [])
     lock = EngineLock(settings.home)
-    engine = broker.start() if lock.acquire() else None
+    engine = runtime.start() if lock.acquire() else None
     if engine is None and not watched:
         return
     try:
@@ -49,7 +50,7 @@ def drive(broker: Any, settings: Settings, job_id: str | list[str] | None, show:
                 if engine is not None:
                     engine.step()
                 if watched:
-                    summaries = [job_summary_of(broker.store, one) for one in watched]
+                    summaries = [job_summary_of(runtime.store, one) for one in watched]
                     going = [x for x in summaries if not JobState(x["state"]).terminal]
                     if show:
                         shown = (going or summaries)[0]

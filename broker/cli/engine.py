@@ -97,30 +97,49 @@ def revive_if(config: Path | None, jobs: int, clusters: int) -> None:
 @app.command("engine")
 def engine(config: ConfigOption = None) -> None:
     """Run the engine in the foreground until no job is active; Ctrl-C stops it, and its jobs wait for the next."""
+    drive_home(config, foreground=True)
+
+
+@app.command("run-engine", hidden=True)
+def run_engine(config: ConfigOption = None) -> None:
+    """Drive the engine until no job is active (what `launch --detach` leaves running), saying nothing."""
+    drive_home(config, foreground=False)
+
+
+def drive_home(config: Path | None, foreground: bool) -> None:
+    """The engine of the settings' broker home until no job is active, unless another one drives it.
+    ``foreground`` (``broker engine``): every transition logged, and a Ctrl-C leaves the jobs for the next."""
     from broker.cli.app import err_console
     from broker.cli.driving import drive
     from broker.config.settings import load_settings
-    from broker.runtime import EngineLock, active_job_count, open_broker
+    from broker.engine.machine import active_job_count
+    from broker.runtime import EngineLock, assemble
 
     settings = load_settings(config)
     lock = EngineLock(settings.home)
     if not lock.acquire():
         holder = lock.holder()
-        err_console.print(f"an engine already drives {settings.home}" + (f" (pid {holder})" if holder else "")
-                          + ": nothing to do", highlight=False, markup=False)
+        if foreground:
+            err_console.print(f"an engine already drives {settings.home}" + (f" (pid {holder})" if holder else "")
+                              + ": nothing to do", highlight=False, markup=False)
         return
     lock.release()  # drive() takes it again, for as long as it runs
-    logging.getLogger("broker.engine").setLevel(logging.INFO)  # every transition, as it happens
-    broker = open_broker(settings)
+    if foreground:
+        logging.getLogger("broker.engine").setLevel(logging.INFO)  # every transition, as it happens
+    runtime = assemble(settings)
     try:
-        err_console.print(f"engine: driving {active_job_count(broker.store)} active job(s) in {settings.home}; "
-                          "Ctrl-C stops it", highlight=False, markup=False)
-        drive(broker, settings, None, show=False)
+        if foreground:
+            err_console.print(f"engine: driving {active_job_count(runtime.store)} active job(s) in {settings.home}; "
+                              "Ctrl-C stops it", highlight=False, markup=False)
+        drive(runtime, settings, None, show=False)
     except KeyboardInterrupt:
-        left = active_job_count(broker.store)
+        if not foreground:
+            raise
+        left = active_job_count(runtime.store)
         err_console.print(f"engine stopped: {left} job(s) still active; `broker engine` (or `broker status`) "
                           "carries on with them", highlight=False, markup=False)
         raise SystemExit(130) from None
     finally:
-        broker.close()
-    err_console.print("engine: no active job left; stopped", highlight=False, markup=False)
+        runtime.close()
+    if foreground:
+        err_console.print("engine: no active job left; stopped", highlight=False, markup=False)

@@ -1,4 +1,4 @@
-"""Job commands: launch, status, cancel, logs (and the engine loop a detached launch leaves behind)."""
+"""Job commands: launch, status, cancel, logs."""
 
 from __future__ import annotations
 
@@ -23,28 +23,19 @@ if TYPE_CHECKING:
 # imported inside the command that needs it, so `broker --help` and `broker status --server` stay fast.
 
 
-def _check_market_fits(broker: Any, spec: JobSpec, max_gpus: int | None) -> None:
-    """Refuse, before anything is stored, a job no offer of the market can ever hold."""
-    from broker.engine.feasibility import never_held
-    from broker.runtime import EmbeddedBroker
+def _read_job(job_file: Path, settings: Settings) -> JobSpec | Pipeline:
+    """The job file as ``broker.intake`` reads it (on SkyPilot, judged by the price book's offers first)."""
+    from broker.intake import Intake, read_job
+    from broker.spec.job import read_job_file
 
-    # SkyPilot's catalog: an accelerator no cloud offers was refused when the job file was read.
-    offered = {(z.accelerator, z.gpus_per_node) for z in broker.market.trace.zones} \
-        if isinstance(broker, EmbeddedBroker) else None
-    problem = never_held(spec, offered, max_gpus)
-    if problem is not None:
-        raise problem
-
-
-def _read_sky_job(job_file: Path, settings: Settings) -> JobSpec | Pipeline:
-    """The job file judged by the price book's offers first (any instance type a cloud quotes)."""
-    from broker.cli.sky_launch import read_job
-    from broker.market.book import PriceBook
+    text = read_job_file(job_file)
+    if settings.backend != "skypilot":
+        return read_job(text, str(job_file), Intake(settings.home, settings.backend), None)
     from broker.store import open_store
 
     store = open_store(settings.database_url)
     try:
-        return read_job(job_file, PriceBook(store))
+        return read_job(text, str(job_file), Intake(settings.home, settings.backend), store)
     finally:
         store.dispose()
 
@@ -88,15 +79,14 @@ def launch(
     if (served := remote.server_settings(config, server)) is not None:
         return remote.launch(remote.full_settings(config, served), job_file, detach, as_json)
     from broker.config.settings import load_settings
-    from broker.spec.job import Pipeline, load_job_file
+    from broker.spec.job import Pipeline
 
     settings = load_settings(config, backend=backend, market=market, speed=speed)
     if settings.backend not in ("local", "skypilot"):
         raise UsageError(f"--backend {settings.backend}: expected local or skypilot")
     if dryrun and settings.backend != "skypilot":
         raise UsageError("--dryrun: only with --backend skypilot (the local backend has nothing to dry-run)")
-    # On SkyPilot the job is judged by what the clouds quote first (any instance type they sell).
-    loaded = _read_sky_job(job_file, settings) if settings.backend == "skypilot" else load_job_file(job_file)
+    loaded = _read_job(job_file, settings)
     _warn(loaded)
     if isinstance(loaded, Pipeline):
         if dryrun:
@@ -110,24 +100,22 @@ def launch(
         if not sky_dryrun(settings, spec, as_json=as_json):
             raise typer.Exit(1)
         return
-    from broker.engine.machine import submit_job
-    from broker.runtime import open_broker
+    from broker.runtime import assemble
 
-    broker = open_broker(settings, fresh_market=market_clock == "own")
+    runtime = assemble(settings, fresh_market=market_clock == "own")
     try:
-        _check_market_fits(broker, spec, settings.max_gpus)
-        if settings.backend == "skypilot":
-            _refresh_sky_prices(broker.store, settings, spec, as_json)
-        job_id = submit_job(broker.store, broker.clock, spec, settings.home, broker.provisioner.name)
+        (job_id,) = runtime.submit(spec)
+        if settings.backend == "skypilot":  # before the engine starts, which decides on these quotes
+            _refresh_sky_prices(runtime.store, settings, spec, as_json)
         if detach:
             spawn_engine(config)  # exits at once if an engine already drives this home
         announce(job_id, spec.name, spec.num_nodes, detach, as_json)
         if detach:
             return
-        drive(broker, settings, job_id, show=not as_json)
-        summary = job_summary_of(broker.store, job_id)
+        drive(runtime, settings, job_id, show=not as_json)
+        summary = job_summary_of(runtime.store, job_id)
     finally:
-        broker.close()
+        runtime.close()
     finish(summary, as_json)
 
 
@@ -147,42 +135,21 @@ def _launch_pipeline(settings: Settings, pipeline: Pipeline, fresh_market: bool,
                      config: Path | None) -> None:
     """Submit every stage (a chain's stages wait for the one before them) and follow them to the end."""
     from broker.cli.job_output import finish_pipeline
-    from broker.engine.machine import submit_pipeline
-    from broker.runtime import open_broker
+    from broker.runtime import assemble
 
-    broker = open_broker(settings, fresh_market=fresh_market)
+    runtime = assemble(settings, fresh_market=fresh_market)
     try:
-        for stage in pipeline.stages:
-            _check_market_fits(broker, stage, settings.max_gpus)
-        job_ids = submit_pipeline(broker.store, broker.clock, pipeline, settings.home, broker.provisioner.name)
+        job_ids = runtime.submit(pipeline)
         announce_pipeline(pipeline.name, pipeline.kind, job_ids,
                           [(stage.name, stage.num_nodes) for stage in pipeline.stages], detach, as_json)
         if detach:
             spawn_engine(config)
             return
-        drive(broker, settings, job_ids, show=not as_json)
-        summaries = [job_summary_of(broker.store, job_id) for job_id in job_ids]
+        drive(runtime, settings, job_ids, show=not as_json)
+        summaries = [job_summary_of(runtime.store, job_id) for job_id in job_ids]
     finally:
-        broker.close()
+        runtime.close()
     finish_pipeline(pipeline.name, summaries, as_json)
-
-
-@app.command("run-engine", hidden=True)
-def run_engine(config: ConfigOption = None) -> None:
-    """Drive the engine until no job is active (what `launch --detach` leaves running)."""
-    from broker.config.settings import load_settings
-    from broker.runtime import EngineLock, open_broker
-
-    settings = load_settings(config)
-    lock = EngineLock(settings.home)
-    if not lock.acquire():
-        return  # another engine drives this broker home already
-    lock.release()
-    broker = open_broker(settings)
-    try:
-        drive(broker, settings, None, show=False)
-    finally:
-        broker.close()
 
 
 def _open(config: Path | None) -> tuple[Settings, Store]:

@@ -1,8 +1,9 @@
 """The job state machine: every change of a job's state, each a small function, and nothing else.
 
-This module is the only writer of ``JobRow.state``. Every change goes through the transition
-table in ``broker.model``, is stamped with the market's clock, and leaves a ``transition`` event;
-a job entering CHECKPOINTING carries why (``CheckpointReason``), cleared when it leaves.
+This module is the only writer of ``JobRow.state`` (and counts the jobs not yet in a terminal
+one). Every change goes through the transition table in ``broker.model``, is stamped with the
+market's clock, and leaves a ``transition`` event; a job entering CHECKPOINTING carries why
+(``CheckpointReason``), cleared when it leaves.
 
 PENDING -> PROVISIONING -> RUNNING -> (CHECKPOINTING -> MIGRATING -> RUNNING)* -> terminal
 """
@@ -14,12 +15,13 @@ import secrets
 from datetime import UTC, datetime
 from pathlib import Path
 
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from broker.clock import Clock
 from broker.engine.parts import jsonable
 from broker.errors import UserError
-from broker.model import CheckpointReason, JobState, check_transition
+from broker.model import ACTIVE_STATES, CheckpointReason, JobState, check_transition
 from broker.spec.job import JobSpec, Pipeline
 from broker.store import Store
 from broker.store.tables import JobEventRow, JobRow
@@ -155,3 +157,8 @@ def failed(s: Session, clock: Clock, job: JobRow, exit_code: int | None) -> None
     job.exit_code = exit_code
     job.reason = f"the job exited with code {exit_code}"
     _move(s, clock, job, JobState.FAILED, exit_code=exit_code)
+
+
+def active_job_count(store: Store) -> int:
+    with store.transaction() as s:
+        return int(s.scalar(select(func.count()).select_from(JobRow).where(JobRow.state.in_(ACTIVE_STATES))) or 0)

@@ -17,15 +17,13 @@ import threading
 from datetime import datetime, timedelta
 from typing import Any
 
-from pydantic import ValidationError
 from sqlalchemy import select
 
-from broker.api.notices import NoticeAccepted, NoticeReport, record_notice
-from broker.api.validation import one_line
 from broker.clock import Clock
 from broker.config.settings import Settings
 from broker.errors import BrokerError
 from broker.model import ClusterState
+from broker.notices.record import Notice, Recorded, record_notice, to_clock, within_years
 from broker.store import Store
 from broker.store.tables import ClusterRow
 from providers.aws import eventbridge_event
@@ -100,7 +98,7 @@ class SqsNoticeListener:
                     return str(cluster_id)
         return None
 
-    def handle(self, body: str) -> NoticeAccepted | None:
+    def handle(self, body: str) -> Recorded | None:
         """Record the notice a message carries; None when it is not one of ours (or not a valid one)."""
         event = eventbridge_event(body)
         if event is None:
@@ -121,28 +119,27 @@ class SqsNoticeListener:
             return None
         try:
             report = self._report(kind_of, event, detail, cluster_id, instance_id)
-        except (ValueError, OverflowError) as exc:  # a pydantic ValidationError is a ValueError
-            said = one_line([dict(e) for e in exc.errors()]) if isinstance(exc, ValidationError) else str(exc)
+        except (ValueError, OverflowError) as exc:
             log.warning("%s for %s (cluster %s) refused: %s", kind_of, shown(instance_id, 40), cluster_id,
-                        shown(said, 300))
+                        shown(exc, 300))
             return None
         accepted = record_notice(self.store, self.clock, report, source="sqs")
         log.info("%s for %s (cluster %s)%s", kind_of, instance_id, cluster_id,
                  ": already known" if accepted.duplicate else "")
         return accepted
 
-    @staticmethod
-    def _report(kind_of: str, event: dict[str, Any], detail: dict[str, Any], cluster_id: str,
-                instance_id: str) -> NoticeReport:
-        sent = event_time(event.get("time"))
+    def _report(self, kind_of: str, event: dict[str, Any], detail: dict[str, Any], cluster_id: str,
+                instance_id: str) -> Notice:
+        sent = within_years("time", event_time(event.get("time")))
         if kind_of == INTERRUPTION:
             action = str(detail.get("instance-action") or "terminate").lower()
             kind = action if action in ("terminate", "stop", "hibernate") else "terminate"
-            action_time = sent + INTERRUPTION_LEAD if sent else None
+            action_time = within_years("time", sent + INTERRUPTION_LEAD) if sent else None
         else:
             kind, action_time = "rebalance", None
-        return NoticeReport(cluster_id=cluster_id, node=instance_id, kind=kind, action_time=action_time,
-                            noticed_at=sent)
+        said = {"node": instance_id, "noticed_at": sent.isoformat() if sent else None, "signaled_at": None,
+                "checkpoint_at": None}
+        return Notice(cluster_id, kind, node=instance_id, action_time=to_clock(self.clock, action_time), detail=said)
 
     def poll_once(self) -> int:
         """One long poll: handle and delete what arrived; returns how many messages came."""

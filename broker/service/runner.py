@@ -13,58 +13,33 @@ the lease stops its scheduler at once and goes back to trying for it.
 
 from __future__ import annotations
 
-import fcntl
 import logging
 import signal
 import socket
 import threading
 from datetime import UTC, datetime
-from pathlib import Path
 from types import FrameType
 from typing import Any
 
 import uvicorn
 
 from broker.api.app import create_app
-from broker.api.jobs import JobIntake
 from broker.backends.fenced import FencedProvisioner
-from broker.backends.local.provisioner import LocalProvisioner, LocalWorld
+from broker.backends.local.runtime import served_world
 from broker.config.settings import ConfigError, Settings
 from broker.engine import Engine
-from broker.runtime import BUNDLED_MARKET, active_job_count, assemble
+from broker.intake import Intake
+from broker.runtime import assemble
 from broker.service import tasks
 from broker.service.hooks import resolve
 from broker.service.leader import LeaseLock, leader_lock, lease_seconds
-from broker.service.reconcile import reconcile_local
 from broker.service.schedule_config import policy_cron_trigger
 from broker.service.timepolicy import admission_check, apply_due_policies
 from broker.store import Store
 from broker.store.db import FencedStore
-from providers.local import LocalMarket
 
 log = logging.getLogger("broker.service")
 SCHEDULER_TABLE = "apscheduler_jobs"
-
-
-def shared_world(home: Path, trace: str, speed: float, store: Store) -> LocalWorld:
-    """The local market replay all replicas on this broker home share, begun by the first of them.
-
-    An existing replay is kept when it plays the same trace at the same speed, or while jobs are
-    active (their clusters run on its clock); otherwise a new one begins. A file lock makes
-    replicas starting together agree on one.
-    """
-    (home / "local").mkdir(parents=True, exist_ok=True)
-    with open(home / "local" / "world.lock", "a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            existing = LocalWorld.load(home)
-            wanted = str(Path(trace).resolve())
-            if existing is not None and (
-                    (existing.trace_path == wanted and existing.clock.speed == speed) or active_job_count(store) > 0):
-                return existing
-            return LocalWorld.begin(home, trace, speed)
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 class Service:
@@ -73,27 +48,15 @@ class Service:
         if settings.backend not in ("local", "skypilot"):
             raise ConfigError(f"backend: expected local or skypilot, got {settings.backend!r}")
         self.settings = settings
-        self.home = settings.home
         self.price_poller = resolve(settings.price_poller, "price_poller")
         self.report_runner = resolve(settings.report_runner, "report_runner")
-        offered: frozenset[tuple[str, int]] | None = None
-        if settings.backend == "skypilot":
-            self.runtime = assemble(settings, store, sdk=sdk, catalog=catalog)
-        else:
-            trace = str(settings.market or BUNDLED_MARKET)
-            self.runtime = assemble(settings, store,
-                                    world=lambda store: shared_world(self.home, trace, settings.speed, store))
-            assert isinstance(self.runtime.market, LocalMarket)
-            offered = frozenset((z.accelerator, z.gpus_per_node) for z in self.runtime.market.trace.zones)
-        self.store = self.runtime.store
-        self.world = self.runtime.world
-        self.market = self.runtime.market
-        self.clock = self.runtime.clock
-        self.provisioner = self.runtime.provisioner
-        self.lock: LeaseLock = leader_lock(self.store, self.home, lease_seconds(settings.leader_check_seconds))
+        world = served_world(settings) if settings.backend == "local" else None
+        self.runtime = assemble(settings, store, world=world, sdk=sdk, catalog=catalog)
+        self.lock: LeaseLock = leader_lock(self.runtime.store, settings.home,
+                                           lease_seconds(settings.leader_check_seconds))
         self.leading = False
         self.engine: Engine | None = None
-        self.work_store: Store = self.store  # fenced by the lease's epoch while leading
+        self.work_store: Store = self.runtime.store  # fenced by the lease's epoch while leading
         self.scheduler: Any = None
         self.listener: Any = None  # EventBridge spot warnings through SQS, on the SkyPilot backend's leader
         self._stop = threading.Event()
@@ -102,10 +65,9 @@ class Service:
         host, port = self.socket.getsockname()[:2]
         self.url = f"http://{host}:{port}"
         self.public_url = settings.public_url or f"http://{'127.0.0.1' if host == '0.0.0.0' else host}:{port}"
-        self.app = create_app(self.store, self.clock, JobIntake(self.home, self.provisioner.name, offered,
-                                                                 offline=settings.offline_catalog,
-                                                                 max_gpus=settings.max_gpus),
-                              is_leader=lambda: self.leading)
+        intake = Intake(settings.home, self.runtime.provisioner.name, self.runtime.offered(),
+                           offline=settings.offline_catalog, max_gpus=settings.max_gpus)
+        self.app = create_app(self.runtime.store, self.runtime.clock, intake, is_leader=lambda: self.leading)
         self.server = uvicorn.Server(uvicorn.Config(self.app, log_config=None, access_log=False, lifespan="off",
                                                     timeout_graceful_shutdown=5))
 
@@ -154,19 +116,15 @@ class Service:
         self.leading = True
         log.info("leader: acquired the leader lease (epoch %d); starting the scheduler and the engine", fence.epoch,
                  extra={"event": "leader_acquired", "epoch": fence.epoch})
-        self.work_store = self.store.fenced(fence)
+        self.work_store = self.runtime.store.fenced(fence)
         self.engine = self.runtime.engine(self.public_url, store=self.work_store,
-                                          provisioner=FencedProvisioner(self.provisioner, fence.ensure),
+                                          provisioner=FencedProvisioner(self.runtime.provisioner, fence.ensure),
                                           admit=admission_check(self.settings.capacity_gpus))
         apply_due_policies(self.work_store, self.settings.policy_schedules, datetime.now(UTC))
         tasks.bind(self)
-        self.scheduler = build_scheduler(self.store, self.settings)
+        self.scheduler = build_scheduler(self.runtime.store, self.settings)
         start_scheduler(self.scheduler)
-        if self.settings.backend == "skypilot" and self.settings.sqs_queue_url:
-            from broker.notices.sqs import SqsNoticeListener
-
-            self.listener = SqsNoticeListener.from_settings(self.work_store, self.clock, self.settings)
-            self.listener.start()
+        self.listener = self.runtime.backend.notice_listener(self.work_store, self.settings)
 
     def _demote(self, reason: str) -> None:
         self.leading = False
@@ -175,7 +133,7 @@ class Service:
                     extra={"event": "leader_lost"})
         self._stop_scheduler()
         self.engine = None
-        self.work_store = self.store
+        self.work_store = self.runtime.store
 
     def _stop_listener(self) -> None:
         if self.listener is not None:
@@ -196,14 +154,7 @@ class Service:
 
     def reconcile(self) -> None:
         check = self.work_store.fence.ensure if isinstance(self.work_store, FencedStore) else None
-        if isinstance(self.provisioner, LocalProvisioner):
-            reconcile_local(self.work_store, self.provisioner.root, check)
-        else:
-            from broker.backends.skypilot.provisioner import SkyPilotProvisioner
-            from broker.backends.skypilot.runtime import reconcile_sky
-
-            assert isinstance(self.provisioner, SkyPilotProvisioner)
-            reconcile_sky(self.work_store, self.provisioner, check)
+        self.runtime.reconcile(self.work_store, check)
 
     # ----------------------------------------------------------------- running
 
@@ -252,7 +203,7 @@ class Service:
                 log.info("leader: released the leader lease (epoch %s)", epoch,
                          extra={"event": "leader_released", "epoch": epoch})
             tasks.bind(None)
-        self.store.dispose()
+        self.runtime.store.dispose()
 
 
 def build_scheduler(store: Store, settings: Settings) -> Any:
@@ -268,20 +219,20 @@ def build_scheduler(store: Store, settings: Settings) -> Any:
         timezone=UTC,
     )
     wanted: dict[str, dict[str, Any]] = {
-        "engine-step": {"func": "broker.service.tasks:engine_step", "trigger": "interval",
+        "engine-step": {"func": tasks.engine_step, "trigger": "interval",
                         "seconds": settings.poll_seconds},
-        "reconcile": {"func": "broker.service.tasks:reconcile", "trigger": "interval",
+        "reconcile": {"func": tasks.reconcile, "trigger": "interval",
                       "seconds": settings.reconcile_seconds},
-        "reports": {"func": "broker.service.tasks:run_reports", "trigger": "interval",
+        "reports": {"func": tasks.run_reports, "trigger": "interval",
                     "seconds": settings.report_check_seconds},
     }
     for cloud, seconds in sorted(settings.price_poll_seconds.items()):
-        wanted[f"prices-{cloud}"] = {"func": "broker.service.tasks:poll_prices", "trigger": "interval",
+        wanted[f"prices-{cloud}"] = {"func": tasks.poll_prices, "trigger": "interval",
                                      "seconds": seconds, "args": [cloud]}
         if settings.backend == "skypilot":  # the engine decides on these quotes: a new leader polls at once
             wanted[f"prices-{cloud}"]["next_run_time"] = datetime.now(UTC)
     for schedule in settings.policy_schedules:
-        wanted[f"policy-{schedule.name}"] = {"func": "broker.service.tasks:apply_policies",
+        wanted[f"policy-{schedule.name}"] = {"func": tasks.apply_policies,
                                              "trigger": policy_cron_trigger(schedule.cron, schedule.timezone)}
     # Added before start(): on start they replace the copies a previous leader left in the store.
     for job_id, spec in wanted.items():

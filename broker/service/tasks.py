@@ -1,7 +1,8 @@
 """The scheduler's recurring tasks, as module functions so its job store can keep them by name.
 
 APScheduler's SQLAlchemy job store persists each job as a reference (``module:function``) and
-its arguments; the running service they act on is bound here when a replica becomes leader.
+its arguments, so a task cannot carry the service it acts on: the leader binds itself here, as a
+``Leader`` (what a task needs of it), when a replica becomes leader.
 Each task runs only while the service holds the leader lease, and stops at the first refused
 write or cloud call (``Fenced``) once it does not.
 """
@@ -13,20 +14,34 @@ import threading
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING
+from typing import Protocol
 
+from broker.config.settings import Settings
+from broker.engine import Engine
+from broker.store import Store
 from broker.store.db import Fenced
 
-if TYPE_CHECKING:
-    from broker.service.runner import Service
+
+class Leader(Protocol):
+    """What the tasks need of the replica leading (``broker.service.runner.Service``)."""
+
+    settings: Settings
+    work_store: Store  # fenced by the lease's epoch
+    engine: Engine | None
+    price_poller: Callable[[Store, Settings, str], object]
+    report_runner: Callable[[Store, Settings, datetime], object]
+
+    def confirm_leadership(self) -> bool: ...
+    def reconcile(self) -> None: ...
+
 
 log = logging.getLogger("broker.service.tasks")
-_service: Service | None = None
+_service: Leader | None = None
 _running = 0
 _idle = threading.Condition()
 
 
-def bind(service: Service | None) -> None:
+def bind(service: Leader | None) -> None:
     global _service
     _service = service
 
@@ -43,7 +58,7 @@ def drain(timeout_s: float) -> bool:
     return True
 
 
-def _as_leader(work: Callable[[Service], object]) -> None:
+def _as_leader(work: Callable[[Leader], object]) -> None:
     global _running
     service = _service
     if service is None or not service.confirm_leadership():
@@ -63,7 +78,7 @@ def _as_leader(work: Callable[[Service], object]) -> None:
 def engine_step() -> None:
     """Move every job on by at most one transition: dispatch, provisioning, migration, teardown, metering."""
 
-    def step(service: Service) -> None:
+    def step(service: Leader) -> None:
         if service.engine is not None:
             service.engine.step()
 

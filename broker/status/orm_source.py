@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from broker.status.summary import summarise
 from broker.store.gpu import GpuRollupRow
 from broker.store.tables import AllocationRow, ClusterRow, JobRow, LedgerRow, PredictionRow, ProgressRow
 
@@ -68,3 +70,8 @@ class SessionSource:
         return list(self.s.scalars(select(JobRow).where(JobRow.name == name, JobRow.team == team,
                                                         JobRow.state == "SUCCEEDED")
                                    .order_by(JobRow.finished_at.desc()).limit(limit)))
+
+
+def job_summary(s: Session, job: JobRow, now: datetime | None = None) -> dict[str, Any]:
+    """The summary of a job read in a SQLAlchemy session."""
+    return summarise(SessionSource(s), job, now)

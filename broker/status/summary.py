@@ -10,12 +10,9 @@ from __future__ import annotations
 
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
-if TYPE_CHECKING:
-    from sqlalchemy.orm import Session
-
-    from broker.store.tables import JobRow
+from broker.status.joblogs import log_files
 
 EARLIER_JOBS = 20  # finished jobs of the same name and team whose predictions are scored
 
@@ -130,13 +127,6 @@ class SummarySource(Protocol):
     def last_prediction(self, job_id: str) -> Prediction | None: ...
     def predictions(self, job_id: str) -> list[Prediction]: ...
     def succeeded(self, name: str, team: str, limit: int) -> list[Job]: ...  # latest finished first
-
-
-def job_summary(s: Session, job: JobRow, now: datetime | None = None) -> dict[str, Any]:
-    """The summary of a job read in a SQLAlchemy session."""
-    from broker.status.orm_source import SessionSource
-
-    return summarise(SessionSource(s), job, now)
 
 
 def summaries(source: SummarySource, job_id: str | None, now: datetime | None = None) -> list[dict[str, Any]] | None:
@@ -266,8 +256,8 @@ def _median(values: list[float]) -> float:
 
 
 def last_log_line(home: Path, job_id: str) -> str:
-    logs = sorted((home / "logs" / job_id).glob("attempt-*-node-0.log"),
-                  key=lambda p: int(p.name.split("-")[1]))
+    """The last line the job printed on node 0 of its latest attempt (the agent's own lines left out)."""
+    logs = [path for path in log_files(home, job_id) if path.name.endswith("-node-0.log")]
     if not logs:
         return ""
     try:

@@ -8,14 +8,15 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from broker.backends.local.provisioner import LocalProvisioner, LocalWorld
+from broker.backends.local.runtime import BUNDLED_MARKET
 from broker.backends.skypilot.provisioner import SkyPilotProvisioner
+from broker.backends.skypilot.runtime import store_specs
 from broker.clock import AcceleratedClock
 from broker.config.settings import load_settings
 from broker.engine import Engine, EngineOptions, engine_options
 from broker.engine.planning import JobLimits
 from broker.market.book import PriceBook
 from broker.market.price_market import PriceBookMarket
-from broker.runtime import BUNDLED_MARKET, store_specs
 from broker.sim.market import Market, RunState, SimJob, _asker
 from broker.spec.job import parse_job_spec
 from broker.store import open_store

@@ -17,8 +17,8 @@ import yaml
 from fastapi.testclient import TestClient
 
 from broker.api.app import create_app
-from broker.api.jobs import JobIntake
 from broker.clock import WallClock
+from broker.intake import Intake
 from broker.store import open_store
 from tests.broker.web.seed import seed_fleet
 from tests.monitoring.grafana_schema import dashboard_errors
@@ -51,7 +51,7 @@ def exported(tmp_path_factory: pytest.TempPathFactory) -> set[str]:
     home = tmp_path_factory.mktemp("home")
     store = open_store(f"sqlite:///{home / 'broker.db'}")
     seed_fleet(store)
-    client = TestClient(create_app(store, WallClock(), JobIntake(home, "local", None), is_leader=lambda: True))
+    client = TestClient(create_app(store, WallClock(), Intake(home, "local", None), is_leader=lambda: True))
     client.get("/v1/health")
     body = client.get("/metrics").text
     store.dispose()

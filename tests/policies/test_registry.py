@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 
 from broker.backends.local.provisioner import LocalProvisioner, LocalWorld
+from broker.backends.local.runtime import BUNDLED_MARKET
 from broker.cli import main
 from broker.config.settings import ConfigError, load_settings
 from broker.engine import Engine, EngineOptions
-from broker.runtime import BUNDLED_MARKET
 from broker.store import open_store
 from broker.tokens import SharedAgentTokens
 from policies import kinds

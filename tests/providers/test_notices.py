@@ -11,8 +11,7 @@ from providers.aws import AwsImdsReader
 from providers.azure import AzureScheduledEventsReader
 from providers.gcp import GcpMetadataReader
 from providers.notices import NodeNotice, reader_for
-from tests.cloud_metadata import FakeAzureImds, FakeGce, azure_server, gce_server
-from tests.imds import FakeImds, imds_server
+from tests.cloud_metadata import FakeAzureImds, FakeGce, FakeImds, azure_server, gce_server, imds_server
 
 
 def test_no_notice_until_one_is_posted() -> None:

@@ -3,7 +3,7 @@
 A node is a directory (its ``$HOME``) and the processes SkyPilot runs there: the task's ``setup``
 when the cluster comes up, each ``sky.exec``'s ``run`` after that, as ``bash`` in a session of its
 own with the variables SkyPilot sets (``SKYPILOT_NODE_RANK``, ``SKYPILOT_NUM_NODES``, ...). Each node
-has its own metadata service in its cloud's wire format (``tests/imds.py``, ``tests/cloud_metadata.py``),
+has its own metadata service in its cloud's wire format (``tests/cloud_metadata.py``),
 reached the way a cloud routes the link-local address: the node's ``http_proxy`` points at it, so
 the agent's requests to ``169.254.169.254`` and ``metadata.google.internal`` land there, while
 ``no_proxy`` sends its reports to the broker directly.
@@ -29,8 +29,7 @@ from email.utils import format_datetime
 from pathlib import Path
 from typing import Any
 
-from tests.cloud_metadata import FakeAzureImds, FakeGce, azure_server, gce_server
-from tests.imds import FakeImds, imds_server
+from tests.cloud_metadata import FakeAzureImds, FakeGce, FakeImds, azure_server, gce_server, imds_server
 
 NOTICE_SECONDS = {"aws": 120.0, "gcp": 30.0, "azure": 30.0}
 

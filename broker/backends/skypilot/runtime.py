@@ -1,79 +1,115 @@
-"""The broker on the SkyPilot backend: real clusters, the wall clock, the price book as the market.
+"""The SkyPilot backend put together: real clusters, the wall clock, the price book as the market.
 
-Same shape as ``EmbeddedBroker`` (store, clock, market, provisioner, ``start``/``close``), so the
-job commands drive either. The notice API listens on ``api_host:api_port``; node agents report to
-``public_url`` (it must reach this machine from the clouds), and, with ``sqs_queue_url`` set, an
-SQS listener feeds EventBridge's EC2 spot warnings into the same notice table.
+``broker.runtime.assemble`` builds a ``SkyPilotBackend`` for ``backend: skypilot``. Its notice API
+listens on ``api_host:api_port``; node agents report to ``public_url`` (it must reach this machine
+from the clouds), and, with ``sqs_queue_url`` set, an SQS listener feeds EventBridge's EC2 spot
+warnings into the same notice table.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import Any
 
 from sqlalchemy import select
 
-from broker.api.app import BackgroundServer, create_app
 from broker.backends.agent_wheel import build_agent_wheel
 from broker.backends.base import ClusterInfo
-from broker.backends.skypilot.provisioner import SkyPilotProvisioner
+from broker.backends.skypilot.provisioner import SkyPilotOptions, SkyPilotProvisioner
 from broker.backends.skypilot.task import AgentPackage, cluster_task, sky_cluster_name
+from broker.clock import WallClock
 from broker.config.settings import Settings
-from broker.engine import Engine
-from broker.model import LIVE_CLUSTER_STATES
-from broker.spec.job import JobSpec
+from broker.market.book import PriceBook
+from broker.market.price_market import PriceBookMarket
+from broker.market.sky_catalog import SkyCatalogMarket
+from broker.model import ACTIVE_STATES, LIVE_CLUSTER_STATES
+from broker.spec.job import JobSpec, job_spec_from_data
 from broker.store import Store
-from broker.store.tables import ClusterRow
-
-if TYPE_CHECKING:
-    from broker.runtime import Runtime
+from broker.store.tables import ClusterRow, JobRow
 
 log = logging.getLogger("broker.runtime")
 
 
-class SkyPilotBroker:
-    """Built by ``broker.runtime.open_broker`` over the parts ``broker.runtime.assemble`` put together."""
+@dataclass
+class SkyPilotBackend:
+    """The SkyPilot backend's parts: the wall clock, the price book's market and SkyPilot's provisioner."""
 
-    def __init__(self, runtime: Runtime) -> None:
-        assert isinstance(runtime.provisioner, SkyPilotProvisioner)
-        self.runtime = runtime
-        self.settings = settings = runtime.settings
-        self.home = settings.home
-        self.store = self.runtime.store
-        self.clock = self.runtime.clock
-        self.market = self.runtime.market
-        self.provisioner = runtime.provisioner
-        self.tokens = self.runtime.tokens
-        self.server: BackgroundServer | None = None
-        self.engine: Engine | None = None
-        self.listener: Any = None
+    clock: WallClock
+    market: PriceBookMarket
+    provisioner: SkyPilotProvisioner
+    world: None = None  # no local replay
 
-    def start(self) -> Engine:
-        self.server = BackgroundServer(create_app(self.store, self.clock), self.settings.api_host,
-                                       self.settings.api_port).start()
-        url = self.settings.public_url or self.server.url
-        self.engine = self.runtime.engine(url)
-        threading.Thread(target=self._reconcile, name="sky-reconcile", daemon=True).start()
-        if self.settings.sqs_queue_url:
-            from broker.notices.sqs import SqsNoticeListener
+    def offered(self) -> None:
+        return None  # SkyPilot's catalog: an accelerator no cloud offers was refused when the job file was read
 
-            self.listener = SqsNoticeListener.from_settings(self.store, self.clock, self.settings)
-            self.listener.start()
-        return self.engine
+    def api_address(self, settings: Settings) -> tuple[str, int]:
+        return settings.api_host, settings.api_port
 
-    def _reconcile(self) -> None:
-        reconcile_sky(self.store, self.provisioner)
+    def agents_url(self, settings: Settings, api_url: str) -> str:
+        return settings.public_url or api_url
 
-    def close(self) -> None:
-        if self.listener is not None:
-            self.listener.stop()
-        if self.server is not None:
-            with contextlib.suppress(Exception):
-                self.server.stop()
-        self.store.dispose()
+    def reconcile(self, store: Store, check: Callable[[], None] | None = None) -> list[str]:
+        return reconcile_sky(store, self.provisioner, check)
+
+    def notice_listener(self, store: Store, settings: Settings) -> Any:
+        """EventBridge's spot warnings through SQS when ``sqs_queue_url`` is set, started; else None."""
+        if not settings.sqs_queue_url:
+            return None
+        from broker.notices.sqs import SqsNoticeListener
+
+        listener = SqsNoticeListener.from_settings(store, self.clock, settings)
+        listener.start()
+        return listener
+
+    def beside_engine(self, store: Store, settings: Settings) -> list[Any]:
+        """An embedded engine's company: one reconcile with ``sky status``, and the SQS listener."""
+        threading.Thread(target=self.reconcile, args=(store,), name="sky-reconcile", daemon=True).start()
+        listener = self.notice_listener(store, settings)
+        return [listener] if listener is not None else []
+
+
+def skypilot_backend(settings: Settings, store: Store, sdk: Any = None, catalog: Any = None) -> SkyPilotBackend:
+    """The market is the price book, with SkyPilot's catalog only for offers it never quoted; ``sdk``
+    and ``catalog`` stand in for SkyPilot's own in tests (or the ``skypilot_sdk`` setting)."""
+    if sdk is None and settings.skypilot_sdk is not None:
+        from broker.service.hooks import find
+
+        sdk = find(settings.skypilot_sdk, "skypilot_sdk")
+    market = PriceBookMarket(PriceBook(store), SkyCatalogMarket(lambda: (), catalog=catalog),
+                             settings.price_stale_seconds, wanted=lambda: active_accelerators(store))
+    provisioner = SkyPilotProvisioner(settings.home, store_specs(store), skypilot_options(settings), sdk=sdk)
+    return SkyPilotBackend(WallClock(), market, provisioner)
+
+
+def store_specs(store: Store) -> Callable[[str], JobSpec | None]:
+    """cluster id -> the spec of the job it was launched for (read from the store, then cached)."""
+    cache: dict[str, JobSpec] = {}
+
+    def lookup(cluster_id: str) -> JobSpec | None:
+        if cluster_id not in cache:
+            with store.transaction() as s:
+                job = s.scalar(select(JobRow).join(ClusterRow, ClusterRow.job_id == JobRow.id)
+                               .where(ClusterRow.id == cluster_id))
+                if job is None:
+                    return None
+                cache[cluster_id] = job_spec_from_data(job.spec, source=job.spec_path or job.name, offline=True)
+        return cache[cluster_id]
+
+    return lookup
+
+
+def active_accelerators(store: Store) -> set[str]:
+    with store.transaction() as s:
+        return {a for a in s.scalars(select(JobRow.accelerator).where(JobRow.state.in_(ACTIVE_STATES))) if a}
+
+
+def skypilot_options(settings: Settings) -> SkyPilotOptions:
+    return SkyPilotOptions(prefix=settings.skypilot_prefix, launch_timeout_s=settings.skypilot_launch_timeout,
+                           refresh_s=settings.skypilot_refresh_seconds,
+                           idle_minutes_to_autostop=settings.skypilot_autostop_minutes)
 
 
 def reconcile_sky(store: Store, provisioner: SkyPilotProvisioner, check: Callable[[], None] | None = None) -> list[str]:

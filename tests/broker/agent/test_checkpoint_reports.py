@@ -17,7 +17,7 @@ from broker.clock import WallClock
 from broker.store import Store, open_store
 from broker.store.tables import AllocationRow, CheckpointReportRow, ClusterRow, JobRow
 from broker.tokens import token_digest
-from tests.imds import FakeImds, imds_server
+from tests.cloud_metadata import FakeImds, imds_server
 
 JOB = """
 import os, sys, time

@@ -15,7 +15,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from tests.imds import FakeImds, imds_server
+from tests.cloud_metadata import FakeImds, imds_server
 
 JOB = """
 import os, signal, sys, time

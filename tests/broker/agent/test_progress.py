@@ -19,7 +19,7 @@ from broker.api.app import BackgroundServer, create_app
 from broker.clock import WallClock
 from broker.store.tables import ProgressRow
 from tests.broker.agent.test_checkpoint_reports import _store
-from tests.imds import FakeImds, imds_server
+from tests.cloud_metadata import FakeImds, imds_server
 
 
 @pytest.mark.parametrize(("line", "expected"), [

@@ -7,8 +7,8 @@ import pytest
 from fastapi.testclient import TestClient
 
 from broker.api.app import create_app
-from broker.api.jobs import JobIntake
 from broker.clock import WallClock
+from broker.intake import Intake
 from broker.store import Store, open_store
 from broker.tokens import create_api_token
 
@@ -38,7 +38,7 @@ class Api:
 @pytest.fixture
 def api(db_url: str, broker_home: Path) -> Api:
     store = open_store(db_url)
-    app = create_app(store, WallClock(), JobIntake(broker_home, "local", frozenset({("V100", 1), ("A100", 8)})))
+    app = create_app(store, WallClock(), Intake(broker_home, "local", frozenset({("V100", 1), ("A100", 8)})))
     alpha = create_api_token(store, "alpha").token
     beta = create_api_token(store, "beta").token
     return Api(TestClient(app), store, broker_home, {"Authorization": f"Bearer {alpha}"},

@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 from sqlalchemy import func, select
 
 from broker.api.app import create_app
-from broker.api.jobs import JobIntake
 from broker.clock import WallClock
+from broker.intake import Intake
 from broker.store import Store, open_store
 from broker.store.tables import ClusterRow, JobRow, NoticeRow
 from broker.tokens import create_api_token, token_digest
@@ -69,7 +69,7 @@ def _count(store: Store, table: type) -> int:
 def offline_api(db_url: str, broker_home: Path) -> Api:
     """The service API validating against the built-in catalog (no SkyPilot catalog load per run)."""
     store = open_store(db_url)
-    intake = JobIntake(broker_home, "local", frozenset({("V100", 1), ("A100", 8)}), offline=True)
+    intake = Intake(broker_home, "local", frozenset({("V100", 1), ("A100", 8)}), offline=True)
     alpha = create_api_token(store, "alpha").token
     return Api(TestClient(create_app(store, WallClock(), intake)), store, broker_home,
                {"Authorization": f"Bearer {alpha}"}, {})

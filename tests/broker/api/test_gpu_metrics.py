@@ -11,7 +11,7 @@ import yaml
 from fastapi.testclient import TestClient
 
 from broker.api.app import create_app
-from broker.api.jobs import JobIntake
+from broker.intake import Intake
 from broker.clock import WallClock
 from broker.store import open_store
 from broker.store.gpu import GpuMinuteRow
@@ -45,7 +45,7 @@ def test_running_jobs_gpus_under_dcgm_names_and_the_idle_alert_reads_them(tmp_pa
                                        utilization_mean=util + gpu, utilization_max=util + gpu,
                                        memory_used_mb_max=1000.0, memory_total_mb=40960.0,
                                        power_w_mean=None if gpu else 61.5, received_at=now))
-    client = TestClient(create_app(store, WallClock(), JobIntake(tmp_path, "local", None), is_leader=lambda: True))
+    client = TestClient(create_app(store, WallClock(), Intake(tmp_path, "local", None), is_leader=lambda: True))
     body = client.get("/metrics").text
     store.dispose()
     lines = [line for line in body.splitlines() if line.startswith("DCGM_")]

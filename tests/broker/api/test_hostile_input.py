@@ -10,9 +10,9 @@ from fastapi.testclient import TestClient
 from sqlalchemy import func, select
 
 from broker.api.app import create_app
-from broker.api.jobs import JobIntake
 from broker.api.limits import MAX_BODY_BYTES, Limits, json_depth
 from broker.clock import AcceleratedClock, WallClock
+from broker.intake import Intake
 from broker.store import Store, open_store
 from broker.store.tables import ClusterRow, JobRow, NoticeRow
 from broker.tokens import token_digest
@@ -194,7 +194,7 @@ def test_a_request_over_its_time_budget_is_503(db_url: str, broker_home: object)
 
     from broker.tokens import create_api_token
 
-    app = create_app(store, WallClock(), JobIntake(Path(str(broker_home)), "local"), limits=Limits(time_budget_s=1e-6))
+    app = create_app(store, WallClock(), Intake(Path(str(broker_home)), "local"), limits=Limits(time_budget_s=1e-6))
     token = create_api_token(store, "alpha").token
     response = TestClient(app).get("/v1/jobs", headers={"Authorization": f"Bearer {token}"})
     assert response.status_code == 503

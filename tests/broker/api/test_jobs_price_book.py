@@ -14,8 +14,8 @@ from fastapi.testclient import TestClient
 from sqlalchemy import func, select
 
 from broker.api.app import create_app
-from broker.api.jobs import JobIntake
 from broker.clock import WallClock
+from broker.intake import Intake
 from broker.market.book import PriceBook
 from broker.store import Store, open_store
 from broker.store.tables import JobRow
@@ -57,7 +57,7 @@ def service(tmp_path: Path) -> Iterator[Service]:
     store = open_store(f"sqlite:///{tmp_path / 'broker.db'}")
     PriceBook(store).record("azure", [H200, MI355X], at=NOW)
     PriceBook(store).record("aws", [CPU], at=NOW)
-    app = create_app(store, WallClock(), JobIntake(tmp_path, "skypilot", None, offline=True))
+    app = create_app(store, WallClock(), Intake(tmp_path, "skypilot", None, offline=True))
     token = create_api_token(store, "alpha").token
     yield Service(TestClient(app), store, {"Authorization": f"Bearer {token}"})
     store.dispose()
@@ -80,7 +80,7 @@ def test_what_the_price_book_quotes_is_accepted(service: Service, resources: str
 
 def test_the_same_jobs_are_refused_by_the_catalog_without_the_price_book(tmp_path: Path) -> None:
     store = open_store(f"sqlite:///{tmp_path / 'broker.db'}")
-    client = TestClient(create_app(store, WallClock(), JobIntake(tmp_path, "skypilot", None, offline=True)))
+    client = TestClient(create_app(store, WallClock(), Intake(tmp_path, "skypilot", None, offline=True)))
     headers = {"Authorization": f"Bearer {create_api_token(store, 'alpha').token}"}
     response = client.post("/v1/jobs", json={"spec": task("  accelerators: MI355X:8\n")}, headers=headers)
     assert response.status_code == 422

@@ -11,10 +11,10 @@ import pytest
 from sqlalchemy import select
 
 from broker.backends.skypilot.provisioner import SkyPilotOptions, SkyPilotProvisioner
+from broker.backends.skypilot.runtime import store_specs
 from broker.clock import WallClock
 from broker.engine import Engine, EngineOptions
 from broker.market.book import LiveQuotes
-from broker.runtime import store_specs
 from broker.spec.job import parse_job_spec
 from broker.store import Store, open_store
 from broker.store.tables import ClusterRow, JobEventRow, JobRow

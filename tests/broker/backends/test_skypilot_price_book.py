@@ -15,12 +15,12 @@ import pytest
 from sqlalchemy import select
 
 from broker.backends.skypilot.provisioner import SkyPilotOptions, SkyPilotProvisioner
+from broker.backends.skypilot.runtime import store_specs
 from broker.clock import AcceleratedClock
 from broker.engine import Engine, EngineOptions
 from broker.engine.machine import submit_job
 from broker.market.book import PriceBook
 from broker.market.price_market import PriceBookMarket
-from broker.runtime import store_specs
 from broker.spec.job import parse_job_spec
 from broker.store import Store, open_store
 from broker.store.tables import ClusterRow, JobRow, LedgerRow

@@ -12,7 +12,7 @@ from sqlalchemy import select
 
 from broker.config.settings import load_settings
 from broker.engine import Engine
-from broker.runtime import EmbeddedBroker
+from broker.runtime import assemble
 from broker.spec.job import parse_job_spec
 from broker.store.tables import AllocationRow, ClusterRow, JobRow
 from tests.broker.engine.one_zone import one_zone_market, run_until
@@ -47,7 +47,7 @@ def test_an_idle_cluster_waits_for_the_next_job_then_goes_and_a_queue_it_cannot_
     one_zone_market(path, 4)
     settings = load_settings(market=path, speed=30.0, local_provision_seconds=60.0, max_gpus=8,
                              pool_idle_seconds=900.0)
-    broker = EmbeddedBroker(settings, fresh_market=True)
+    broker = assemble(settings, fresh_market=True)
     engine = broker.start()
 
     def submit(name: str, nodes: int = 1) -> str:
@@ -85,7 +85,7 @@ def test_a_queue_grows_the_pool_only_within_its_own_gpu_limit(tmp_path: Path) ->
     one_zone_market(path, 4)
     settings = load_settings(market=path, speed=30.0, local_provision_seconds=60.0, max_gpus=16,
                              queue_max_gpus={"training": 4})
-    broker = EmbeddedBroker(settings, fresh_market=True)
+    broker = assemble(settings, fresh_market=True)
     engine = broker.start()
     text = JOB.replace("run: python train.py --steps 40", "run: python train.py --steps 200")
 

@@ -10,7 +10,7 @@ from sqlalchemy import select
 
 from broker.config.settings import load_settings
 from broker.engine import Engine, machine
-from broker.runtime import EmbeddedBroker
+from broker.runtime import assemble
 from broker.spec.job import parse_job_spec
 from broker.store.tables import JobEventRow, JobRow
 from tests.broker.engine.one_zone import one_zone_market, run_until
@@ -53,7 +53,7 @@ def test_a_waiting_job_gets_one_event_per_reason_it_waits_for(tmp_path: Path) ->
     path = one_zone_market(tmp_path / "m.csv", 4)
     settings = load_settings(market=path, speed=30.0, local_provision_seconds=60.0, max_gpus=8,
                              queue_max_gpus={"training": 4}, pool_idle_seconds=0.0)
-    broker = EmbeddedBroker(settings, fresh_market=True)
+    broker = assemble(settings, fresh_market=True)
     engine = broker.start()
     try:
         first = _submit(engine, tmp_path, "first", "training")

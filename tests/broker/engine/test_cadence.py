@@ -11,7 +11,7 @@ from sqlalchemy import select
 
 from broker.config.settings import load_settings
 from broker.engine.cadence import ASKED
-from broker.runtime import EmbeddedBroker
+from broker.runtime import assemble
 from broker.spec.job import parse_job_spec
 from broker.store.tables import CheckpointReportRow, JobEventRow, JobRow
 from policies.checkpointing import FIXED_INTERVAL_S, daly_interval
@@ -53,7 +53,7 @@ def test_a_job_is_asked_to_checkpoint_then_at_the_young_daly_interval(tmp_path: 
     spec = parse_job_spec(f"name: slow-ckpt\nresources:\n  accelerators: V100:1\nworkdir: {tmp_path}\n"
                           "run: python job.py\n", source=str(tmp_path / "job.yaml"))
     settings = load_settings(market=_market(tmp_path / "m.csv"), speed=240.0, local_provision_seconds=60.0)
-    broker = EmbeddedBroker(settings, fresh_market=True)
+    broker = assemble(settings, fresh_market=True)
     engine = broker.start()
     try:
         job_id = engine.submit(spec)

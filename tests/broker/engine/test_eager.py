@@ -10,7 +10,7 @@ from sqlalchemy import select
 
 from broker.config.settings import load_settings
 from broker.engine import Engine, machine, packing
-from broker.runtime import EmbeddedBroker
+from broker.runtime import Runtime, assemble
 from broker.spec.job import parse_job_spec
 from broker.store.tables import AllocationRow, ClusterRow, JobEventRow, PredictionRow
 from tests.broker.engine.one_zone import job_row, one_zone_market, run_until
@@ -30,12 +30,12 @@ broker:
 TRAIN = "python train.py --steps {steps} --step-seconds 0.05 --checkpoint-every 50"
 
 
-def _broker(tmp_path: Path, max_gpus: int, pool_idle_s: float = 0.0) -> EmbeddedBroker:
+def _broker(tmp_path: Path, max_gpus: int, pool_idle_s: float = 0.0) -> Runtime:
     path = tmp_path / "m.csv"
     one_zone_market(path, 4)
     settings = load_settings(market=path, speed=30.0, local_provision_seconds=60.0, max_gpus=max_gpus,
                              eager_policy="eager", eager_lead_seconds=3600.0, pool_idle_seconds=pool_idle_s)
-    return EmbeddedBroker(settings, fresh_market=True)
+    return assemble(settings, fresh_market=True)
 
 
 def _submit(engine: Engine, tmp_path: Path, name: str, run: str, work: str = "1m", nodes: int = 1) -> str:
@@ -81,7 +81,7 @@ def test_a_job_running_past_its_predicted_finish_keeps_its_gpus_and_the_next_job
             allocs = {x.job_id: x for x in s.scalars(select(AllocationRow))}
         assert job_row(engine, a).state == job_row(engine, b).state == "SUCCEEDED"
         assert allocs[b].cluster_id == allocs[a].cluster_id and allocs[b].started_at >= allocs[a].ended_at
-        log = (broker.home / "logs" / a / "attempt-1-node-0.log").read_text()
+        log = (broker.settings.home / "logs" / a / "attempt-1-node-0.log").read_text()
         assert "done: 600 steps" in log  # never cut short for the job that reserved its GPUs
     finally:
         broker.close()
@@ -176,7 +176,7 @@ def test_a_reservation_behind_a_job_running_late_is_given_up_for_other_gpus(tmp_
                                           or _cluster_of(engine, b) == c_cluster)
         run_until(engine, lambda: job_row(engine, a).state in ("SUCCEEDED", "FAILED"))
         assert job_row(engine, a).state == "SUCCEEDED"
-        assert "done: 600 steps" in (broker.home / "logs" / a / "attempt-1-node-0.log").read_text()
+        assert "done: 600 steps" in (broker.settings.home / "logs" / a / "attempt-1-node-0.log").read_text()
     finally:
         broker.close()
 

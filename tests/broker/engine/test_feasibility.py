@@ -11,10 +11,10 @@ from fastapi.testclient import TestClient
 from sqlalchemy import func, select
 
 from broker.api.app import create_app
-from broker.api.jobs import JobIntake
 from broker.cli import main
 from broker.clock import WallClock
 from broker.engine.feasibility import never_held
+from broker.intake import Intake
 from broker.spec.job import parse_job_spec
 from broker.store import open_store
 from broker.store.tables import JobRow
@@ -85,7 +85,7 @@ def test_launch_refuses_a_gang_over_max_gpus_and_stores_nothing(tmp_path: Path, 
 def test_the_api_refuses_with_a_422_naming_the_field_and_stores_nothing(db_url: str, broker_home: Path) -> None:
     store = open_store(db_url)
     try:
-        app = create_app(store, WallClock(), JobIntake(broker_home, "local", OFFERED, offline=True, max_gpus=8))
+        app = create_app(store, WallClock(), Intake(broker_home, "local", OFFERED, offline=True, max_gpus=8))
         headers = {"Authorization": f"Bearer {create_api_token(store, 'alpha').token}"}
         client = TestClient(app)
         for text, field in ((_job("A100:8", 2), "num_nodes"), (_job("H100:8"), "resources.accelerators")):

@@ -11,7 +11,7 @@ from sqlalchemy import select
 
 from broker.cli.job_output import status_table
 from broker.engine import forecast
-from broker.status.summary import job_summary
+from broker.status.orm_source import job_summary
 from broker.store import Store, open_store
 from broker.store.tables import AllocationRow, ClusterRow, JobRow, PredictionRow, ProgressRow
 

@@ -17,9 +17,9 @@ from sqlalchemy import select
 from broker.config.settings import load_settings
 from broker.engine import Engine
 from broker.model import JobState
-from broker.runtime import EmbeddedBroker
+from broker.runtime import Runtime, assemble
 from broker.spec.job import parse_job_spec
-from broker.status.summary import job_summary
+from broker.status.orm_source import job_summary
 from broker.store.tables import AllocationRow, ClusterRow, JobEventRow, JobRow
 from providers.base import SpotQuote
 from providers.trace import write_trace
@@ -32,10 +32,10 @@ def _trace(path: Path) -> Path:
     return path
 
 
-def _broker(tmp_path: Path, **settings: Any) -> tuple[EmbeddedBroker, Engine]:
+def _broker(tmp_path: Path, **settings: Any) -> tuple[Runtime, Engine]:
     loaded = load_settings(market=_trace(tmp_path / "market.csv"), speed=60.0, local_provision_seconds=30.0,
                            **settings)
-    broker = EmbeddedBroker(loaded, fresh_market=True)
+    broker = assemble(loaded, fresh_market=True)
     return broker, broker.start()
 
 
@@ -62,7 +62,7 @@ def _terminal(s: Any, job: JobRow) -> bool:
     return JobState(job.state).terminal
 
 
-def _all_down(broker: EmbeddedBroker, engine: Engine, job_id: str) -> list[ClusterRow]:
+def _all_down(broker: Runtime, engine: Engine, job_id: str) -> list[ClusterRow]:
     def down(s: Any, job: JobRow) -> bool:
         rows = list(s.scalars(select(ClusterRow).where(ClusterRow.job_id == job_id)))
         return bool(rows) and all(r.state in ("TERMINATED", "FAILED") for r in rows)
@@ -71,7 +71,7 @@ def _all_down(broker: EmbeddedBroker, engine: Engine, job_id: str) -> list[Clust
     with engine.store.transaction() as s:
         rows = list(s.scalars(select(ClusterRow).where(ClusterRow.job_id == job_id)))
     for row in rows:  # and the local cloud agrees: its hosts ended them
-        status = json.loads((broker.home / "local" / "clusters" / row.id / "status.json").read_text())
+        status = json.loads((broker.settings.home / "local" / "clusters" / row.id / "status.json").read_text())
         assert status["state"] in ("TERMINATED", "FAILED"), status
     return rows
 
@@ -94,11 +94,11 @@ def test_a_setup_that_exits_1_is_retried_then_the_job_fails_with_it(tmp_path: Pa
         assert [a.outcome for a in allocations] == ["start_failed"] * 3
         assert all(a.ended_at is not None for a in allocations)
         assert summary["reason"] == job.reason
-        logs = sorted((broker.home / "logs" / job_id).glob("attempt-*-node-0.log"))
+        logs = sorted((broker.settings.home / "logs" / job_id).glob("attempt-*-node-0.log"))
         assert len(logs) == 3 and all("preparing" in p.read_text() for p in logs)
         assert not any("the run began" in p.read_text() for p in logs)
         shown = subprocess.run([sys.executable, "-m", "broker", "status", job_id], capture_output=True, text=True,
-                               timeout=120, env={**os.environ, "BROKER_HOME": str(broker.home)})
+                               timeout=120, env={**os.environ, "BROKER_HOME": str(broker.settings.home)})
         assert shown.returncode == 0, shown.stderr
         assert f"{job_id} FAILED: could not start (3 tries): node-0: setup exited with code 3" in shown.stdout
     finally:
@@ -115,7 +115,7 @@ def test_a_setup_that_fails_once_is_retried_and_the_job_runs(tmp_path: Path) -> 
         assert job.attempt == 2 and job.reason is None
         rows = _all_down(broker, engine, job_id)
         assert len(rows) == 1
-        assert "the run began" in (broker.home / "logs" / job_id / "attempt-2-node-0.log").read_text()
+        assert "the run began" in (broker.settings.home / "logs" / job_id / "attempt-2-node-0.log").read_text()
     finally:
         broker.close()
 
@@ -130,7 +130,7 @@ def test_a_node_that_refuses_the_start_fails_the_job_and_no_step_raises(tmp_path
 
         cluster_id = _step_until(engine, job_id, launched).target_cluster_id
         # The node's disk will not take the run's directory: every start raises in the provisioner.
-        (broker.home / "local" / "clusters" / str(cluster_id) / "runs").write_text("not a directory")
+        (broker.settings.home / "local" / "clusters" / str(cluster_id) / "runs").write_text("not a directory")
         job = _step_until(engine, job_id, _terminal)
         assert job.state == "FAILED"
         assert job.reason is not None and job.reason.startswith("could not start (2 tries): ")

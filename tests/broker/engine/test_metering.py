@@ -20,7 +20,7 @@ from broker.config.settings import load_settings
 from broker.engine import metering
 from broker.engine.metering import meter_cluster
 from broker.reports.build import Window, build_report
-from broker.runtime import EmbeddedBroker
+from broker.runtime import assemble
 from broker.spec.job import parse_job_spec
 from broker.store import Store, open_store
 from broker.store.tables import AllocationRow, ClusterRow, JobRow, LedgerRow
@@ -176,7 +176,7 @@ def test_the_engine_bills_short_runs_to_the_second_and_a_short_cluster_a_minute(
     short job after the job it was launched for; then, with no pool, a short job's cluster goes at once."""
     settings = load_settings(market=one_zone_market(tmp_path / "m.csv", 2, 600), speed=10.0,
                              local_provision_seconds=5.0, max_gpus=4, pool_idle_seconds=60.0, db_url=db_url)
-    broker = EmbeddedBroker(settings, fresh_market=True)
+    broker = assemble(settings, fresh_market=True)
     engine = broker.start()
     store = engine.store
     try:
@@ -218,7 +218,7 @@ def test_the_engine_bills_short_runs_to_the_second_and_a_short_cluster_a_minute(
 def test_the_engine_bills_a_cluster_gone_within_a_minute_one_minute(tmp_path: Path, db_url: str) -> None:
     settings = load_settings(market=one_zone_market(tmp_path / "m.csv", 2, 600), speed=10.0,
                              local_provision_seconds=5.0, max_gpus=4, db_url=db_url)
-    broker = EmbeddedBroker(settings, fresh_market=True)
+    broker = assemble(settings, fresh_market=True)
     engine = broker.start()
     store = engine.store
     try:

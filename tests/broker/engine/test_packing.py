@@ -13,7 +13,7 @@ from sqlalchemy import select
 from broker.config.settings import load_settings
 from broker.engine import Engine, packing
 from broker.reports.build import Window, build_report
-from broker.runtime import EmbeddedBroker
+from broker.runtime import assemble
 from broker.spec.job import parse_job_spec
 from broker.store import open_store
 from broker.store.tables import AllocationRow, ClusterRow, JobEventRow, JobRow, LedgerRow
@@ -48,7 +48,7 @@ def _states(engine: Engine, *job_ids: str) -> list[str]:
 def test_gangs_share_a_cluster_and_a_higher_priority_gang_preempts(tmp_path: Path, broker_home: Path) -> None:
     settings = load_settings(market=one_zone_market(tmp_path / "m.csv", 1), speed=30.0, local_provision_seconds=60.0,
                              max_gpus=4)
-    broker = EmbeddedBroker(settings, fresh_market=True)
+    broker = assemble(settings, fresh_market=True)
     engine = broker.start()
     try:
         a = _submit(engine, tmp_path, "a", 2, 240, "batch")

@@ -11,7 +11,7 @@ from sqlalchemy import select
 from broker.backends.local.host import process_alive
 from broker.config.settings import load_settings
 from broker.engine import Engine, machine
-from broker.runtime import EmbeddedBroker
+from broker.runtime import Runtime, assemble
 from broker.spec.job import parse_job_spec
 from broker.store.tables import AllocationRow, EarlySetupRow, JobEventRow
 from tests.broker.engine.one_zone import job_row, one_zone_market, run_until
@@ -32,11 +32,11 @@ TRAIN = "python train.py --steps {steps} --step-seconds 0.05 --checkpoint-every 
 NOTE = "python -c 'import time; print(time.time())' >> {notes}"
 
 
-def _broker(tmp_path: Path) -> EmbeddedBroker:
+def _broker(tmp_path: Path) -> Runtime:
     path = one_zone_market(tmp_path / "m.csv", 4)
     settings = load_settings(market=path, speed=30.0, local_provision_seconds=60.0, max_gpus=4,
                              eager_policy="eager", eager_lead_seconds=3600.0)
-    return EmbeddedBroker(settings, fresh_market=True)
+    return assemble(settings, fresh_market=True)
 
 
 def _submit(engine: Engine, tmp_path: Path, name: str, run: str, setup: str | None = None) -> str:

@@ -15,7 +15,7 @@ from sqlalchemy import select
 
 from broker.config.settings import load_settings
 from broker.engine import Engine, machine
-from broker.runtime import EmbeddedBroker
+from broker.runtime import assemble
 from broker.spec.job import parse_job_spec
 from broker.store.tables import AllocationRow, ClusterRow, JobRow, LedgerRow
 from providers.base import SpotQuote
@@ -75,7 +75,7 @@ def test_two_half_gpu_jobs_share_one_gpu_with_mps_and_split_its_minutes(
     monkeypatch.setenv("CUDA_MPS_LOG_DIRECTORY", str(tmp_path / "mps-logs"))
     settings = load_settings(market=_market(tmp_path / "m.csv"), speed=30.0, local_provision_seconds=60.0,
                              max_gpus=2)
-    broker = EmbeddedBroker(settings, fresh_market=True)
+    broker = assemble(settings, fresh_market=True)
     engine = broker.start()
     try:
         ids = []
@@ -136,7 +136,7 @@ def test_cpu_and_memory_beside_free_gpus_are_honoured(tmp_path: Path, broker_hom
     # that node, and with the fleet capped at its 2 GPUs both wait. A half without CPUs fits.
     settings = load_settings(market=_market(tmp_path / "m.csv"), speed=30.0, local_provision_seconds=60.0,
                              max_gpus=2)
-    broker = EmbeddedBroker(settings, fresh_market=True)
+    broker = assemble(settings, fresh_market=True)
     engine = broker.start()
     text = "name: {n}\nresources:\n  accelerators: {acc}\n{cpus}run: sleep 30\n"
 
@@ -198,7 +198,7 @@ def test_two_gangs_of_half_gpus_share_one_gpu_on_each_of_two_nodes(tmp_path: Pat
     write_trace(market, [SpotQuote("gcp", "us-central1", "us-central1-a", "a2-highgpu-2g", "A100", 2, 2.2, 7.35,
                                    start + timedelta(minutes=t), available_nodes=2) for t in range(600)])
     settings = load_settings(market=market, speed=30.0, local_provision_seconds=60.0, max_gpus=4)
-    broker = EmbeddedBroker(settings, fresh_market=True)
+    broker = assemble(settings, fresh_market=True)
     engine = broker.start()
     try:
         ids = [engine.submit(parse_job_spec(GANG_JOB.format(name=name, other=other, out=out),

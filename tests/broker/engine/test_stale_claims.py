@@ -18,7 +18,7 @@ from sqlalchemy import select
 
 from broker.config.settings import load_settings
 from broker.model import JobState
-from broker.runtime import EmbeddedBroker
+from broker.runtime import assemble
 from broker.spec.job import parse_job_spec
 from broker.store import open_store
 from broker.store.tables import AllocationRow, ClusterRow, JobEventRow, LedgerRow
@@ -37,8 +37,8 @@ def test_a_broker_killed_between_claim_and_launch_the_next_one_runs_the_job(tmp_
     out = tmp_path / "ran"
     spec = parse_job_spec(f"name: claimed\nresources:\n  accelerators: V100:4\nworkdir: {tmp_path}\n"
                           f"run: echo attempt $BROKER_ATTEMPT >> {out}\n", source=str(tmp_path / "job.yaml"))
-    first = EmbeddedBroker(settings, fresh_market=True)
-    job_id = first.runtime.engine(None).submit(spec)
+    first = assemble(settings, fresh_market=True)
+    job_id = first.engine(None).submit(spec)
     first.close()
     # The node log of the first start is a FIFO nobody reads: the broker that starts the job claims the
     # node, writes its scripts, then blocks opening the log, between the claim and the launch.
@@ -61,7 +61,7 @@ def test_a_broker_killed_between_claim_and_launch_the_next_one_runs_the_job(tmp_
         killed.wait(timeout=10)
         fifo.unlink()
 
-        second = EmbeddedBroker(settings, store=open_store(db_url))
+        second = assemble(settings, open_store(db_url))
         engine = second.start()
         run_until(engine, lambda: JobState(job_row(engine, job_id).state).terminal, timeout=120)
         job = job_row(engine, job_id)

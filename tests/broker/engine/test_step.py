@@ -12,7 +12,7 @@ from sqlalchemy import select
 from broker.config.settings import load_settings
 from broker.engine import Engine
 from broker.model import JobState
-from broker.runtime import EmbeddedBroker
+from broker.runtime import assemble
 from broker.spec.job import parse_job_spec
 from broker.store import open_store
 from broker.store.tables import ClusterRow, JobRow, LedgerRow
@@ -66,14 +66,14 @@ def test_engine_killed_mid_migration_is_finished_by_the_next(tmp_path: Path, bro
     examples = Path(__file__).resolve().parents[3] / "examples"
     spec = parse_job_spec(JOB.format(workdir=examples), source=str(tmp_path / "job.yaml"))
 
-    first = EmbeddedBroker(settings, fresh_market=True)
+    first = assemble(settings, fresh_market=True)
     engine = first.start()
     job_id = engine.submit(spec)
     state = _step_until(engine, job_id, {JobState.CHECKPOINTING.value, JobState.MIGRATING.value})
     assert state in (JobState.CHECKPOINTING.value, JobState.MIGRATING.value)
     first.close()  # the broker dies here: its notice API and in-memory state are gone
 
-    second = EmbeddedBroker(settings, store=open_store(db_url))
+    second = assemble(settings, open_store(db_url))
     engine = second.start()
     assert _step_until(engine, job_id, {JobState.SUCCEEDED.value, JobState.FAILED.value}) == "SUCCEEDED"
     for _ in range(5):

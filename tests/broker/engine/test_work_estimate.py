@@ -7,11 +7,11 @@ from datetime import timedelta
 from pathlib import Path
 
 from broker.backends.local.provisioner import LocalProvisioner, LocalWorld
+from broker.backends.local.runtime import BUNDLED_MARKET
 from broker.clock import AcceleratedClock
 from broker.config.settings import load_settings
 from broker.engine import Engine, engine_options
 from broker.engine.planning import work_estimate
-from broker.runtime import BUNDLED_MARKET
 from broker.spec.job import parse_job_spec
 from broker.store import open_store
 from broker.store.tables import AllocationRow, ClusterRow, JobRow

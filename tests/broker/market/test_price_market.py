@@ -111,8 +111,8 @@ def test_a_decision_sees_each_zones_recent_past_from_the_book(store: Store, tmp_
     that past per zone, bounded, and the default policy, seeing it, prices the flapping zone's short
     runs and starts in the steady one; with no past kept it takes the cheaper price."""
     from broker.backends.skypilot.provisioner import SkyPilotProvisioner
+    from broker.backends.skypilot.runtime import store_specs
     from broker.engine import Engine, EngineOptions
-    from broker.runtime import store_specs
     from broker.spec.job import parse_job_spec
     from broker.store.tables import JobRow
     from broker.tokens import SharedAgentTokens

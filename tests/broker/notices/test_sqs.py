@@ -11,9 +11,9 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from sqlalchemy import select
 
-from broker.api.notices import NoticeReport, record_notice
 from broker.clock import WallClock
 from broker.config.settings import load_settings
+from broker.notices.record import Notice, record_notice
 from broker.notices.sqs import SqsNoticeListener
 from broker.store import Store, open_store
 from broker.store.tables import ClusterRow, JobRow, NoticeRow
@@ -116,8 +116,9 @@ def test_rebalance_recommendation_and_sns_wrapping(listener: SqsNoticeListener) 
 
 
 def test_agent_first_then_sqs_is_a_no_op(listener: SqsNoticeListener) -> None:
-    agent = record_notice(listener.store, WallClock(), NoticeReport(
-        cluster_id="j1-c1", node="0", kind="terminate", action_time=datetime.now(UTC) + timedelta(minutes=2)))
+    agent = record_notice(listener.store, WallClock(), Notice(
+        cluster_id="j1-c1", node="0", kind="terminate", action_time=datetime.now(UTC) + timedelta(minutes=2)),
+        source="agent")
     _send(listener, interruption(INSTANCES[0]))
     listener.poll_once()
     (notice,) = _notices(listener.store)
@@ -128,7 +129,8 @@ def test_agent_first_then_sqs_is_a_no_op(listener: SqsNoticeListener) -> None:
 def test_sqs_first_then_agent_is_a_duplicate(listener: SqsNoticeListener) -> None:
     _send(listener, interruption(INSTANCES[0]))
     listener.poll_once()
-    again = record_notice(listener.store, WallClock(), NoticeReport(cluster_id="j1-c1", node="1", kind="terminate"))
+    again = record_notice(listener.store, WallClock(), Notice(cluster_id="j1-c1", node="1", kind="terminate"),
+                          source="agent")
     assert again.duplicate
     assert [n.source for n in _notices(listener.store)] == ["sqs"]
 
@@ -150,7 +152,7 @@ def _event(detail: object, **fields: object) -> str:
                        "time": "2026-11-21T10:00:00Z", "detail": detail, **fields})
 
 
-LONG_ID = "i-" + "0" * 150  # a node id longer than the notice's column: refused by NoticeReport's validation
+LONG_ID = "i-" + "0" * 150  # a node id longer than the notice's column: refused by the notice's own checks
 
 MALFORMED = {
     "deep-nesting": "[" * 100_000 + "]" * 100_000,

@@ -61,7 +61,7 @@ def test_the_leader_launches_in_the_zone_the_price_book_made_cheapest(broker_hom
         threading.Thread(target=service._renew, daemon=True).start()  # as run() does, without its signals
         service._campaign()
         assert service.leading and service.engine is not None
-        job_id = submit_job(store, service.clock, parse_job_spec(JOB, offline=True), broker_home, "skypilot")
+        job_id = submit_job(store, service.runtime.clock, parse_job_spec(JOB, offline=True), broker_home, "skypilot")
 
         def running() -> bool:
             with store.transaction() as s:
@@ -98,7 +98,7 @@ def test_a_replica_takes_over_a_dead_leader_and_adopts_its_cluster(broker_home: 
         threading.Thread(target=first._renew, daemon=True).start()
         first._campaign()
         assert first.leading
-        job_id = submit_job(store, first.clock, parse_job_spec(JOB, offline=True), broker_home, "skypilot")
+        job_id = submit_job(store, first.runtime.clock, parse_job_spec(JOB, offline=True), broker_home, "skypilot")
         wait(lambda: (state(store, job_id) or "").startswith("RUNNING"), what=lambda: f"job {state(store, job_id)}")
         first._stop.set()  # no more renewals
         first._stop_scheduler()  # and no more steps: dead, holding the lease until it runs out
@@ -131,8 +131,9 @@ def test_a_notice_moves_on_the_checkpoint_reported_after_it(broker_home: Path, d
     notice runs out, and the job resumes from it."""
     from datetime import timedelta
 
-    from broker.api.notices import NoticeReport, record_notice
+    from broker.api.notices import NoticeReport, notice_of
     from broker.engine.checkpoint_reports import ReportedCheckpoint, record
+    from broker.notices.record import record_notice
 
     store = open_store(db_url)
     now = datetime.now(UTC)
@@ -148,14 +149,14 @@ def test_a_notice_moves_on_the_checkpoint_reported_after_it(broker_home: Path, d
     try:
         threading.Thread(target=service._renew, daemon=True).start()
         service._campaign()
-        job_id = submit_job(store, service.clock, parse_job_spec(spec, offline=True), broker_home, "skypilot")
+        job_id = submit_job(store, service.runtime.clock, parse_job_spec(spec, offline=True), broker_home, "skypilot")
         wait(lambda: (state(store, job_id) or "").startswith("RUNNING"), what=lambda: f"job {state(store, job_id)}")
         with store.transaction() as s:
             (cluster_id,) = s.scalars(select(ClusterRow.id))
         seen = datetime.now(UTC)
         notice = NoticeReport(cluster_id=cluster_id, node="0", kind="terminate", noticed_at=seen,
                               action_time=seen + timedelta(minutes=2))
-        record_notice(store, service.clock, notice)
+        record_notice(store, service.runtime.clock, notice_of(notice, service.runtime.clock), source="agent")
         record(store, ReportedCheckpoint(job_id, cluster_id, "0", "step-000010.npz", seen + timedelta(seconds=1), 10),
                datetime.now(UTC))
 

@@ -14,8 +14,8 @@ import pytest
 from fastapi.testclient import TestClient
 
 from broker.api.app import BackgroundServer, create_app
-from broker.api.jobs import JobIntake
 from broker.clock import WallClock
+from broker.intake import Intake
 from broker.store import Store, open_store
 from broker.tokens import create_api_token
 from tests.broker.web.seed import seed_fleet
@@ -47,7 +47,7 @@ class Dashboard:
 @pytest.fixture
 def dashboard(db_url: str, broker_home: Path) -> Iterator[Dashboard]:
     store = open_store(db_url)
-    app = create_app(store, WallClock(), JobIntake(broker_home, "local", None))
+    app = create_app(store, WallClock(), Intake(broker_home, "local", None))
     tokens = {team: create_api_token(store, team).token for team in ("alpha", "beta", "admin")}
     jobs = seed_fleet(store)
     server = BackgroundServer(app).start()

@@ -8,14 +8,14 @@ from pathlib import Path
 from fastapi.testclient import TestClient
 
 from broker.api.app import create_app
-from broker.api.jobs import JobIntake
 from broker.clock import WallClock
+from broker.intake import Intake
 from broker.store import open_store
 
 
 def _client(tmp_path: Path, intake: bool) -> TestClient:
     store = open_store(f"sqlite:///{tmp_path / 'store.db'}")
-    return TestClient(create_app(store, WallClock(), JobIntake(tmp_path / "home", "local", None) if intake else None))
+    return TestClient(create_app(store, WallClock(), Intake(tmp_path / "home", "local", None) if intake else None))
 
 
 def test_docs_show_every_operation_of_the_schema_with_no_script_and_no_outside_url(tmp_path: Path) -> None:

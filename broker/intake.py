@@ -1,0 +1,69 @@
+"""One way in for a job, whoever brings it (``broker launch``, ``POST /v1/jobs`` and ``/v1/pipelines``,
+the engine's tests): read the job file, judge it against the market, store it PENDING.
+
+On the SkyPilot backend a job file is judged by the price book's quotes first: any instance type or
+accelerator a cloud quotes is accepted, whether or not a catalog knows it; the catalogs judge the
+rest (a pipeline's stages among them), and word the refusal.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from broker.clock import Clock
+from broker.engine.feasibility import never_held
+from broker.engine.machine import submit_job, submit_pipeline
+from broker.spec.job import JobSpec, Pipeline, SpecError, market_offers, parse_job_file, parse_job_quoted
+from broker.store import Store
+
+
+@dataclass(frozen=True)
+class Intake:
+    """What taking a job in needs to know about the broker it is submitted to."""
+
+    home: Path
+    backend: str
+    # (accelerator, GPUs per node) the market offers; None when any may be asked for.
+    offered: frozenset[tuple[str, int]] | None = None
+    # Validate against the built-in catalog only (an air-gapped service: SkyPilot's cannot be fetched).
+    offline: bool = False
+    max_gpus: int | None = None  # GPUs the broker may hold: a gang bigger than this is refused
+
+
+def read_job(text: str, source: str, intake: Intake, store: Store | None) -> JobSpec | Pipeline:
+    """The job file's text as a task or a pipeline; a SpecError naming the field otherwise.
+    ``store``: where the price book is (on the SkyPilot backend)."""
+    if intake.backend != "skypilot":
+        return parse_job_file(text, source=source, offline=intake.offline)
+    from broker.market.book import PriceBook
+
+    assert store is not None, "the SkyPilot backend judges a job by the price book in the store"
+
+    return parse_job_quoted(text, source, market_offers(PriceBook(store).latest()), offline=intake.offline)
+
+
+def market_problem(spec: JobSpec, intake: Intake) -> SpecError | None:
+    """Why no offer of the market can ever hold ``spec`` (or the broker's ``max_gpus``); None if one may."""
+    return never_held(spec, intake.offered, intake.max_gpus)
+
+
+def submit(store: Store, clock: Clock, intake: Intake, job: JobSpec | Pipeline,
+           queued: Callable[[JobSpec], JobSpec] | None = None) -> list[str]:
+    """Store ``job`` PENDING once the market can hold every task of it; their job ids, in stage order.
+
+    A pipeline's stages are stored in one transaction, and nothing is stored when one is refused:
+    the SpecError of the first refused task is raised. ``queued`` gives each task as it is queued
+    (the API sets the token's team and its queue's priority).
+    """
+    tasks = job.stages if isinstance(job, Pipeline) else (job,)
+    for task in tasks:
+        if (problem := market_problem(task, intake)) is not None:
+            raise problem
+    if queued is not None:
+        tasks = tuple(queued(task) for task in tasks)
+    if isinstance(job, Pipeline):
+        return submit_pipeline(store, clock, dataclasses.replace(job, stages=tasks), intake.home, intake.backend)
+    return [submit_job(store, clock, tasks[0], intake.home, intake.backend)]
