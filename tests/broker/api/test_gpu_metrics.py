@@ -11,8 +11,8 @@ import yaml
 from fastapi.testclient import TestClient
 
 from broker.api.app import create_app
-from broker.intake import Intake
 from broker.clock import WallClock
+from broker.intake import Intake
 from broker.store import open_store
 from broker.store.gpu import GpuMinuteRow
 from broker.store.tables import AllocationRow, ClusterRow, JobRow
