@@ -1,8 +1,9 @@
 """What one request may cost the service: body size, JSON depth, NULs in the target, a time budget.
 
 ``RequestLimits`` is the outermost ASGI layer, so a request over a limit is refused before any
-route, JSON parser or database sees it. Bodies are read once, counted as they arrive (a lying or
-absent ``Content-Length`` does not help) and handed on to the app unchanged.
+route, JSON parser or database sees it. An API call without a bearer token is refused before its
+body is read. Bodies are read once, counted and depth-checked as they arrive, in time linear in
+their size (a lying or absent ``Content-Length`` does not help), and handed on to the app unchanged.
 """
 
 from __future__ import annotations
@@ -34,9 +35,18 @@ TIME_BUDGET_SECONDS = 120.0
 # A write is not begun with less than this part of the budget left, so a request answered 503
 # has not stored anything behind the caller's back (its worker thread cannot be stopped).
 WRITE_MARGIN = 0.2
+# API paths anyone may call; every other path under /v1/ needs a bearer token, so a call without one
+# is refused before its body is read (the routes check the token itself).
+PUBLIC_API_PATHS = frozenset({"/v1/health"})
 
-_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"', re.DOTALL)
-_BRACKETS = re.compile(rb"[\[\]{}]")
+# A string's inside up to its closing quote or the chunk's end (a lone backslash there escapes the
+# next chunk's first byte); possessive, so it never backtracks, and it always matches, so a scan is
+# never restarted: that restart on every quote made the former pattern quadratic.
+_STRING_REST = rb'(?:[^"\\]++|\\.)*+(?:(?P<closed>")|(?P<lone>\\)?\Z)'
+_STRING_REST_RE = re.compile(_STRING_REST, re.DOTALL)
+# One left-to-right pass: a string, a run of opening or closing brackets, an escape outside a string
+# (not JSON; kept so chunk boundaries cannot change the answer). Linear in the bytes scanned.
+_TOKEN = re.compile(rb'"' + _STRING_REST + rb'|[\[{]++|[\]}]++|\\.|\\\Z', re.DOTALL)
 
 
 @dataclass(frozen=True)
@@ -53,16 +63,46 @@ class Limits:
         return next((limit for route, limit in self.larger_bodies if route == path), self.max_body_bytes)
 
 
+class JsonDepth:
+    """How deeply arrays and objects nest in a body fed in chunks, without parsing it (brackets inside
+    strings skipped). Linear in the bytes fed and never looks back at an earlier chunk, so a request's
+    body is checked as it arrives: a hostile body costs at most a pass over what the size limit lets in."""
+
+    def __init__(self) -> None:
+        self.depth = self.deepest = 0
+        self.in_string = False
+        self.escaped = False  # the last chunk ended with a backslash: the next byte is escaped
+
+    def feed(self, chunk: bytes) -> int:
+        position = 0
+        if self.escaped and chunk:
+            self.escaped, position = False, 1
+        if self.in_string and position < len(chunk):
+            rest = _STRING_REST_RE.match(chunk, position)
+            assert rest is not None  # the pattern matches at any position
+            self._note_string(rest)
+            position = rest.end()
+        for token in _TOKEN.finditer(chunk, position):
+            first = chunk[token.start()]
+            if first == 0x22:  # a string, maybe going on in the next chunk
+                self._note_string(token)
+            elif first in (0x5B, 0x7B):  # [ {
+                self.depth += token.end() - token.start()
+                self.deepest = max(self.deepest, self.depth)
+            elif first in (0x5D, 0x7D):  # ] }
+                self.depth = max(0, self.depth - (token.end() - token.start()))
+            elif token.end() - token.start() == 1:  # a backslash ends the chunk
+                self.escaped = True
+        return self.deepest
+
+    def _note_string(self, match: re.Match[bytes]) -> None:
+        self.in_string = match.group("closed") is None
+        self.escaped = match.group("lone") is not None
+
+
 def json_depth(body: bytes) -> int:
     """How deeply arrays and objects nest in ``body``, without parsing it (brackets in strings skipped)."""
-    depth = deepest = 0
-    for bracket in _BRACKETS.findall(_STRING.sub(b'""', body)):
-        if bracket in (b"[", b"{"):
-            depth += 1
-            deepest = max(deepest, depth)
-        else:
-            depth = max(0, depth - 1)
-    return deepest
+    return JsonDepth().feed(body)
 
 
 def target_problem(scope: Scope, limit: int) -> str | None:
@@ -83,12 +123,24 @@ def target_problem(scope: Scope, limit: int) -> str | None:
     return None
 
 
-async def refuse(send: Send, status: int, message: str, field: list[str] | None = None) -> None:
-    """Answer with the API's error shape: ``detail`` (with ``loc`` when a field is named) and ``message``."""
+def bearer_missing(scope: Scope) -> bool:
+    """True for an API call that needs a token and carries none: it is answered 401 unread."""
+    path = str(scope.get("path", ""))
+    if not path.startswith("/v1/") or path in PUBLIC_API_PATHS:
+        return False
+    authorization = dict(scope.get("headers") or []).get(b"authorization", b"")
+    return authorization[:7].lower() != b"bearer " or not authorization[7:].strip()
+
+
+async def refuse(send: Send, status: int, message: str, field: list[str] | None = None,
+                 extra_headers: tuple[tuple[bytes, bytes], ...] = ()) -> None:
+    """Answer with the API's error shape: ``detail`` (with ``loc`` when a field is named) and ``message``.
+    The connection is closed after it: the refused request's body may not have been read."""
     detail: Any = [{"loc": field, "msg": message, "type": "limit"}] if field else message
     body = json.dumps({"detail": detail, "message": message}).encode()
     await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                            (b"connection", b"close"), *extra_headers]})
     await send({"type": "http.response.body", "body": body})
 
 
@@ -106,6 +158,10 @@ class RequestLimits:
         if problem is not None:
             await refuse(send, 400, problem)
             return
+        if bearer_missing(scope):
+            await refuse(send, 401, "missing bearer token: send `Authorization: Bearer <token>`",
+                         extra_headers=((b"www-authenticate", b"Bearer"),))
+            return
         max_body = limits.body_limit(scope.get("path", ""))
         declared = dict(scope.get("headers") or []).get(b"content-length")
         if declared is not None and (not declared.isdigit() or int(declared) > max_body):
@@ -114,6 +170,7 @@ class RequestLimits:
         chunks: list[bytes] = []
         size = 0
         more = True
+        depth = JsonDepth()
         while more:
             message = await receive()
             if message["type"] == "http.disconnect":
@@ -123,12 +180,12 @@ class RequestLimits:
             if size > max_body:
                 await refuse(send, 413, f"body: larger than {max_body} bytes", ["body"])
                 return
+            if depth.feed(chunk) > limits.max_json_depth:
+                await refuse(send, 422, f"body: nested deeper than {limits.max_json_depth} levels", ["body"])
+                return
             chunks.append(chunk)
             more = bool(message.get("more_body"))
         body = b"".join(chunks)
-        if body and json_depth(body) > limits.max_json_depth:
-            await refuse(send, 422, f"body: nested deeper than {limits.max_json_depth} levels", ["body"])
-            return
         scope.setdefault("state", {})["deadline"] = time.monotonic() + limits.time_budget_s * (1 - WRITE_MARGIN)
         await self._within_budget(scope, _replay(body), send)
 
