@@ -35,6 +35,8 @@ TIME_BUDGET_SECONDS = 120.0
 # A write is not begun with less than this part of the budget left, so a request answered 503
 # has not stored anything behind the caller's back (its worker thread cannot be stopped).
 WRITE_MARGIN = 0.2
+# The depth scan yields to other requests after each slice this long (a few ms of work at worst).
+SCAN_SLICE_BYTES = 8192
 # API paths anyone may call; every other path under /v1/ needs a bearer token, so a call without one
 # is refused before its body is read (the routes check the token itself).
 PUBLIC_API_PATHS = frozenset({"/v1/health"})
@@ -180,7 +182,7 @@ class RequestLimits:
             if size > max_body:
                 await refuse(send, 413, f"body: larger than {max_body} bytes", ["body"])
                 return
-            if depth.feed(chunk) > limits.max_json_depth:
+            if await _deepest(depth, chunk) > limits.max_json_depth:
                 await refuse(send, 422, f"body: nested deeper than {limits.max_json_depth} levels", ["body"])
                 return
             chunks.append(chunk)
@@ -203,6 +205,15 @@ class RequestLimits:
         except TimeoutError:
             if not started:
                 await refuse(send, 503, f"request took longer than its {self.limits.time_budget_s:g} s budget")
+
+
+async def _deepest(depth: JsonDepth, chunk: bytes) -> int:
+    """Feed ``chunk`` a slice at a time, letting other requests run between slices: a receive whose
+    data is already buffered does not yield, so a fast client's 2 MB would otherwise be one long hold."""
+    for start in range(0, len(chunk), SCAN_SLICE_BYTES):
+        depth.feed(chunk[start:start + SCAN_SLICE_BYTES])
+        await asyncio.sleep(0)
+    return depth.deepest
 
 
 def out_of_time(state: Any) -> bool:

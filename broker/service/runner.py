@@ -27,6 +27,7 @@ import uvicorn
 
 from broker.api.app import create_app
 from broker.api.jobs import JobIntake
+from broker.api.serving import server_config
 from broker.backends.fenced import FencedProvisioner
 from broker.backends.local.provisioner import LocalProvisioner, LocalWorld
 from broker.config.settings import ConfigError, Settings
@@ -106,8 +107,7 @@ class Service:
                                                                  offline=settings.offline_catalog,
                                                                  max_gpus=settings.max_gpus),
                               is_leader=lambda: self.leading)
-        self.server = uvicorn.Server(uvicorn.Config(self.app, log_config=None, access_log=False, lifespan="off",
-                                                    timeout_graceful_shutdown=5))
+        self.server = uvicorn.Server(server_config(self.app, log_config=None, timeout_graceful_shutdown=5))
 
     @staticmethod
     def _bind(host: str, port: int) -> socket.socket:
