@@ -24,6 +24,7 @@ from broker.market.book import Market
 from broker.model import ACTIVE_STATES
 from broker.spec.job import JobSpec, job_spec_from_data
 from broker.store import Store, open_store
+from broker.store.private import private_directory
 from broker.store.tables import ClusterRow, JobRow
 from broker.tokens import SharedAgentTokens
 from providers.local import LocalMarket
@@ -39,7 +40,7 @@ class EngineLock:
     """One engine drives a broker home at a time; others only watch the store."""
 
     def __init__(self, home: Path) -> None:
-        home.mkdir(parents=True, exist_ok=True)
+        private_directory(home)
         self.path = home / "engine.lock"
         self._handle: IO[str] | None = None
 
@@ -121,6 +122,7 @@ def assemble(settings: Settings, store: Store | None = None,
     market is the price book, with SkyPilot's catalog only for offers it never quoted; ``sdk`` and
     ``catalog`` stand in for SkyPilot's own in tests.
     """
+    private_directory(settings.home)
     store = store or open_store(settings.database_url)
     tokens = SharedAgentTokens(store, settings.home)
     if settings.backend == "skypilot":
