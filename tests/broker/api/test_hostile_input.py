@@ -344,3 +344,17 @@ def test_a_checkpoint_inside_the_jobs_dir_is_recorded(notice_store: Store, path:
     assert response.status_code == 202, response.text
     with notice_store.transaction() as s:
         assert s.scalar(select(NoticeRow.checkpoint)) == path
+
+
+@pytest.mark.parametrize(("spec", "field"), [
+    ('name: "bad\\ud800"\n' + JOB.split("\n", 1)[1], "name"),
+    ('envs:\n  A: "x\\udfff"\n' + JOB, "envs.A"),
+    (JOB.replace("  accelerators: V100:1\n", "  accelerators: V100:1\n  memory: .nan\n"), "resources.memory"),
+    ("broker:\n  checkpoint:\n    dir: /" + "a" * 100_000 + "\n" + JOB, "broker.checkpoint.dir"),
+], ids=["surrogate-name", "surrogate-env", "nan-memory", "long-dir"])
+def test_values_no_field_may_hold_are_422_and_store_nothing(api: Api, spec: str, field: str) -> None:
+    """Were a 500 (surrogate; NaN on PostgreSQL), or stored, launched, billed and FAILED (env, long dir)."""
+    response = api.client.post("/v1/jobs", json={"spec": spec}, headers=api.alpha)
+    assert response.status_code == 422, response.text
+    _named(response, field)
+    assert _jobs(api) == 0
