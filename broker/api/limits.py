@@ -14,6 +14,7 @@ import re
 import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass
+from itertools import accumulate
 from typing import Any
 from urllib.parse import parse_qsl, unquote_to_bytes
 
@@ -46,9 +47,16 @@ PUBLIC_API_PATHS = frozenset({"/v1/health"})
 # never restarted: that restart on every quote made the former pattern quadratic.
 _STRING_REST = rb'(?:[^"\\]++|\\.)*+(?:(?P<closed>")|(?P<lone>\\)?\Z)'
 _STRING_REST_RE = re.compile(_STRING_REST, re.DOTALL)
-# One left-to-right pass: a string, a run of opening or closing brackets, an escape outside a string
-# (not JSON; kept so chunk boundaries cannot change the answer). Linear in the bytes scanned.
-_TOKEN = re.compile(rb'"' + _STRING_REST + rb'|[\[{]++|[\]}]++|\\.|\\\Z', re.DOTALL)
+# One left-to-right pass over what is not brackets: a run of closed strings with no bracket between
+# them, a string (maybe going on in the next chunk), or a backslash outside a string (not JSON: a
+# parser stops there). Linear in the bytes scanned.
+_STRING_OR_ESCAPE = re.compile(rb'(?P<run>(?:"(?:[^"\\]++|\\.)*+"[^"\[\]{}\\]*+)++)|"' + _STRING_REST + rb'|\\',
+                               re.DOTALL)
+# Between strings only brackets count: the rest is deleted and each bracket becomes +1 or -1.
+_NOT_BRACKETS = bytes(byte for byte in range(256) if byte not in b"[]{}")
+_STEPS = bytes.maketrans(b"[{]}", b"\x01\x01\xff\xff")
+_OPENING = b"[{"
+_FEW_BRACKETS = 8  # up to this many are counted one by one; more, through accumulate in C
 
 
 @dataclass(frozen=True)
@@ -74,6 +82,9 @@ class JsonDepth:
         self.depth = self.deepest = 0
         self.in_string = False
         self.escaped = False  # the last chunk ended with a backslash: the next byte is escaped
+        # A bracket closed more often than opened, or a backslash outside a string: not JSON, and a
+        # parser stops there, so nothing after it can nest deeper for anyone. Scanning stops too.
+        self.not_json = False
 
     def feed(self, chunk: bytes) -> int:
         position = 0
@@ -84,18 +95,43 @@ class JsonDepth:
             assert rest is not None  # the pattern matches at any position
             self._note_string(rest)
             position = rest.end()
-        for token in _TOKEN.finditer(chunk, position):
-            first = chunk[token.start()]
-            if first == 0x22:  # a string, maybe going on in the next chunk
+        for token in _STRING_OR_ESCAPE.finditer(chunk, position):
+            if self.not_json:
+                return self.deepest
+            start, end = token.span()
+            if start > position:
+                self._brackets(chunk[position:start])
+            position = end
+            if token.group("run") is not None:
+                continue
+            if chunk[start] == 0x22:  # a string, maybe going on in the next chunk
                 self._note_string(token)
-            elif first in (0x5B, 0x7B):  # [ {
-                self.depth += token.end() - token.start()
-                self.deepest = max(self.deepest, self.depth)
-            elif first in (0x5D, 0x7D):  # ] }
-                self.depth = max(0, self.depth - (token.end() - token.start()))
-            elif token.end() - token.start() == 1:  # a backslash ends the chunk
-                self.escaped = True
+            else:
+                self.not_json = True
+        if position < len(chunk) and not self.not_json:
+            self._brackets(chunk[position:])
         return self.deepest
+
+    def _brackets(self, between_strings: bytes) -> None:
+        brackets = between_strings.translate(None, _NOT_BRACKETS)
+        if not brackets or self.not_json:
+            return
+        if len(brackets) <= _FEW_BRACKETS:  # most gaps between strings: '{', '},{', ']}'
+            depth, deepest = self.depth, self.deepest
+            for bracket in brackets:
+                depth += 1 if bracket in _OPENING else -1
+                deepest = max(deepest, depth)
+                if depth < 0:
+                    self.not_json = True
+                    break
+            self.depth, self.deepest = depth, deepest
+            return
+        depths = list(accumulate(memoryview(brackets.translate(_STEPS)).cast("b"), initial=self.depth))
+        if min(depths) < 0:  # count only up to where a parser stops
+            self.not_json = True
+            del depths[depths.index(-1):]
+        self.deepest = max(self.deepest, max(depths))
+        self.depth = depths[-1]
 
     def _note_string(self, match: re.Match[bytes]) -> None:
         self.in_string = match.group("closed") is None
@@ -182,7 +218,7 @@ class RequestLimits:
             if size > max_body:
                 await refuse(send, 413, f"body: larger than {max_body} bytes", ["body"])
                 return
-            if await _deepest(depth, chunk) > limits.max_json_depth:
+            if await _deepest(depth, chunk, limits.max_json_depth) > limits.max_json_depth:
                 await refuse(send, 422, f"body: nested deeper than {limits.max_json_depth} levels", ["body"])
                 return
             chunks.append(chunk)
@@ -207,11 +243,13 @@ class RequestLimits:
                 await refuse(send, 503, f"request took longer than its {self.limits.time_budget_s:g} s budget")
 
 
-async def _deepest(depth: JsonDepth, chunk: bytes) -> int:
-    """Feed ``chunk`` a slice at a time, letting other requests run between slices: a receive whose
-    data is already buffered does not yield, so a fast client's 2 MB would otherwise be one long hold."""
+async def _deepest(depth: JsonDepth, chunk: bytes, limit: int) -> int:
+    """Feed ``chunk`` a slice at a time, letting other requests run between slices (a receive whose
+    data is already buffered does not yield, so a fast client's 2 MB would otherwise be one long
+    hold); stop at the slice that goes past ``limit``."""
     for start in range(0, len(chunk), SCAN_SLICE_BYTES):
-        depth.feed(chunk[start:start + SCAN_SLICE_BYTES])
+        if depth.feed(chunk[start:start + SCAN_SLICE_BYTES]) > limit:
+            break
         await asyncio.sleep(0)
     return depth.deepest
 

@@ -50,6 +50,14 @@ def test_json_depth_is_the_same_whatever_the_chunks() -> None:
         assert depth.deepest == 5, size
 
 
+def test_json_depth_stops_where_a_parser_would() -> None:
+    """A close with nothing open, or a backslash outside a string, is where any JSON parser stops,
+    so the scan stops there too; up to that point depth is counted as usual."""
+    assert json_depth(b"[[[]]]]" + b"[" * 100) == 3
+    assert json_depth(b"[[\\" + b"[" * 100) == 2
+    assert json_depth(b'["\\\\", [' + b"[" * 40) == 42  # an escaped backslash inside a string is not one
+
+
 def test_a_body_of_escaped_quotes_is_scanned_in_linear_time() -> None:
     """The former pattern restarted at every quote: '"' and 32,000 '\\"' took 27 s, 2 MB would take
     hours. Run in a child process so a quadratic scan fails the test instead of hanging it."""
