@@ -28,6 +28,9 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 MAX_BODY_BYTES = 2 * 1024 * 1024
 # The deepest body a route takes is 2 levels; 32 leaves room and stops recursion bombs.
 MAX_JSON_DEPTH = 32
+# Routes take a handful of arrays and objects; parsing and validating hundreds of thousands of them
+# holds the event loop for a second per 2 MB (strings and numbers cost a tenth of that).
+MAX_JSON_CONTAINERS = 10_000
 # Longest URL path plus query string; ids, states and offsets are all short.
 MAX_TARGET_BYTES = 8192
 # Generous: the first submission after a start loads SkyPilot's catalog, which takes tens of seconds
@@ -63,6 +66,7 @@ _FEW_BRACKETS = 8  # up to this many are counted one by one; more, through accum
 class Limits:
     max_body_bytes: int = MAX_BODY_BYTES
     max_json_depth: int = MAX_JSON_DEPTH
+    max_json_containers: int = MAX_JSON_CONTAINERS
     max_target_bytes: int = MAX_TARGET_BYTES
     time_budget_s: float = TIME_BUDGET_SECONDS
     # Routes that take more and bound their bodies themselves, with a message naming their field:
@@ -80,6 +84,7 @@ class JsonDepth:
 
     def __init__(self) -> None:
         self.depth = self.deepest = 0
+        self.containers = 0  # arrays and objects opened so far
         self.in_string = False
         self.escaped = False  # the last chunk ended with a backslash: the next byte is escaped
         # A bracket closed more often than opened, or a backslash outside a string: not JSON, and a
@@ -116,6 +121,7 @@ class JsonDepth:
         brackets = between_strings.translate(None, _NOT_BRACKETS)
         if not brackets or self.not_json:
             return
+        self.containers += brackets.count(b"[") + brackets.count(b"{")
         if len(brackets) <= _FEW_BRACKETS:  # most gaps between strings: '{', '},{', ']}'
             depth, deepest = self.depth, self.deepest
             for bracket in brackets:
@@ -218,8 +224,9 @@ class RequestLimits:
             if size > max_body:
                 await refuse(send, 413, f"body: larger than {max_body} bytes", ["body"])
                 return
-            if await _deepest(depth, chunk, limits.max_json_depth) > limits.max_json_depth:
-                await refuse(send, 422, f"body: nested deeper than {limits.max_json_depth} levels", ["body"])
+            problem = await _scan(depth, chunk, limits)
+            if problem is not None:
+                await refuse(send, 422, problem, ["body"])
                 return
             chunks.append(chunk)
             more = bool(message.get("more_body"))
@@ -243,15 +250,17 @@ class RequestLimits:
                 await refuse(send, 503, f"request took longer than its {self.limits.time_budget_s:g} s budget")
 
 
-async def _deepest(depth: JsonDepth, chunk: bytes, limit: int) -> int:
+async def _scan(depth: JsonDepth, chunk: bytes, limits: Limits) -> str | None:
     """Feed ``chunk`` a slice at a time, letting other requests run between slices (a receive whose
     data is already buffered does not yield, so a fast client's 2 MB would otherwise be one long
-    hold); stop at the slice that goes past ``limit``."""
+    hold); what is wrong at the first slice that goes past a limit, else None."""
     for start in range(0, len(chunk), SCAN_SLICE_BYTES):
-        if depth.feed(chunk[start:start + SCAN_SLICE_BYTES]) > limit:
-            break
+        if depth.feed(chunk[start:start + SCAN_SLICE_BYTES]) > limits.max_json_depth:
+            return f"body: nested deeper than {limits.max_json_depth} levels"
+        if depth.containers > limits.max_json_containers:
+            return f"body: more than {limits.max_json_containers} arrays and objects"
         await asyncio.sleep(0)
-    return depth.deepest
+    return None
 
 
 def out_of_time(state: Any) -> bool:

@@ -88,6 +88,16 @@ def test_20000_deep_nesting_is_422_not_a_recursion_error(api: Api) -> None:
     assert _jobs(api) == 0
 
 
+def test_a_body_of_many_small_arrays_is_422_before_it_is_parsed(api: Api) -> None:
+    """400,000 arrays in 2 MB held the event loop for a second in validation after the depth check."""
+    body = b'{"spec": [' + b"[]," * 10_001 + b"1]}"
+    response = api.client.post("/v1/jobs", content=body, headers={**api.alpha, "Content-Type": "application/json"})
+    assert response.status_code == 422
+    assert response.json()["detail"][0]["loc"] == ["body"]
+    assert "more than 10000 arrays and objects" in response.json()["message"]
+    assert _jobs(api) == 0
+
+
 def test_a_body_over_the_size_limit_is_413(api: Api) -> None:
     big = json.dumps({"spec": "#" * (MAX_BODY_BYTES + 10)})
     response = api.client.post("/v1/jobs", content=big, headers={**api.alpha, "Content-Type": "application/json"})
