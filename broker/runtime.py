@@ -27,6 +27,7 @@ from broker.intake import Intake, submit
 from broker.market.book import Market
 from broker.spec.job import JobSpec, Pipeline
 from broker.store import Store, open_store
+from broker.store.private import private_directory
 from broker.tokens import SharedAgentTokens
 
 
@@ -34,7 +35,7 @@ class EngineLock:
     """One engine drives a broker home at a time; others only watch the store."""
 
     def __init__(self, home: Path) -> None:
-        home.mkdir(parents=True, exist_ok=True)
+        private_directory(home)
         self.path = home / "engine.lock"
         self._handle: IO[str] | None = None
 
@@ -187,6 +188,7 @@ def assemble(settings: Settings, store: Store | None = None, *, fresh_market: bo
     SkyPilot the market is the price book, with SkyPilot's catalog only for offers it never quoted;
     ``sdk`` and ``catalog`` stand in for SkyPilot's own in tests.
     """
+    private_directory(settings.home)
     store = store or open_store(settings.database_url)
     tokens = SharedAgentTokens(store, settings.home)
     backend: Backend

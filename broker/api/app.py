@@ -20,6 +20,7 @@ from broker.api.notices import notices_router
 from broker.api.pipelines import pipelines_router
 from broker.api.prices import prices_router
 from broker.api.reports import reports_router
+from broker.api.serving import ConnectionLimits, server_config
 from broker.api.validation import user_error_response, validation_error_response
 from broker.clock import Clock
 from broker.errors import user_errors
@@ -39,7 +40,7 @@ def create_app(store: Store, clock: Clock, intake: Intake | None = None,
     app.include_router(gpu_reports_router(store, clock))
 
     @app.get("/v1/health")
-    def health() -> dict[str, object]:
+    async def health() -> dict[str, object]:  # on the event loop: no thread hand-off under load
         return {"status": "ok", "leader": bool(is_leader()) if is_leader is not None else None}
 
     if intake is not None:
@@ -63,12 +64,13 @@ def create_app(store: Store, clock: Clock, intake: Intake | None = None,
 class BackgroundServer:
     """Serve an app on a loopback port chosen by the OS, in a daemon thread."""
 
-    def __init__(self, app: FastAPI, host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(self, app: FastAPI, host: str = "127.0.0.1", port: int = 0,
+                 connection_limits: ConnectionLimits | None = None) -> None:
         self.socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.socket.bind((host, port))
         self.host, self.port = self.socket.getsockname()[:2]
-        config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off")
+        config = server_config(app, connection_limits, log_level="warning")
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.socket]}, daemon=True)
 

@@ -31,8 +31,9 @@ def main(argv: list[str] | None = None) -> None:
     except Exception as exc:
         if is_user_error(exc):
             from broker.cli.app import err_console
+            from broker.cli.job_output import shown
 
-            err_console.print(f"[red]error:[/red] {exc}", highlight=False, markup=True, soft_wrap=True)
+            err_console.print(f"[red]error:[/red] {shown(exc)}", highlight=False, markup=True, soft_wrap=True)
             sys.exit(2)
         # Usage errors from the command-line parser (Typer bundles its own copy of click).
         show, exit_code = getattr(exc, "show", None), getattr(exc, "exit_code", None)

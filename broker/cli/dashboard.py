@@ -20,6 +20,7 @@ def dashboard(
     import uvicorn
     from fastapi import FastAPI
 
+    from broker.api.serving import server_config
     from broker.backends.local.provisioner import LocalWorld
     from broker.clock import WallClock
     from broker.config.settings import load_settings
@@ -49,7 +50,7 @@ def dashboard(
                       highlight=False)
     print(issued.token, flush=True)
     try:
-        uvicorn.Server(uvicorn.Config(web, log_level="warning", access_log=False, lifespan="off")).run(sockets=[sock])
+        uvicorn.Server(server_config(web, log_level="warning")).run(sockets=[sock])
     finally:
         revoke_api_token(store, issued.token_id)
         store.dispose()

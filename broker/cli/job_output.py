@@ -7,6 +7,7 @@ these, so neither imports the other.
 from __future__ import annotations
 
 import json
+import re
 from typing import TYPE_CHECKING, Any
 
 import typer
@@ -16,6 +17,16 @@ if TYPE_CHECKING:
 
 SUCCEEDED, PENDING = "SUCCEEDED", "PENDING"  # broker.model.JobState values, without importing the engine's model
 TERMINAL = ("SUCCEEDED", "FAILED", "CANCELLED")
+# Control characters (C0, DEL, C1): a stored name with ESC [31m or a carriage return must not reach the terminal raw.
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def shown(value: object) -> str:
+    """Stored text as the CLI prints it through Rich: control characters as \\xNN, markup escaped
+    (a job named "[/x] hi" would otherwise make Rich raise and the whole listing fail)."""
+    from rich.markup import escape
+
+    return escape(_CONTROL.sub(lambda found: f"\\x{ord(found.group()):02x}", str(value)))
 
 
 def progress_table(summary: dict[str, Any], progress: str) -> Table:
@@ -29,7 +40,7 @@ def progress_table(summary: dict[str, Any], progress: str) -> Table:
     if summary["spot"] is False:
         where += " (on-demand)"
     price = f"{summary['price_per_hour']:.2f}" if summary["price_per_hour"] is not None else "-"
-    table.add_row(summary["job_id"], summary["state"], where, price, progress[-60:] or "-",
+    table.add_row(shown(summary["job_id"]), shown(summary["state"]), shown(where), price, shown(progress[-60:] or "-"),
                   str(summary["preemptions"]), f"${summary['cost']:.4f}")
     return table
 
@@ -45,7 +56,8 @@ def status_table(summaries: list[dict[str, Any]]) -> Table:
         where = f"{item['cloud']}/{item['zone']}" if item["zone"] else "-"
         state = f"{item['state']} ({item['checkpoint_reason']})" if item.get("checkpoint_reason") else item["state"]
         name = f"{item['name']} (stage {item['stage']} of {item['pipeline_id']})" if item.get("stage") else item["name"]
-        table.add_row(item["job_id"], name, item["team"], state, where, progress_cell(item),
+        table.add_row(shown(item["job_id"]), shown(name), shown(item["team"]), shown(state), shown(where),
+                      shown(progress_cell(item)),
                       finish_cell(item), earlier_cell(item), str(item["preemptions"]),
                       str(item["migrations"]), f"${item['cost']:.4f}", f"${item['on_demand_cost']:.4f}")
     return table
@@ -90,7 +102,8 @@ def print_status(summaries: list[dict[str, Any]], job_id: str | None, as_json: b
         console.print(status_table(summaries))
         for item in summaries:  # why a job failed (or waits), where the engine said
             if item.get("reason"):
-                console.print(f"{item['job_id']} {item['state']}: {item['reason']}", highlight=False, markup=False)
+                console.print(f"{shown(item['job_id'])} {shown(item['state'])}: {shown(item['reason'])}",
+                              highlight=False)
 
 
 def announce(job_id: str, name: str, num_nodes: int, detach: bool, as_json: bool) -> None:
@@ -102,7 +115,7 @@ def announce(job_id: str, name: str, num_nodes: int, detach: bool, as_json: bool
     elif detach:
         console.print(f"submitted [bold]{job_id}[/bold]; follow it with `broker logs {job_id} --follow`")
     elif not as_json:
-        console.print(f"submitted [bold]{job_id}[/bold] ({name}, {num_nodes} node(s))")
+        console.print(f"submitted [bold]{shown(job_id)}[/bold] ({shown(name)}, {num_nodes} node(s))")
 
 
 def announce_pipeline(name: str, kind: str, job_ids: list[str], stages: list[tuple[str, int]], detach: bool,
@@ -116,9 +129,9 @@ def announce_pipeline(name: str, kind: str, job_ids: list[str], stages: list[tup
     if as_json:
         return
     order = "one after another" if kind == "chain" else "together"
-    console.print(f"submitted {kind} [bold]{name}[/bold]: {len(job_ids)} stages, run {order}")
+    console.print(f"submitted {kind} [bold]{shown(name)}[/bold]: {len(job_ids)} stages, run {order}")
     for number, (job_id, (stage, nodes)) in enumerate(zip(job_ids, stages, strict=True), start=1):
-        console.print(f"  stage {number}  [bold]{job_id}[/bold] ({stage}, {nodes} node(s))")
+        console.print(f"  stage {number}  [bold]{shown(job_id)}[/bold] ({shown(stage)}, {nodes} node(s))")
 
 
 def finish_pipeline(name: str, summaries: list[dict[str, Any]], as_json: bool) -> None:
@@ -146,13 +159,14 @@ def print_summary(summary: dict[str, Any]) -> None:
     from broker.cli.app import console
 
     saving = f" ({summary['saving_pct']:.1f}% saved)" if summary["saving_pct"] is not None else ""
-    console.print(f"\n[bold]{summary['job_id']}[/bold] {summary['name']}: [bold]{summary['state']}[/bold]")
+    job_id, name, state = shown(summary["job_id"]), shown(summary["name"]), shown(summary["state"])
+    console.print(f"\n[bold]{job_id}[/bold] {name}: [bold]{state}[/bold]")
     console.print(f"  wall time        {summary['wall_seconds']:.1f} s")
     console.print(f"  cost             ${summary['cost']:.4f}")
     console.print(f"  on-demand cost   ${summary['on_demand_cost']:.4f}{saving}")
     console.print(f"  preemptions      {summary['preemptions']}")
     console.print(f"  migrations       {summary['migrations']}")
-    console.print(f"  zones            {' -> '.join(summary['zones']) or '-'}")
+    console.print(f"  zones            {shown(' -> '.join(summary['zones']) or '-')}")
     console.print(f"  work lost        {summary['work_lost_seconds']:.0f} s (market clock)")
     if summary["reason"]:
-        console.print(f"  reason           {summary['reason']}")
+        console.print(f"  reason           {shown(summary['reason'])}")

@@ -39,22 +39,24 @@ class _YamlFile(PydanticBaseSettingsSource):
 
 
 class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="BROKER_", extra="forbid")
+    # NaN and infinities are refused for every number (an infinite speed or poll interval overflowed later)
+    model_config = SettingsConfigDict(env_prefix="BROKER_", extra="forbid", allow_inf_nan=False)
 
     home: Path = Field(default_factory=default_home, description="where state, logs and checkpoints live")
     db_url: str | None = Field(None, description="SQLAlchemy URL; default sqlite under home")
     backend: str = Field("local", description="provisioner: local or skypilot")
     market: Path | None = Field(None, description="market trace for the local backend")
-    speed: float = Field(60.0, gt=0, description="local backend: market seconds per wall second")
+    speed: float = Field(60.0, gt=0, le=1e6, description="local backend: market seconds per wall second")
     selection_policy: str | None = None
     placement_policy: str | None = None
     preemption_policy: str | None = None
     max_gpus: int | None = Field(None, ge=1, description="GPUs the broker may hold across all its clusters")
     start_retries: int = Field(2, ge=0, le=100, description="times a job's failed start (its setup exits non-zero, "
                                "the node refuses the command) is tried again before the job fails with the error")
-    poll_seconds: float = Field(0.2, gt=0, description="engine step interval, wall seconds")
+    poll_seconds: float = Field(0.2, gt=0, le=86400.0, description="engine step interval, wall seconds")
     server: str | None = Field(None, description="URL of a running `broker serve`")
-    local_provision_seconds: float = Field(120.0, ge=0, description="local backend: market seconds to boot")
+    local_provision_seconds: float = Field(120.0, ge=0, le=30 * 86400.0,
+                                           description="local backend: market seconds to boot")
     eager_policy: str | None = Field(None, description="eager allocation: eager, or off (the default)")
     eager_lead_seconds: float = Field(120.0, ge=0, le=86400.0, description="market seconds before a running job's "
                                       "predicted finish from which the next queued job is readied")

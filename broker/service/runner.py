@@ -24,6 +24,7 @@ from typing import Any
 import uvicorn
 
 from broker.api.app import create_app
+from broker.api.serving import server_config
 from broker.backends.fenced import FencedProvisioner
 from broker.backends.local.runtime import served_world
 from broker.config.settings import ConfigError, Settings
@@ -68,8 +69,7 @@ class Service:
         intake = Intake(settings.home, self.runtime.provisioner.name, self.runtime.offered(),
                            offline=settings.offline_catalog, max_gpus=settings.max_gpus)
         self.app = create_app(self.runtime.store, self.runtime.clock, intake, is_leader=lambda: self.leading)
-        self.server = uvicorn.Server(uvicorn.Config(self.app, log_config=None, access_log=False, lifespan="off",
-                                                    timeout_graceful_shutdown=5))
+        self.server = uvicorn.Server(server_config(self.app, log_config=None, timeout_graceful_shutdown=5))
 
     @staticmethod
     def _bind(host: str, port: int) -> socket.socket:

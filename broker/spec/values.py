@@ -21,6 +21,7 @@ MAX_DURATION_S = 100 * 365 * 86400.0  # a century: anything longer is a typo, an
 MAX_PRIORITY = 1_000_000
 MAX_NAME_CHARS = 200  # the store's job-name column
 MAX_TEAM_CHARS = 100  # the store's team column
+MAX_PATH_CHARS = 4096  # PATH_MAX on Linux: a longer checkpoint dir can never be created
 
 
 def duration(value: Any) -> timedelta:
@@ -132,6 +133,8 @@ def checkpoint_dir(value: Any) -> str:
     if not isinstance(value, str) or not value.strip():
         raise ValueError(f"{expected}, got {value!r}")
     text = value.strip()
+    if len(text) > MAX_PATH_CHARS:
+        raise ValueError(f"{expected} of at most {MAX_PATH_CHARS} characters, got {len(text)}")
     scheme, sep, rest = text.partition("://")
     if sep:
         if scheme.lower() not in CHECKPOINT_URL_SCHEMES:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 from datetime import date, datetime
@@ -56,6 +57,7 @@ MAX_FILE_BYTES = 1_000_000
 MAX_DEPTH = 64
 MAX_STAGES = 100  # task documents of one pipeline (each is validated like a job file)
 MAX_NODES = 100_000  # keys, items and scalars after alias expansion
+MAX_INT_BITS = 128  # far past any field's range (fields bound their own); a 5,000-digit number is an attack
 
 
 class _Loader(yaml.SafeLoader):
@@ -92,8 +94,10 @@ def load_yaml_documents(text: str, source: str) -> list[LoadedYaml]:
             _check_size(node, source)
             lines: dict[Path, int] = {}
             _record_lines(node, (), lines, source)
-            data = loader.construct_document(node)
-            documents.append(LoadedYaml(json_safe(data), lines, node.start_mark.line + 1))
+            data = json_safe(loader.construct_document(node))
+            loaded = LoadedYaml(data, lines, node.start_mark.line + 1)
+            _check_values(data, (), loaded, source)
+            documents.append(loaded)
     except SpecError:
         raise
     except yaml.MarkedYAMLError as exc:
@@ -116,6 +120,34 @@ def load_yaml_documents(text: str, source: str) -> list[LoadedYaml]:
     finally:
         loader.dispose()
     return documents or [LoadedYaml(None, {}, 1)]
+
+
+def _check_values(value: Any, path: Path, loaded: LoadedYaml, source: str) -> None:
+    """Refuse, naming the field, what no field may hold: lone surrogates and NULs in text (they
+    cannot be stored, encoded or passed to a process), NaN and infinities, integers past 64 bits."""
+    field = ".".join(str(part) for part in path) or "(document)"
+    problem = None
+    if isinstance(value, str):
+        if "\x00" in value:
+            problem = "contains a NUL character"
+        else:
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError:
+                problem = "contains a lone surrogate (not valid Unicode text)"
+    elif isinstance(value, float) and not math.isfinite(value):
+        problem = f"expected a finite number, got {value!r}"
+    elif isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > MAX_INT_BITS:
+        problem = f"expected a number below 2**{MAX_INT_BITS}, got one of {value.bit_length()} bits"
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            _check_values(key, path, loaded, source)
+            _check_values(item, (*path, key), loaded, source)
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            _check_values(item, (*path, index), loaded, source)
+    if problem is not None:
+        raise SpecError(problem, field, loaded.line_of(path), source)
 
 
 def _check_text(text: str, source: str) -> None:

@@ -17,6 +17,7 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session, sessionmaker
 
 from broker.errors import BrokerError, UserError
+from broker.store.private import private_database, private_directory
 from broker.store.revision import MIGRATIONS, head_revision
 from broker.store.tables import LeaderLeaseRow
 
@@ -70,8 +71,11 @@ def alembic_config(url: str) -> Config:
 def _make_engine(url: str) -> Engine:
     if url.startswith("sqlite"):
         path = url.split("///", 1)[-1]
-        if path and path != ":memory:":
-            Path(path).parent.mkdir(parents=True, exist_ok=True)
+        if path and path != ":memory:" and not path.startswith("file:"):
+            parent = Path(path).parent
+            if not parent.exists():
+                private_directory(parent)
+            private_database(Path(path))
         engine = create_engine(url, connect_args={"timeout": 30, "check_same_thread": False})
 
         @event.listens_for(engine, "connect")

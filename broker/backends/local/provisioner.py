@@ -30,6 +30,7 @@ from broker.backends.base import (
 from broker.backends.local.claims import bury_unlaunched, claim_node, identity, missing_fate, node_fate, record_gang
 from broker.backends.local.host import process_alive, read_json, write_json
 from broker.clock import AcceleratedClock
+from broker.store.private import private_directory, private_opener
 from providers.local import LocalMarket
 from providers.trace import MarketTrace, read_trace
 
@@ -154,7 +155,7 @@ class LocalProvisioner:
             "spot": cluster.spot,
             "provision_seconds": self.provision_seconds,
         })
-        with open(directory / "host.log", "ab") as log:
+        with open(directory / "host.log", "ab", opener=private_opener) as log:
             subprocess.Popen([sys.executable, "-m", "broker.backends.local.host", str(directory)],
                              stdout=log, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True)
 
@@ -215,7 +216,7 @@ class LocalProvisioner:
         workdir = self._workdir(launch)
         signal_name = spec.broker.checkpoint.signal
         node_ips = ["127.0.0.1"] * len(launch.placement.nodes)
-        Path(launch.log_dir).mkdir(parents=True, exist_ok=True)
+        private_directory(Path(launch.log_dir))
         Path(launch.checkpoint_dir).mkdir(parents=True, exist_ok=True)
         record_gang(self.cluster_dir(cluster) / "runs" / f"{launch.job_id}-{launch.attempt}", len(node_ips))
         for rank in range(len(launch.placement.nodes)):
@@ -257,7 +258,7 @@ class LocalProvisioner:
                # A local node's `python` is the broker's own interpreter, as a cloud image's would be.
                "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])}
         log_path = Path(launch.log_dir) / f"attempt-{launch.attempt}-node-{rank}.log"
-        with open(log_path, "ab") as log:
+        with open(log_path, "ab", opener=private_opener) as log:
             if not node_dir.is_dir():  # set aside while this start was frozen: another attempt has the GPUs
                 raise RuntimeError(f"{node_dir.name} was given up before its launch; not launching it")
             process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT,
@@ -276,7 +277,7 @@ class LocalProvisioner:
         if not launch.spec.setup:
             return
         node_ips = ["127.0.0.1"] * len(launch.placement.nodes)
-        Path(launch.log_dir).mkdir(parents=True, exist_ok=True)
+        private_directory(Path(launch.log_dir))
         for rank in range(len(launch.placement.nodes)):
             node_dir = self._prepare_dir(cluster, launch.job_id, launch.attempt) / f"node-{rank}"
             if (node_dir / "started").exists():

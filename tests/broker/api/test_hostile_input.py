@@ -10,7 +10,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy import func, select
 
 from broker.api.app import create_app
-from broker.api.limits import MAX_BODY_BYTES, Limits, json_depth
+from broker.api.limits import MAX_BODY_BYTES, JsonDepth, Limits, json_depth
 from broker.clock import AcceleratedClock, WallClock
 from broker.intake import Intake
 from broker.store import Store, open_store
@@ -40,12 +40,61 @@ def test_json_depth_skips_brackets_inside_strings() -> None:
     assert json_depth(b'"\\"[[["') == 0
 
 
+def test_json_depth_is_the_same_whatever_the_chunks() -> None:
+    body = json.dumps({'a\\"[': ["\\", {"b": [['x\\"]', "\\\\"]]}], "c": "{{"}).encode()
+    assert json_depth(body) == 5
+    for size in (1, 2, 3, 7):
+        depth = JsonDepth()
+        for start in range(0, len(body), size):
+            depth.feed(body[start:start + size])
+        assert depth.deepest == 5, size
+
+
+def test_json_depth_stops_where_a_parser_would() -> None:
+    """A close with nothing open, or a backslash outside a string, is where any JSON parser stops,
+    so the scan stops there too; up to that point depth is counted as usual."""
+    assert json_depth(b"[[[]]]]" + b"[" * 100) == 3
+    assert json_depth(b"[[\\" + b"[" * 100) == 2
+    assert json_depth(b'["\\\\", [' + b"[" * 40) == 42  # an escaped backslash inside a string is not one
+
+
+def test_a_body_of_escaped_quotes_is_scanned_in_linear_time() -> None:
+    """The former pattern restarted at every quote: '"' and 32,000 '\\"' took 27 s, 2 MB would take
+    hours. Run in a child process so a quadratic scan fails the test instead of hanging it."""
+    import subprocess
+    import sys
+
+    script = ("from broker.api.limits import json_depth, MAX_BODY_BYTES\n"
+              "n = MAX_BODY_BYTES // 2 - 1\n"
+              "assert json_depth(b'\"' + b'\\\\\"' * n) == 0\n"
+              "assert json_depth(b'{\"a\": \"' + b'\\\\\"' * n) == 1\n")
+    subprocess.run([sys.executable, "-c", script], check=True, timeout=60)
+
+
+def test_without_a_token_an_api_call_is_401_before_its_body_is_read(api: Api) -> None:
+    response = api.client.post("/v1/jobs", content=b'"' + b'\\"' * 32_000, headers={"Content-Type": "application/json"})
+    assert response.status_code == 401
+    assert response.headers["www-authenticate"] == "Bearer"
+    assert response.headers["connection"] == "close"
+    assert _jobs(api) == 0
+
+
 def test_20000_deep_nesting_is_422_not_a_recursion_error(api: Api) -> None:
     response = api.client.post("/v1/jobs", content=_deep(20_000),
                                headers={**api.alpha, "Content-Type": "application/json"})
     assert response.status_code == 422
     assert response.json()["detail"][0]["loc"] == ["body"]
     assert "deeper than 32" in response.json()["message"]
+    assert _jobs(api) == 0
+
+
+def test_a_body_of_many_small_arrays_is_422_before_it_is_parsed(api: Api) -> None:
+    """400,000 arrays in 2 MB held the event loop for a second in validation after the depth check."""
+    body = b'{"spec": [' + b"[]," * 10_001 + b"1]}"
+    response = api.client.post("/v1/jobs", content=body, headers={**api.alpha, "Content-Type": "application/json"})
+    assert response.status_code == 422
+    assert response.json()["detail"][0]["loc"] == ["body"]
+    assert "more than 10000 arrays and objects" in response.json()["message"]
     assert _jobs(api) == 0
 
 
@@ -176,7 +225,8 @@ def test_nul_inside_the_job_file_is_4xx(api: Api) -> None:
 def test_without_a_token_a_malformed_submission_is_401_not_422(api: Api, body: bytes) -> None:
     for headers in ({}, {"Authorization": "Bearer bkr_nope"}):
         response = api.client.post("/v1/jobs", content=body, headers={**headers, "Content-Type": "application/json"})
-        expected = 422 if body == _deep(20_000) else 401  # depth is refused before any route runs
+        # depth is refused before any route runs; only a call without any token is refused before that
+        expected = 422 if body == _deep(20_000) and headers else 401
         assert response.status_code == expected
         assert "loc" not in response.text or expected == 422
     assert _jobs(api) == 0
@@ -267,8 +317,8 @@ def test_an_unauthenticated_malformed_notice_is_401_without_schema_details(notic
     client = TestClient(create_app(notice_store, WallClock()))
     for headers in ({}, {"Authorization": "Bearer nope"}, {"Authorization": "Bearer token-dead"}):
         response = client.post("/v1/notices", content=body, headers={**headers, "Content-Type": "application/json"})
-        if body == _deep(20_000):
-            assert response.status_code == 422  # refused before any route, for everyone
+        if body == _deep(20_000) and headers:
+            assert response.status_code == 422  # refused before any route, for every token
             continue
         assert response.status_code == 401, response.text
         assert "loc" not in response.text and "kind" not in response.text
@@ -312,3 +362,17 @@ def test_a_checkpoint_inside_the_jobs_dir_is_recorded(notice_store: Store, path:
     assert response.status_code == 202, response.text
     with notice_store.transaction() as s:
         assert s.scalar(select(NoticeRow.checkpoint)) == path
+
+
+@pytest.mark.parametrize(("spec", "field"), [
+    ('name: "bad\\ud800"\n' + JOB.split("\n", 1)[1], "name"),
+    ('envs:\n  A: "x\\udfff"\n' + JOB, "envs.A"),
+    (JOB.replace("  accelerators: V100:1\n", "  accelerators: V100:1\n  memory: .nan\n"), "resources.memory"),
+    ("broker:\n  checkpoint:\n    dir: /" + "a" * 100_000 + "\n" + JOB, "broker.checkpoint.dir"),
+], ids=["surrogate-name", "surrogate-env", "nan-memory", "long-dir"])
+def test_values_no_field_may_hold_are_422_and_store_nothing(api: Api, spec: str, field: str) -> None:
+    """Were a 500 (surrogate; NaN on PostgreSQL), or stored, launched, billed and FAILED (env, long dir)."""
+    response = api.client.post("/v1/jobs", json={"spec": spec}, headers=api.alpha)
+    assert response.status_code == 422, response.text
+    _named(response, field)
+    assert _jobs(api) == 0

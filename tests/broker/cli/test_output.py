@@ -69,3 +69,22 @@ def test_unknown_job_is_one_line_on_stderr_and_exit_2(tmp_path: Path) -> None:
     result = _broker(tmp_path / "home", "status", "j-\u2028;--" + "9" * 5000)
     assert result.returncode == 2
     assert result.stdout == "" and len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr
+
+
+def test_markup_and_terminal_escapes_in_stored_names_are_printed_inert(tmp_path: Path) -> None:
+    """A name of "[/x] hi" made `broker status` raise MarkupError for the whole team; ESC and CR reached
+    the terminal raw."""
+    home = tmp_path / "home"
+    home.mkdir()
+    store = open_store(f"sqlite:///{home / 'broker.db'}")
+    try:
+        for name in ("[/x] hi", "a\\nb\\rc\\x1b[31mred"):
+            spec = parse_job_spec(f'name: "{name}"\nresources:\n  accelerators: V100:1\nrun: echo hi\n', offline=True)
+            submit_job(store, WallClock(), spec, home, "local")
+    finally:
+        store.dispose()
+    result = _broker(home, "status", COLUMNS="200")
+    assert result.returncode == 0, result.stderr
+    assert "[/x] hi" in result.stdout
+    assert "\x1b" not in result.stdout and "\r" not in result.stdout
+    assert "\\x1b[31mred" in result.stdout

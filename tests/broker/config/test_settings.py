@@ -131,3 +131,25 @@ def test_queue_gpu_limits_refuse_garbage_in_one_line(value: object, words: str) 
         load_settings(queue_max_gpus=value)
     message = str(error.value)
     assert words in message and "\n" not in message and len(message) < 600
+
+
+@pytest.mark.parametrize(("argv", "env", "field"), [
+    (["launch", "job.yaml", "--speed", "inf"], {}, "speed"),
+    (["launch", "job.yaml", "--speed", "1e308"], {}, "speed"),
+    (["launch", "job.yaml"], {"BROKER_SPEED": "inf"}, "speed"),
+    (["launch", "job.yaml"], {"BROKER_SPEED": "nan"}, "speed"),
+    (["launch", "job.yaml"], {"BROKER_POLL_SECONDS": "inf"}, "poll_seconds"),
+    (["launch", "job.yaml"], {"BROKER_LOCAL_PROVISION_SECONDS": "inf"}, "local_provision_seconds"),
+], ids=["flag-inf", "flag-1e308", "env-inf", "env-nan", "poll-inf", "provision-inf"])
+def test_infinite_or_huge_numbers_in_flags_and_settings_are_one_line(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], argv: list[str],
+        env: dict[str, str], field: str) -> None:
+    """Were tracebacks (an infinite speed or interval overflowed the clock or a sleep)."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("BROKER_HOME", str(tmp_path / "home"))
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    (tmp_path / "job.yaml").write_text(JOB)
+    line = _fails(argv, capsys)
+    assert field in line
+    assert not (tmp_path / "home" / "broker.db").exists()

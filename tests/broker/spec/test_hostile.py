@@ -177,3 +177,22 @@ def test_arbitrary_text_raises_only_spec_errors(text: str) -> None:
         parse_job_file(text, source="fuzz.yaml", offline=True)
     except SpecError as exc:
         assert "\n" not in str(exc)
+
+
+_BASE = "resources:\n  accelerators: V100:1\nrun: echo hi\n"
+
+
+@pytest.mark.parametrize(("text", "field", "words"), [
+    ('name: "bad\\ud800"\n' + _BASE, "name", "lone surrogate"),
+    ('broker:\n  team: "t\\ud800"\n' + _BASE, "broker.team", "lone surrogate"),
+    ('envs:\n  A: "x\\udfff"\n' + _BASE, "envs.A", "lone surrogate"),
+    ('broker:\n  checkpoint:\n    dir: "/a\\0b"\n' + _BASE, "broker.checkpoint.dir", "NUL"),
+    ("broker:\n  checkpoint:\n    dir: /" + "a" * 100_000 + "\n" + _BASE, "broker.checkpoint.dir", "at most 4096"),
+    ("resources:\n  accelerators: V100:1\n  memory: .nan\nrun: x\n", "resources.memory", "finite"),
+    ("num_nodes: 0x" + "f" * 5000 + "\n" + _BASE, "num_nodes", "below 2**128"),
+], ids=["surrogate-name", "surrogate-team", "surrogate-env", "nul-dir", "long-dir", "nan-memory", "huge-int"])
+def test_values_no_field_may_hold_are_refused_naming_the_field(text: str, field: str, words: str) -> None:
+    with pytest.raises(SpecError) as raised:
+        parse_job_spec(text, offline=True)
+    assert raised.value.field == field
+    assert words in str(raised.value)
