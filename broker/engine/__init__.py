@@ -5,6 +5,7 @@
 - ``jobs``: what is done with a job in each state, and starting it once its GPUs are ready;
 - ``machine``: job states and their transitions, the only writer of job state;
 - ``clusters``: cluster lifecycle (launch, sync, relaunch, release, reap), the only writer of cluster state;
+- ``queue``: one batched view of the queue, so that queued jobs that certainly wait cost nothing per step;
 - ``autoscale``: how long a cluster nobody holds is kept for the next job;
 - ``planning``: the one builder of the selection policy's request;
 - ``feasibility``: whether a market could ever hold a job, checked at submission;
@@ -18,8 +19,9 @@
 - ``checkpoints``: checkpoints, attempts and the work lost between them;
 - ``checkpoint_reports``: the checkpoints node agents report, the one record the engine decides from;
 - ``cadence``: when to ask a running spot job for a periodic checkpoint;
-- ``notices``: termination notices, recorded once;
+- ``notices``: a recorded termination notice turned into a checkpoint and a replacement;
 - ``metering``: the cost ledger;
+- ``gpu_attribution``: measured idle GPU time inside running jobs, moved to its cause in the ledger;
 - ``stages``: pipelines, a chained stage held back until the one before it succeeded.
 """
 
