@@ -275,7 +275,7 @@ def test_a_limit_is_recorded_once_per_spell(db_store: Store, broker_home: Path) 
 
     def hold(kind: str, **detail: object) -> None:
         with db_store.transaction() as s:
-            clusters.blocked(parts, s, get(s, JobRow, job_id), kind, **detail)
+            clusters.record_blocked(parts, s, get(s, JobRow, job_id), kind, **detail)
 
     hold("fleet_full", max_gpus=8)
     hold("fleet_full", max_gpus=8)  # still waiting for the same reason: nothing new
