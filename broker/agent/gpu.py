@@ -27,12 +27,14 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Protocol
 
+from broker.errors import BrokerError
+
 SAMPLER_VARIABLE = "BROKER_GPU_SAMPLER"
 MAX_GPUS = 64
 _SAMPLER = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 
 
-class SamplingUnavailable(RuntimeError):
+class SamplingUnavailable(BrokerError, RuntimeError):
     """NVML is missing or failed: the agent reports no GPU figures for this job."""
 
 

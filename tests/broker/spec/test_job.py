@@ -332,7 +332,7 @@ def test_a_dropped_choice_with_a_hostile_name_is_one_escaped_clipped_line() -> N
 def test_a_fraction_per_node_in_a_gang_is_accepted_as_skypilot_does() -> None:
     # SkyPilot's job-queue examples: half a T4 on each of two nodes.
     spec = parse("run: x\nnum_nodes: 2\nresources:\n  accelerators: T4:0.5\n")
-    assert (spec.num_nodes, spec.gpu_fraction, spec.accelerators) == (2, 0.5, (AcceleratorChoice("T4", 1, 0.5),))
+    assert (spec.num_nodes, spec.accelerators) == (2, (AcceleratorChoice("T4", 1, 0.5),))
     assert refused("run: x\nnum_nodes: 2\nresources:\n  accelerators: T4:1.5\n").field == "resources.accelerators"
 
 

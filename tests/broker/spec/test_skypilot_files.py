@@ -75,7 +75,7 @@ def test_broker_refuses_by_design_what_skypilot_accepts(name: str) -> None:
 
 def test_a_fraction_per_node_of_a_gang_is_a_share_on_each_node() -> None:
     spec = broker_verdict("job_queue_job_multinode.yaml")
-    assert isinstance(spec, JobSpec) and spec.num_nodes == 2 and spec.gpu_fraction == 0.5
+    assert isinstance(spec, JobSpec) and spec.num_nodes == 2 and spec.accelerators[0].fraction == 0.5
 
 
 def test_set_syntax_is_alternatives_in_file_order() -> None:
