@@ -22,6 +22,7 @@ from sqlalchemy import Select, and_, func, select
 from sqlalchemy.orm import Session
 
 from broker.errors import UserError
+from broker.market.capacity import capacity_unlikely
 from broker.store import Store
 from broker.store.tables import PriceQuoteRow
 from providers.base import OfferKey, SpotQuote
@@ -29,9 +30,6 @@ from providers.trace import SIGNAL_COLUMNS, MarketTrace, TraceZone, signal_value
 
 if TYPE_CHECKING:
     import numpy as np
-
-# An AWS spot placement score below this says a launch is unlikely: exported as no capacity.
-LIKELY_SCORE = 4.0
 
 Q = TypeVar("Q", bound="Select[*tuple[Any, ...]]")
 OfferId = tuple[str, str, str]  # (cloud, zone, instance_type): unique, as zones are per cloud
@@ -267,7 +265,7 @@ class PriceBook:
         same evenly spaced ticks, each tick carrying the quote in force then (forward fill).
 
         A zone not yet seen at a tick, a stale quote past its last confirmation, a missing spot
-        price or an AWS placement score below ``LIKELY_SCORE`` count as no spot capacity (0
+        price or a capacity signal below ``LIKELY_SCORE`` (``broker.market.capacity``) count as no spot capacity (0
         nodes); otherwise ``available_nodes`` is the quote's own figure or ``nodes_when_offered``.
         """
         if tick_seconds <= 0:
@@ -377,7 +375,7 @@ def _column(rows: list[PriceQuoteRow], ticks: np.ndarray, nodes_when_offered: in
         last_on_demand = r.on_demand_price if r.on_demand_price is not None else last_on_demand
         on_demand.append(last_on_demand)
         spot.append(r.spot_price if r.spot_price is not None else last_on_demand)
-        offered = r.spot_price is not None and (r.capacity_score is None or r.capacity_score >= LIKELY_SCORE)
+        offered = r.spot_price is not None and not capacity_unlikely(r)
         nodes.append(r.available_nodes if r.available_nodes is not None else
                      (nodes_when_offered if offered else 0))
         held = r.confirmed_at.timestamp() + (fresh_for_s if fresh_for_s is not None else np.inf)
