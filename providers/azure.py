@@ -225,7 +225,7 @@ class AzurePriceSource:
     def __init__(self, regions: Iterable[str] = DEFAULT_REGIONS, prices_url: str = DEFAULT_PRICES_URL,
                  rm_endpoint: str | None = None, subscription_id: str | None = None, credential: Any = None,
                  backoff: Backoff | None = None, max_workers: int = 16, cpu_types: bool = True,
-                 placement_scores: bool = True, placement_count: int = 1, placement_interval_s: float = 0.2,
+                 placement_scores: bool = True, placement_count: int = 1, placement_interval_s: float = 0.05,
                  placement_ttl_s: float = 600.0,
                  placement_state: tuple[capacity.Throttle, capacity.TtlCache] | None = None) -> None:
         self.regions = list(regions)

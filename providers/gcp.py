@@ -313,7 +313,7 @@ class GcpPriceSource:
                  compute_endpoint: str | None = None, billing_endpoint: str | None = None,
                  api_key: str | None = None, credentials: Any = None, backoff: Backoff | None = None,
                  cpu_types: bool = True, capacity_advice: bool = True, advice_size: int = 1,
-                 advice_interval_s: float = 0.2, advice_ttl_s: float = 600.0, max_workers: int = 8,
+                 advice_interval_s: float = 0.05, advice_ttl_s: float = 600.0, max_workers: int = 8,
                  advice_state: tuple[capacity.Throttle, capacity.TtlCache] | None = None) -> None:
         self.project = project
         # advice.capacity: one request per GPU machine type and region, throttled and cached

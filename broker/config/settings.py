@@ -122,7 +122,7 @@ class Settings(BaseSettings):
     azure_placement_scores: bool = Field(True, description="ask Azure for spot placement scores "
                                          "(needs a subscription)")
     capacity_request_interval_seconds: float = Field(
-        0.2, ge=0, le=60, description="the least time between two capacity-signal requests to one cloud")
+        0.05, ge=0, le=60, description="the least time between two capacity-signal requests to one cloud")
     capacity_cache_seconds: float = Field(600.0, ge=0, le=86400,
                                           description="how long a capacity signal answer is reused")
     price_retry_attempts: int = Field(6, ge=1, description="tries per API call on throttling and 5xx")
