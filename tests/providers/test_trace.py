@@ -109,3 +109,12 @@ def test_bad_signal_cells_name_line_and_column(cells: str, message: str) -> None
     with pytest.raises(TraceError, match=message) as info:
         parse_trace(io.StringIO(HEADER.rstrip("\n") + SIGNALS + "\n" + row + "\n"), source="t.csv")
     assert "t.csv:2" in str(info.value)
+
+
+def test_the_trace_shown_in_the_capacity_signals_page_reads() -> None:
+    page = (Path(__file__).parents[2] / "docs" / "capacity-signals.md").read_text()
+    block = page.split("```csv\n", 1)[1].split("```", 1)[0]
+    trace = parse_trace(io.StringIO(block), source="docs/capacity-signals.md")
+    quotes = {q.cloud: q for q in trace.quotes_at(0)}
+    assert (quotes["gcp"].obtainability, quotes["gcp"].estimated_uptime_s) == (0.8, 7200.0)
+    assert quotes["aws"].capacity_score == 9.0 and quotes["aws"].obtainability is None
