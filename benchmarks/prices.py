@@ -34,7 +34,9 @@ class StaticToken:
         return AccessToken("benchmark-token", int(time.time()) + 3600)
 
 
-def sources(env: dict[str, str], workers: int, cpu_types: bool = True) -> dict[str, Any]:
+def sources(env: dict[str, str], workers: int, cpu_types: bool = True, capacity: bool = True,
+            shared: dict[str, Any] | None = None) -> dict[str, Any]:
+    """``shared``: the capacity throttles and answer caches of a process that refreshes again (None: new ones)."""
     from google.auth.credentials import AnonymousCredentials
 
     from providers.aws import AwsPriceSource
@@ -44,25 +46,28 @@ def sources(env: dict[str, str], workers: int, cpu_types: bool = True) -> dict[s
     return {
         "aws": AwsPriceSource(ec2_endpoint=env["AWS_ENDPOINT_URL_EC2"],
                               pricing_endpoint=env["AWS_ENDPOINT_URL_PRICING"], max_workers=workers,
-                              cpu_types=cpu_types),
+                              cpu_types=cpu_types, placement_scores=capacity),
         "gcp": GcpPriceSource(project="benchmark", compute_endpoint=env["BROKER_GCP_COMPUTE_ENDPOINT"],
                               billing_endpoint=env["BROKER_GCP_BILLING_ENDPOINT"], api_key="benchmark",
-                              credentials=AnonymousCredentials(), cpu_types=cpu_types),
+                              credentials=AnonymousCredentials(), cpu_types=cpu_types, capacity_advice=capacity,
+                              advice_state=(shared or {}).get("gcp")),
         "azure": AzurePriceSource(prices_url=env["BROKER_AZURE_PRICES_URL"],
                                   rm_endpoint=env["BROKER_AZURE_RM_ENDPOINT"],
                                   subscription_id="00000000-0000-0000-0000-000000000000", credential=StaticToken(),
-                                  max_workers=workers, cpu_types=cpu_types),
+                                  max_workers=workers, cpu_types=cpu_types, placement_scores=capacity,
+                                  placement_state=(shared or {}).get("azure")),
     }
 
 
-def refresh(book: Any, clouds: Any, concurrent: bool,
-            cpu_types: bool = True) -> tuple[float, list[Any], dict[str, int]]:
+def refresh(book: Any, clouds: Any, concurrent: bool, cpu_types: bool = True, capacity: bool = True,
+            shared: dict[str, Any] | None = None) -> tuple[float, list[Any], dict[str, int]]:
     from broker.market.polling import poll_prices
 
     before = clouds.requests()
     started = time.perf_counter()
     if concurrent:
-        polls = poll_prices(book, sources(clouds.environment(), workers=16, cpu_types=cpu_types))
+        polls = poll_prices(book, sources(clouds.environment(), workers=16, cpu_types=cpu_types, capacity=capacity,
+                                          shared=shared))
     else:
         polls = [p for name, source in sources(clouds.environment(), workers=1).items()
                  for p in poll_prices(book, {name: source})]
@@ -101,6 +106,18 @@ def main() -> None:
         print(f"full refresh, first in the process (SDK imports included): {cold:.2f} s "
               f"({sum(requests.values())} requests)")
         print(f"full refresh, warm: {warm:.2f} s = {warm / TARGET_SECONDS:.2f} x the {TARGET_SECONDS:.0f} s target")
+        from providers.capacity import Throttle, TtlCache
+
+        shared = {cloud: (Throttle(0.05), TtlCache(600.0)) for cloud in ("gcp", "azure")}
+        refresh(book, clouds, concurrent=True, shared=shared)  # fills the process's capacity caches
+        cached, _, cached_requests = refresh(book, clouds, concurrent=True, shared=shared)
+        print(f"full refresh again within capacity_cache_seconds (capacity answers cached): {cached:.2f} s "
+              f"({sum(cached_requests.values())} requests: gcp {cached_requests['gcp']}, "
+              f"azure {cached_requests['azure']})")
+        bare, _, bare_requests = refresh(book, clouds, concurrent=True, capacity=False)
+        print(f"without capacity signals (no AWS placement scores, GCP advice.capacity, Azure placement scores): "
+              f"{bare:.2f} s ({sum(bare_requests.values())} requests: aws {bare_requests['aws']}, "
+              f"gcp {bare_requests['gcp']}, azure {bare_requests['azure']})")
         gpu_only, gpu_polls, gpu_requests = refresh(book, clouds, concurrent=True, cpu_types=False)
         print(f"GPU types only (the catalog's CPU-only types left out): {gpu_only:.2f} s, "
               f"{sum(p.quotes for p in gpu_polls)} quotes, {sum(gpu_requests.values())} requests "

@@ -13,14 +13,15 @@ from __future__ import annotations
 
 import email.utils
 import json
+import re
 import urllib.error
 import urllib.request
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any, ClassVar
 
-from providers import catalog
+from providers import capacity, catalog
 from providers.base import SpotQuote
 from providers.fetching import Backoff, JsonHttp, Progress, fan_out, with_retries
 from providers.node_notice import NodeNotice, OnceWarnings
@@ -159,6 +160,55 @@ def retail_filters(region: str, sizes: list[str], batch: int = FILTER_SIZES) -> 
     return [retail_filter(region, sizes[start:start + batch]) for start in range(0, len(sizes), batch)]
 
 
+# -- Spot Placement Score (``Microsoft.Compute/locations/{location}/placementScores/spot/generate``) -----
+
+PLACEMENT_API_VERSION = "2025-06-05"
+PLACEMENT_LEVELS = frozenset({"High", "Medium", "Low"})
+# Scores that say "no score here" rather than how likely a request is: no level, no note.
+PLACEMENT_NO_DATA = frozenset({"DataNotFoundOrStale", "RestrictedSkuNotAvailable", "SkuNotAvailable"})
+PLACEMENT_MAX_REGIONS, PLACEMENT_MAX_SIZES = 8, 5  # the most one request may name
+
+
+def placement_request(regions: list[str], sizes: list[str], count: int = 1) -> dict[str, Any]:
+    return {"desiredLocations": regions, "desiredSizes": [{"sku": s} for s in sizes], "desiredCount": count,
+            "availabilityZones": True}
+
+
+def placement_levels(answer: Any, where: str, note: Callable[[str], None]) -> dict[tuple[str, str], str]:
+    """The placement level per (zone, size) of a Spot Placement Score answer; zone is ``region-N`` for a
+    zonal score and the region for a regional one. Each unusable entry is refused alone, with a note."""
+    scores = answer.get("placementScores") if isinstance(answer, dict) else None
+    if not isinstance(scores, list):
+        note(f"azure: spot placement score {where}: placementScores: not a list; no placement scores")
+        return {}
+    found: dict[tuple[str, str], str] = {}
+    for i, entry in enumerate(scores[:1000]):
+        field = f"placementScores[{i}]"
+        if not isinstance(entry, dict):
+            note(f"azure: spot placement score {where}: {field}: not an object; skipped")
+            continue
+        size, region, zone, level = (entry.get(k) for k in ("sku", "region", "availabilityZone", "score"))
+        if not (isinstance(size, str) and _SIZE.fullmatch(size)) or not (isinstance(region, str)
+                                                                          and _REGION.fullmatch(region)):
+            note(f"azure: spot placement score {where}: {field}: no usable sku or region; skipped")
+            continue
+        if zone not in (None, "") and not (isinstance(zone, str) and zone.isdigit() and len(zone) <= 2):
+            note(f"azure: spot placement score {where}: {field}.availabilityZone: not a zone number; skipped")
+            continue
+        if level in PLACEMENT_NO_DATA:
+            continue
+        if level not in PLACEMENT_LEVELS:
+            text = repr(level) if len(repr(level)) <= 60 else repr(level)[:57] + "..."
+            note(f"azure: spot placement score {where}: {field}.score: not High, Medium or Low ({text}); refused")
+            continue
+        found[(f"{region.lower()}-{zone}" if zone else region.lower(), size)] = str(level)
+    return found
+
+
+_SIZE = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,79}")
+_REGION = re.compile(r"[A-Za-z][A-Za-z0-9]{0,39}")
+
+
 def azure_retryable(exc: BaseException) -> bool:
     from azure.core.exceptions import HttpResponseError, ServiceRequestError, ServiceResponseError
 
@@ -174,8 +224,17 @@ class AzurePriceSource:
 
     def __init__(self, regions: Iterable[str] = DEFAULT_REGIONS, prices_url: str = DEFAULT_PRICES_URL,
                  rm_endpoint: str | None = None, subscription_id: str | None = None, credential: Any = None,
-                 backoff: Backoff | None = None, max_workers: int = 16, cpu_types: bool = True) -> None:
+                 backoff: Backoff | None = None, max_workers: int = 16, cpu_types: bool = True,
+                 placement_scores: bool = True, placement_count: int = 1, placement_interval_s: float = 0.05,
+                 placement_ttl_s: float = 600.0,
+                 placement_state: tuple[capacity.Throttle, capacity.TtlCache] | None = None) -> None:
         self.regions = list(regions)
+        # Spot Placement Score: one request per 8 regions x 5 sizes, throttled and cached
+        self.placement_scores = placement_scores
+        self.placement_count = placement_count
+        # placement_state: a throttle and cache shared by every poller of this process (see providers.sources)
+        self.throttle, self.placement_cache = placement_state or (capacity.Throttle(placement_interval_s),
+                                                                  capacity.TtlCache(placement_ttl_s))
         self.cpu_types = cpu_types  # False: GPU sizes only (the catalog's CPU-only sizes are left out)
         self.prices_url = prices_url
         self.rm_endpoint = rm_endpoint
@@ -200,9 +259,57 @@ class AzurePriceSource:
                 available = self._availability(compute, region) if compute is not None else None
                 return azure_quotes(region, retail_prices(items), available, observed_at, self.cpu_types)
 
-            return [q for quotes in fan_out(one_region, wanted, self.max_workers, progress) for q in quotes]
+            quotes = [q for quotes in fan_out(one_region, wanted, self.max_workers, progress) for q in quotes]
         finally:
             http.close()
+        if compute is not None and self.placement_scores:
+            quotes = self.with_placement_scores(quotes)
+        return quotes
+
+    def with_placement_scores(self, quotes: list[SpotQuote]) -> list[SpotQuote]:
+        """The quotes with the Spot Placement Score of each spot-priced GPU size. Scores are a bonus: a
+        request that fails or an answer refused loses only its own scores, with a note."""
+        notes = capacity.Notes(self.notes)
+        regions = sorted({q.region for q in quotes if q.gpus_per_node and q.spot_price is not None})
+        sizes = sorted({q.instance_type for q in quotes if q.gpus_per_node and q.spot_price is not None})
+        if not regions:
+            return quotes
+        try:
+            token = self.credential.get_token("https://management.azure.com/.default").token
+        except Exception as exc:  # no usable credential: prices without scores
+            notes.add(f"azure: no token for spot placement scores ({capacity.failure(exc)}); no placement scores")
+            return quotes
+        base = (self.rm_endpoint or "https://management.azure.com").rstrip("/")
+        batches = [(tuple(regions[r:r + PLACEMENT_MAX_REGIONS]), tuple(sizes[s:s + PLACEMENT_MAX_SIZES]))
+                   for r in range(0, len(regions), PLACEMENT_MAX_REGIONS)
+                   for s in range(0, len(sizes), PLACEMENT_MAX_SIZES)]
+
+        def ask(batch: tuple[tuple[str, ...], tuple[str, ...]]) -> dict[tuple[str, str], str]:
+            in_regions, of_sizes = batch
+            cache_key = (base, self.subscription_id, in_regions, of_sizes, self.placement_count)
+            cached = self.placement_cache.get(cache_key)
+            if cached is not None:
+                return dict(cached)
+            where = f"{in_regions[0]}..{in_regions[-1]} {of_sizes[0]}..{of_sizes[-1]}"
+            url = (f"{base}/subscriptions/{self.subscription_id}/providers/Microsoft.Compute/locations/"
+                   f"{in_regions[0]}/placementScores/spot/generate?api-version={PLACEMENT_API_VERSION}")
+            try:
+                answer = capacity.post_json(url, placement_request(list(in_regions), list(of_sizes),
+                                                                   self.placement_count),
+                                            {"Authorization": f"Bearer {token}"}, self.backoff, self.throttle)
+            except Exception as exc:
+                notes.add(f"azure: spot placement score {where} unavailable ({capacity.failure(exc)})")
+                return {}
+            levels = placement_levels(answer, where, notes.add)
+            self.placement_cache.put(cache_key, levels)
+            return levels
+
+        found: dict[tuple[str, str], str] = {}
+        for levels in fan_out(ask, batches, self.max_workers):
+            found.update(levels)
+        notes.close("azure")
+        return [replace(q, placement_level=found[(q.zone, q.instance_type)])
+                if q.gpus_per_node and (q.zone, q.instance_type) in found else q for q in quotes]
 
     def _retail_items(self, http: JsonHttp, expression: str) -> list[dict[str, Any]]:
         items: list[dict[str, Any]] = []
@@ -243,14 +350,14 @@ class AzurePriceSource:
         except ImportError:
             self.notes.append("azure: azure-mgmt-compute not installed; zones not checked")
             return None
-        credential = self.credential
-        if credential is None:
+        if self.credential is None:
             try:
                 from azure.identity import DefaultAzureCredential
             except ImportError:
                 self.notes.append("azure: azure-identity not installed; zones not checked")
                 return None
-            credential = DefaultAzureCredential()
+            self.credential = DefaultAzureCredential()
+        credential = self.credential
         kwargs: dict[str, Any] = {"retry_total": 0}  # our retry loop replaces azure-core's
         if self.rm_endpoint:
             kwargs["base_url"] = self.rm_endpoint

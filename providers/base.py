@@ -34,7 +34,10 @@ class SpotQuote:
 
     Prices are USD per node-hour. ``available_nodes`` is how many spot nodes could be had now
     (known exactly only for traces); ``capacity_score`` is the cloud's own signal where it gives
-    one (AWS spot placement score 1-10), ``None`` elsewhere.
+    one (AWS spot placement score 1-10), ``None`` elsewhere. GCP's ``advice.capacity`` gives
+    ``obtainability`` (0-1, the chance a spot request succeeds now) and ``estimated_uptime_s`` (how
+    long most spot VMs run before preemption); Azure's Spot Placement Score gives
+    ``placement_level`` ("High", "Medium" or "Low"). Each is ``None`` where the cloud said nothing.
     """
 
     cloud: str
@@ -49,6 +52,9 @@ class SpotQuote:
     gpu_memory_gb: float | None = None
     available_nodes: int | None = None
     capacity_score: float | None = None
+    obtainability: float | None = None
+    estimated_uptime_s: float | None = None
+    placement_level: str | None = None
     stale: bool = False
 
     @property

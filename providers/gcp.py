@@ -17,11 +17,11 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from providers import catalog
+from providers import capacity, catalog
 from providers.base import CloudUnavailable, SpotQuote
 from providers.fetching import Backoff, JsonHttp, Progress, fan_out, with_retries
 from providers.node_notice import NodeNotice, OnceWarnings
@@ -226,6 +226,72 @@ def machine_type_filter(cpu_types: bool = True) -> str:
     return f'name eq "({"|".join(bundled + named)})"'
 
 
+# -- capacity advice (Compute Engine v1 ``advice.capacity``) ---------------------------------------
+
+DEFAULT_COMPUTE_ENDPOINT = "https://compute.googleapis.com"
+_NAME = re.compile(r"[a-z][a-z0-9-]{0,62}")
+
+
+def advice_request(machine_type: str, zones: Iterable[str], size: int = 1) -> dict[str, Any]:
+    """The ``CapacityAdviceRequest`` body for ``size`` Spot VMs of one machine type in any one of ``zones``."""
+    return {
+        "instanceProperties": {"scheduling": {"provisioningModel": "SPOT"}},
+        "instanceFlexibilityPolicy": {"instanceSelections": {"broker": {"machineTypes": [machine_type]}}},
+        "size": size,
+        "distributionPolicy": {"zones": [{"zone": f"zones/{z}"} for z in sorted(zones)],
+                               "targetShape": "ANY_SINGLE_ZONE"},
+    }
+
+
+def _last_name(value: Any) -> str | None:
+    """``us-central1-a`` from a zone (or machine type) given as a name, ``zones/...`` or a URL."""
+    if not isinstance(value, str) or len(value) > 300:
+        return None
+    name = value.rstrip("/").rsplit("/", 1)[-1]
+    return name if _NAME.fullmatch(name) else None
+
+
+def advice_scores(answer: Any, where: str, note: Callable[[str], None]
+                  ) -> dict[tuple[str, str], tuple[float | None, float | None]]:
+    """(obtainability, estimated uptime in seconds) per (zone, machine type) of a ``CapacityAdviceResponse``.
+
+    Recommendations come best first, so the first one naming a shard wins. Each unusable field is
+    refused alone (a note names it); a recommendation with neither score usable gives nothing.
+    """
+    if not isinstance(answer, dict) or not isinstance(answer.get("recommendations", []), list):
+        note(f"gcp: advice.capacity {where}: recommendations: not a list; no capacity advice")
+        return {}
+    found: dict[tuple[str, str], tuple[float | None, float | None]] = {}
+    for i, recommendation in enumerate(answer.get("recommendations", [])[:1000]):
+        field = f"recommendations[{i}]"
+        scores = recommendation.get("scores") if isinstance(recommendation, dict) else None
+        shards = recommendation.get("shards") if isinstance(recommendation, dict) else None
+        if not isinstance(scores, dict) or not isinstance(shards, list):
+            note(f"gcp: advice.capacity {where}: {field}: no scores or shards; skipped")
+            continue
+        obtainability = uptime = None
+        try:
+            if "obtainability" in scores:
+                obtainability = capacity.probability(scores["obtainability"], f"{field}.scores.obtainability")
+        except capacity.FieldRefused as exc:
+            note(f"gcp: advice.capacity {where}: {exc}; refused")
+        try:
+            if "estimatedUptime" in scores:
+                uptime = capacity.duration_s(scores["estimatedUptime"], f"{field}.scores.estimatedUptime")
+        except capacity.FieldRefused as exc:
+            note(f"gcp: advice.capacity {where}: {exc}; refused")
+        if obtainability is None and uptime is None:
+            continue
+        for j, shard in enumerate(shards[:1000]):
+            zone = _last_name(shard.get("zone")) if isinstance(shard, dict) else None
+            machine = _last_name(shard.get("machineType")) if isinstance(shard, dict) else None
+            if zone is None or machine is None:
+                note(f"gcp: advice.capacity {where}: {field}.shards[{j}]: no usable zone or machineType; skipped")
+                continue
+            found.setdefault((zone, machine), (obtainability, uptime))
+    return found
+
+
 def gcp_retryable(exc: BaseException) -> bool:
     from google.api_core import exceptions
 
@@ -246,8 +312,17 @@ class GcpPriceSource:
     def __init__(self, project: str | None = None, regions: Iterable[str] | None = None,
                  compute_endpoint: str | None = None, billing_endpoint: str | None = None,
                  api_key: str | None = None, credentials: Any = None, backoff: Backoff | None = None,
-                 cpu_types: bool = True) -> None:
+                 cpu_types: bool = True, capacity_advice: bool = True, advice_size: int = 1,
+                 advice_interval_s: float = 0.05, advice_ttl_s: float = 600.0, max_workers: int = 8,
+                 advice_state: tuple[capacity.Throttle, capacity.TtlCache] | None = None) -> None:
         self.project = project
+        # advice.capacity: one request per GPU machine type and region, throttled and cached
+        self.capacity_advice = capacity_advice
+        self.advice_size = advice_size
+        # advice_state: a throttle and cache shared by every poller of this process (see providers.sources)
+        self.throttle, self.advice_cache = advice_state or (capacity.Throttle(advice_interval_s),
+                                                            capacity.TtlCache(advice_ttl_s))
+        self.max_workers = max_workers
         self.cpu_types = cpu_types  # False: GPU machine types only
         self.regions = list(regions) if regions else None
         self.compute_endpoint = compute_endpoint
@@ -271,7 +346,56 @@ class GcpPriceSource:
         skus, machines, accelerators = fan_out(lambda job: job(), jobs, progress=progress)
         if wanted:
             machines = [m for m in machines if m.region in wanted]
-        return gcp_quotes(index_skus(skus), machines, accelerators, observed_at)
+        quotes = gcp_quotes(index_skus(skus), machines, accelerators, observed_at)
+        if self.capacity_advice:
+            quotes = self._with_capacity_advice(quotes, credentials, project)
+        return quotes
+
+    # -- capacity advice -----------------------------------------------------------------------
+
+    def _with_capacity_advice(self, quotes: list[SpotQuote], credentials: Any, project: str) -> list[SpotQuote]:
+        """The quotes with ``advice.capacity``'s scores for each spot-priced GPU machine type. Advice is a
+        bonus: a request that fails or an answer refused loses only its own scores, with a note."""
+        zones_of: dict[tuple[str, str], set[str]] = {}
+        for q in quotes:
+            if q.gpus_per_node and q.spot_price is not None:
+                zones_of.setdefault((q.region, q.instance_type), set()).add(q.zone)
+        if not zones_of:
+            return quotes
+        notes = capacity.Notes(self.notes)
+        try:
+            headers = self._bearer_headers(credentials)
+        except Exception as exc:  # a token that cannot be refreshed: prices without advice
+            notes.add(f"gcp: no token for advice.capacity ({capacity.failure(exc)}); no capacity advice")
+            return quotes
+        base = (self.compute_endpoint or DEFAULT_COMPUTE_ENDPOINT).rstrip("/")
+
+        def ask(key: tuple[str, str]) -> dict[tuple[str, str], tuple[float | None, float | None]]:
+            region, machine = key
+            zones = tuple(sorted(zones_of[key]))
+            cache_key = (base, project, region, machine, zones, self.advice_size)
+            cached = self.advice_cache.get(cache_key)
+            if cached is not None:
+                return dict(cached)
+            where = f"{region} {machine}"
+            try:
+                answer = capacity.post_json(
+                    f"{base}/compute/v1/projects/{project}/regions/{region}/advice/capacity",
+                    advice_request(machine, zones, self.advice_size), headers, self.backoff, self.throttle)
+            except Exception as exc:
+                notes.add(f"gcp: advice.capacity {where} unavailable ({capacity.failure(exc)})")
+                return {}
+            scores = advice_scores(answer, where, notes.add)
+            self.advice_cache.put(cache_key, scores)
+            return scores
+
+        found: dict[tuple[str, str], tuple[float | None, float | None]] = {}
+        for scores in fan_out(ask, sorted(zones_of), self.max_workers):
+            found.update(scores)
+        notes.close("gcp")
+        return [replace(q, obtainability=found[(q.zone, q.instance_type)][0],
+                        estimated_uptime_s=found[(q.zone, q.instance_type)][1])
+                if (q.zone, q.instance_type) in found and q.gpus_per_node else q for q in quotes]
 
     # -- listings ------------------------------------------------------------------------------
 
@@ -364,9 +488,12 @@ class GcpPriceSource:
         return credentials, project
 
     def _billing_headers(self, credentials: Any) -> dict[str, str]:
+        return {} if self.api_key else self._bearer_headers(credentials)
+
+    def _bearer_headers(self, credentials: Any) -> dict[str, str]:
         from google.auth.credentials import AnonymousCredentials
 
-        if self.api_key or isinstance(credentials, AnonymousCredentials):
+        if isinstance(credentials, AnonymousCredentials):
             return {}
         import google.auth.transport.requests
 

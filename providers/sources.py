@@ -7,10 +7,11 @@ that this module needs nothing from ``broker``.
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
-from providers import aws, azure, gcp
+from providers import aws, azure, capacity, gcp
 from providers.base import PUBLIC_CLOUDS, PriceSource
 from providers.fetching import Backoff
 
@@ -45,9 +46,31 @@ class PriceSettings(Protocol):
     @property
     def azure_subscription_id(self) -> str | None: ...
     @property
+    def gcp_capacity_advice(self) -> bool: ...
+    @property
+    def azure_placement_scores(self) -> bool: ...
+    @property
+    def capacity_request_interval_seconds(self) -> float: ...
+    @property
+    def capacity_cache_seconds(self) -> float: ...
+    @property
     def price_retry_attempts(self) -> int: ...
     @property
     def price_retry_base_seconds(self) -> float: ...
+
+
+_capacity_states: dict[tuple[str, float, float], tuple[capacity.Throttle, capacity.TtlCache]] = {}
+_capacity_lock = threading.Lock()
+
+
+def capacity_state(cloud: str, settings: PriceSettings) -> tuple[capacity.Throttle, capacity.TtlCache]:
+    """One throttle and answer cache per cloud for the whole process: the service builds its pollers
+    anew for each refresh, and the quota and the cached answers outlive each one."""
+    key = (cloud, settings.capacity_request_interval_seconds, settings.capacity_cache_seconds)
+    with _capacity_lock:
+        if key not in _capacity_states:
+            _capacity_states[key] = (capacity.Throttle(key[1]), capacity.TtlCache(key[2]))
+        return _capacity_states[key]
 
 
 def _aws(settings: PriceSettings, backoff: Backoff) -> PriceSource:
@@ -61,7 +84,8 @@ def _gcp(settings: PriceSettings, backoff: Backoff) -> PriceSource:
     return gcp.GcpPriceSource(
         project=settings.gcp_project, regions=settings.gcp_regions,
         compute_endpoint=settings.gcp_compute_endpoint, billing_endpoint=settings.gcp_billing_endpoint,
-        api_key=settings.gcp_api_key, backoff=backoff)
+        api_key=settings.gcp_api_key, backoff=backoff, capacity_advice=settings.gcp_capacity_advice,
+        advice_state=capacity_state("gcp", settings))
 
 
 def _azure(settings: PriceSettings, backoff: Backoff) -> PriceSource:
@@ -69,7 +93,8 @@ def _azure(settings: PriceSettings, backoff: Backoff) -> PriceSource:
         regions=settings.azure_regions or azure.DEFAULT_REGIONS, prices_url=settings.azure_prices_url,
         rm_endpoint=settings.azure_rm_endpoint,
         subscription_id=settings.azure_subscription_id or os.environ.get("AZURE_SUBSCRIPTION_ID"),
-        backoff=backoff)
+        backoff=backoff, placement_scores=settings.azure_placement_scores,
+        placement_state=capacity_state("azure", settings))
 
 
 BUILDERS: dict[str, Callable[[PriceSettings, Backoff], PriceSource]] = {"aws": _aws, "gcp": _gcp, "azure": _azure}

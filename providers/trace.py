@@ -2,6 +2,11 @@
 
 ``time,cloud,region,zone,instance_type,accelerator,gpus_per_node,spot_price,on_demand_price,available_nodes``
 one row per (tick, zone), all zones on the same evenly spaced ticks, prices in USD per node-hour.
+
+Optional columns carry the clouds' capacity signals where a trace has them (an empty cell: the
+cloud said nothing): ``capacity_score`` (AWS, 1-10), ``obtainability`` (GCP, 0-1),
+``estimated_uptime_s`` (GCP, seconds) and ``placement_level`` (Azure: High, Medium or Low).
+A trace without them is read as before.
 """
 
 from __future__ import annotations
@@ -12,9 +17,10 @@ import io
 import math
 import zlib
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -32,6 +38,20 @@ COLUMNS: tuple[str, ...] = (
     "on_demand_price",
     "available_nodes",
 )
+
+# Optional columns: the capacity signals, each with its valid range (placement_level: its words).
+SIGNAL_COLUMNS: tuple[str, ...] = ("capacity_score", "obtainability", "estimated_uptime_s", "placement_level")
+SIGNAL_RANGES: dict[str, tuple[float, float]] = {
+    "capacity_score": (1.0, 10.0), "obtainability": (0.0, 1.0), "estimated_uptime_s": (0.0, 366 * 86400.0)}
+PLACEMENT_LEVELS: tuple[str, ...] = ("Low", "Medium", "High")  # coded 1, 2, 3 in the arrays
+
+
+def signal_values(quote: Any) -> tuple[float, ...]:
+    """A quote's (or price-book row's) capacity signals in ``SIGNAL_COLUMNS`` order, NaN where unknown."""
+    level = getattr(quote, "placement_level", None)
+    coded = float(PLACEMENT_LEVELS.index(level) + 1) if level in PLACEMENT_LEVELS else math.nan
+    numbers = (getattr(quote, name, None) for name in SIGNAL_COLUMNS[:3])
+    return (*(math.nan if v is None else float(v) for v in numbers), coded)
 
 
 # The most GPUs per node or nodes per zone a row may name (int64 arrays hold them).
@@ -93,6 +113,8 @@ class MarketTrace:
     spot_price: np.ndarray
     on_demand_price: np.ndarray
     available_nodes: np.ndarray
+    # SIGNAL_COLUMNS name -> [tick, zone] floats, NaN where unknown; only the signals the trace carries
+    signals: dict[str, np.ndarray] = field(default_factory=dict)
 
     @property
     def num_ticks(self) -> int:
@@ -125,7 +147,18 @@ class MarketTrace:
             spot_price=_frozen(self.spot_price[:, keep]),
             on_demand_price=_frozen(self.on_demand_price[:, keep]),
             available_nodes=_frozen(self.available_nodes[:, keep]),
+            signals={name: _frozen(values[:, keep]) for name, values in self.signals.items()},
         )
+
+    def signals_at(self, tick: int, zone: int) -> dict[str, Any]:
+        """The SpotQuote fields of the capacity signals at (tick, zone); None where unknown."""
+        found: dict[str, Any] = {}
+        for name, values in self.signals.items():
+            value = float(values[tick, zone])
+            if math.isnan(value):
+                continue
+            found[name] = PLACEMENT_LEVELS[int(value) - 1] if name == "placement_level" else value
+        return found
 
     def quotes_at(self, tick: int) -> list[SpotQuote]:
         when = self.time_of(tick)
@@ -141,6 +174,7 @@ class MarketTrace:
                 on_demand_price=float(self.on_demand_price[tick, i]),
                 observed_at=when,
                 available_nodes=int(self.available_nodes[tick, i]),
+                **self.signals_at(tick, i),
             )
             for i, z in enumerate(self.zones)
         ]
@@ -192,17 +226,19 @@ def parse_trace(lines: Iterable[str], source: str = "<trace>") -> MarketTrace:
     if missing:
         raise TraceError(f"{source}: header lacks column(s) {', '.join(missing)}; expected {','.join(COLUMNS)}")
     col = {name: header.index(name) for name in COLUMNS}
+    signal_col = {name: header.index(name) for name in SIGNAL_COLUMNS if name in header}
 
     zone_index: dict[OfferKey, int] = {}
     zones: list[TraceZone] = []
     times: dict[datetime, int] = {}
     cells: list[tuple[int, int, float, float, int]] = []
+    signal_cells: list[tuple[float, ...]] = []
     for lineno, row in enumerate(reader, start=2):
         if not row or all(not c.strip() for c in row):
             continue
         if len(row) < len(header):
             raise TraceError(f"{source}:{lineno}: {len(row)} columns, expected {len(header)}")
-        for name, index in col.items():
+        for name, index in (*col.items(), *signal_col.items()):
             if "\x00" in row[index] or len(row[index]) > 200:
                 raise TraceError(f"{source}:{lineno}: column {name}: a NUL byte or over 200 characters")
         try:
@@ -232,6 +268,8 @@ def parse_trace(lines: Iterable[str], source: str = "<trace>") -> MarketTrace:
         tick = times.setdefault(when, len(times))
         cells.append((tick, zone_index[key], values["spot_price"], values["on_demand_price"],
                       int(values["available_nodes"])))
+        signal_cells.append(tuple(_signal(name, row[index].strip(), f"{source}:{lineno}")
+                                  for name, index in signal_col.items()))
     if not cells:
         raise TraceError(f"{source}: no rows")
 
@@ -256,14 +294,41 @@ def parse_trace(lines: Iterable[str], source: str = "<trace>") -> MarketTrace:
     spot = np.full(shape, np.nan)
     on_demand = np.full(shape, np.nan)
     avail = np.full(shape, -1, dtype=np.int64)
-    for tick, zone, sp, od, av in cells:
+    signals = {name: np.full(shape, np.nan) for name in signal_col}
+    for (tick, zone, sp, od, av), found in zip(cells, signal_cells, strict=True):
         slot = order[tick]
         spot[slot, zone], on_demand[slot, zone], avail[slot, zone] = sp, od, av
+        for name, value in zip(signal_col, found, strict=True):
+            signals[name][slot, zone] = value
+    no_row = avail == -1  # a missing row repeats the tick before; an empty signal cell stays unknown
+    for t in range(1, num_ticks):
+        for column in signals.values():
+            column[t, no_row[t]] = column[t - 1, no_row[t]]
     for array, empty in ((spot, None), (on_demand, None), (avail, -1)):
         _forward_fill(array, empty)
     if np.isnan(spot[0]).any() or (avail[0] < 0).any():
         raise TraceError(f"{source}: every zone needs a row at the first tick {format_time(start)}")
-    return MarketTrace(start, tick_seconds, tuple(zones), _frozen(spot), _frozen(on_demand), _frozen(avail))
+    return MarketTrace(start, tick_seconds, tuple(zones), _frozen(spot), _frozen(on_demand), _frozen(avail),
+                       {name: _frozen(column) for name, column in signals.items()})
+
+
+def _signal(name: str, text: str, where: str) -> float:
+    """One optional signal cell: empty is unknown (NaN); anything else must be in its range."""
+    if not text:
+        return math.nan
+    if name == "placement_level":
+        if text not in PLACEMENT_LEVELS:
+            raise TraceError(f"{where}: column placement_level: expected High, Medium, Low or empty, got {text[:40]!r}")
+        return float(PLACEMENT_LEVELS.index(text) + 1)
+    low, high = SIGNAL_RANGES[name]
+    try:
+        number = float(text)
+    except ValueError:
+        raise TraceError(f"{where}: column {name}: expected a number or empty, got {text[:40]!r}") from None
+    if not low <= number <= high:  # NaN fails this too
+        raise TraceError(f"{where}: column {name}: expected a number from {low:g} to {high:g} or empty, "
+                         f"got {text[:40]!r}")
+    return number
 
 
 def _forward_fill(array: np.ndarray, empty: int | None) -> None:
@@ -272,25 +337,32 @@ def _forward_fill(array: np.ndarray, empty: int | None) -> None:
         array[t, missing] = array[t - 1, missing]
 
 
-def trace_rows(quotes: Iterable[SpotQuote]) -> Iterator[list[str]]:
+def trace_rows(quotes: Iterable[SpotQuote], signals: bool = False) -> Iterator[list[str]]:
     for q in quotes:
-        yield [
+        row = [
             format_time(q.observed_at), q.cloud, q.region, q.zone, q.instance_type, q.accelerator,
             str(q.gpus_per_node), f"{q.spot_price:.4f}" if q.spot_price is not None else "",
             f"{q.on_demand_price:.4f}" if q.on_demand_price is not None else "",
             str(q.available_nodes if q.available_nodes is not None else 0),
         ]
+        if signals:
+            row += ["" if q.capacity_score is None else f"{q.capacity_score:g}",
+                    "" if q.obtainability is None else f"{q.obtainability:.4g}",
+                    "" if q.estimated_uptime_s is None else f"{q.estimated_uptime_s:g}",
+                    q.placement_level or ""]
+        yield row
 
 
-def write_trace(path: str | Path, quotes: Iterable[SpotQuote]) -> int:
-    """Write quotes (already one per (tick, zone), in time order) as a trace; returns rows written."""
+def write_trace(path: str | Path, quotes: Iterable[SpotQuote], signals: bool = False) -> int:
+    """Write quotes (already one per (tick, zone), in time order) as a trace; returns rows written.
+    ``signals``: with the optional capacity-signal columns."""
     path = Path(path)
     opener = gzip.open if path.suffix == ".gz" else open
     rows = 0
     with opener(path, "wt", encoding="utf-8", newline="") as handle:  # type: ignore[operator]
         writer = csv.writer(handle)
-        writer.writerow(COLUMNS)
-        for row in trace_rows(quotes):
+        writer.writerow((*COLUMNS, *SIGNAL_COLUMNS) if signals else COLUMNS)
+        for row in trace_rows(quotes, signals):
             writer.writerow(row)
             rows += 1
     return rows

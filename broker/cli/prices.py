@@ -220,9 +220,17 @@ def _table(rows: list[Row], on_demand: bool) -> Any:
             f"{r.per_gpu:.3f}" + ("" if on_demand or q.spot_price is not None else " od"),
             _money(q.spot_price), _money(q.on_demand_price),
             f"{r.saving:.0%}" if r.saving is not None else "-",
-            f"{q.capacity_score:g}/10" if q.capacity_score is not None else "-", age,
+            _capacity(q), age,
         )
     return table
+
+
+def _capacity(q: Any) -> str:
+    """The cloud's capacity signal on the 1-10 scale decisions use (docs/capacity-signals.md)."""
+    from broker.market.capacity import capacity_score_of
+
+    score = capacity_score_of(q)
+    return "-" if score is None else f"{score:.2g}/10"
 
 
 def _money(value: float | None) -> str:
@@ -244,6 +252,8 @@ def _row_json(r: Row) -> dict[str, Any]:
         "accelerator": q.accelerator, "gpus_per_node": q.gpus_per_node, "gpu_memory_gb": q.gpu_memory_gb,
         "spot_price": q.spot_price, "on_demand_price": q.on_demand_price, "price_per_gpu_hour": round(r.per_gpu, 6),
         "saving": round(r.saving, 4) if r.saving is not None else None, "capacity_score": q.capacity_score,
+        "obtainability": q.obtainability, "estimated_uptime_s": q.estimated_uptime_s,
+        "placement_level": q.placement_level,
         "observed_at": q.observed_at.isoformat(), "age_seconds": round(r.age_seconds, 1), "stale": q.stale,
     }
 

@@ -124,6 +124,14 @@ class Settings(BaseSettings):
     azure_rm_endpoint: str | None = Field(None, description="Resource Manager endpoint for resource SKUs")
     azure_subscription_id: str | None = Field(None, description="adds zones and restrictions to Azure prices")
     azure_regions: Annotated[list[str] | None, NoDecode] = Field(None, description="default: ten GPU regions")
+    gcp_capacity_advice: bool = Field(True, description="ask Compute Engine advice.capacity for spot "
+                                      "obtainability and estimated uptime")
+    azure_placement_scores: bool = Field(True, description="ask Azure for spot placement scores "
+                                         "(needs a subscription)")
+    capacity_request_interval_seconds: float = Field(
+        0.05, ge=0, le=60, description="the least time between two capacity-signal requests to one cloud")
+    capacity_cache_seconds: float = Field(600.0, ge=0, le=86400,
+                                          description="how long a capacity signal answer is reused")
     price_retry_attempts: int = Field(6, ge=1, description="tries per API call on throttling and 5xx")
     price_retry_base_seconds: float = Field(0.5, gt=0, description="first backoff step (doubles, jittered)")
     price_max_age_seconds: float = Field(600.0, gt=0, le=30 * 86400,

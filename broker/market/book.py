@@ -22,16 +22,14 @@ from sqlalchemy import Select, and_, func, select
 from sqlalchemy.orm import Session
 
 from broker.errors import UserError
+from broker.market.capacity import capacity_unlikely
 from broker.store import Store
 from broker.store.tables import PriceQuoteRow
 from providers.base import OfferKey, SpotQuote
-from providers.trace import MarketTrace, TraceZone, write_trace
+from providers.trace import SIGNAL_COLUMNS, MarketTrace, TraceZone, signal_values, write_trace
 
 if TYPE_CHECKING:
     import numpy as np
-
-# An AWS spot placement score below this says a launch is unlikely: exported as no capacity.
-LIKELY_SCORE = 4.0
 
 Q = TypeVar("Q", bound="Select[*tuple[Any, ...]]")
 OfferId = tuple[str, str, str]  # (cloud, zone, instance_type): unique, as zones are per cloud
@@ -146,8 +144,9 @@ def _offer(q: SpotQuote | PriceQuoteRow) -> OfferId:
 
 def _same(row: PriceQuoteRow, q: SpotQuote) -> bool:
     return (row.spot_price, row.on_demand_price, row.capacity_score, row.available_nodes, row.accelerator,
-            row.gpus_per_node) == (q.spot_price, q.on_demand_price, q.capacity_score, q.available_nodes,
-                                   q.accelerator, q.gpus_per_node)
+            row.gpus_per_node, row.obtainability, row.estimated_uptime_s, row.placement_level) == (
+        q.spot_price, q.on_demand_price, q.capacity_score, q.available_nodes, q.accelerator, q.gpus_per_node,
+        q.obtainability, q.estimated_uptime_s, q.placement_level)
 
 
 def _quote(row: PriceQuoteRow, observed_at: datetime | None = None, stale: bool | None = None) -> SpotQuote:
@@ -155,6 +154,8 @@ def _quote(row: PriceQuoteRow, observed_at: datetime | None = None, stale: bool 
         cloud=row.cloud, region=row.region, zone=row.zone, instance_type=row.instance_type,
         accelerator=row.accelerator, gpus_per_node=row.gpus_per_node, gpu_memory_gb=row.gpu_memory_gb,
         spot_price=row.spot_price, on_demand_price=row.on_demand_price, capacity_score=row.capacity_score,
+        obtainability=row.obtainability, estimated_uptime_s=row.estimated_uptime_s,
+        placement_level=row.placement_level,
         available_nodes=row.available_nodes, observed_at=observed_at or row.confirmed_at,
         stale=row.stale if stale is None else stale,
     )
@@ -193,6 +194,8 @@ class PriceBook:
                     cloud=q.cloud, region=q.region, zone=q.zone, instance_type=q.instance_type,
                     accelerator=q.accelerator, gpus_per_node=q.gpus_per_node, gpu_memory_gb=q.gpu_memory_gb,
                     spot_price=q.spot_price, on_demand_price=q.on_demand_price, capacity_score=q.capacity_score,
+                    obtainability=q.obtainability, estimated_uptime_s=q.estimated_uptime_s,
+                    placement_level=q.placement_level,
                     available_nodes=q.available_nodes, stale=False, observed_at=at, confirmed_at=at,
                 ))
                 inserted += 1
@@ -262,7 +265,7 @@ class PriceBook:
         same evenly spaced ticks, each tick carrying the quote in force then (forward fill).
 
         A zone not yet seen at a tick, a stale quote past its last confirmation, a missing spot
-        price or an AWS placement score below ``LIKELY_SCORE`` count as no spot capacity (0
+        price or a capacity signal below ``LIKELY_SCORE`` (``broker.market.capacity``) count as no spot capacity (0
         nodes); otherwise ``available_nodes`` is the quote's own figure or ``nodes_when_offered``.
         """
         if tick_seconds <= 0:
@@ -280,7 +283,7 @@ class PriceBook:
         end = min(until, last_seen)
         ticks = int((end - start).total_seconds() // tick_seconds) + 1 if end >= start else 1
         trace = _as_trace(offers, start, tick_seconds, ticks, nodes_when_offered)
-        written = write_trace(path, (q for t in range(trace.num_ticks) for q in trace.quotes_at(t)))
+        written = write_trace(path, (q for t in range(trace.num_ticks) for q in trace.quotes_at(t)), signals=True)
         return TraceExport(Path(path), written, len(offers), ticks, start, tick_seconds)
 
     def recent(self, offers: Collection[OfferId], until: datetime, tick_seconds: float, max_ticks: int,
@@ -355,13 +358,14 @@ def _as_trace(offers: dict[OfferId, list[PriceQuoteRow]], start: datetime, tick_
     columns = [_column(rows, tick_epochs, nodes_when_offered, fresh_for_s) for rows in offers.values()]
     zones = tuple(TraceZone(OfferKey(rows[-1].cloud, rows[-1].region, rows[-1].zone, rows[-1].instance_type),
                             rows[-1].accelerator, rows[-1].gpus_per_node) for rows in offers.values())
-    spot, on_demand, nodes = (np.stack([c[i] for c in columns], axis=1) for i in range(3))
-    return MarketTrace(start, tick_seconds, zones, spot, on_demand, nodes.astype(np.int64))
+    spot, on_demand, nodes, signals = (np.stack([c[i] for c in columns], axis=1) for i in range(4))
+    return MarketTrace(start, tick_seconds, zones, spot, on_demand, nodes.astype(np.int64),
+                       {name: signals[:, :, k] for k, name in enumerate(SIGNAL_COLUMNS)})
 
 
 def _column(rows: list[PriceQuoteRow], ticks: np.ndarray, nodes_when_offered: int,
-            fresh_for_s: float | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Spot price, on-demand price and spot nodes of one offer at every tick."""
+            fresh_for_s: float | None) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Spot price, on-demand price, spot nodes and [tick, signal] capacity signals of one offer at every tick."""
     import numpy as np
 
     first_on_demand = next(r.on_demand_price for r in rows if r.on_demand_price is not None)
@@ -371,7 +375,7 @@ def _column(rows: list[PriceQuoteRow], ticks: np.ndarray, nodes_when_offered: in
         last_on_demand = r.on_demand_price if r.on_demand_price is not None else last_on_demand
         on_demand.append(last_on_demand)
         spot.append(r.spot_price if r.spot_price is not None else last_on_demand)
-        offered = r.spot_price is not None and (r.capacity_score is None or r.capacity_score >= LIKELY_SCORE)
+        offered = r.spot_price is not None and not capacity_unlikely(r)
         nodes.append(r.available_nodes if r.available_nodes is not None else
                      (nodes_when_offered if offered else 0))
         held = r.confirmed_at.timestamp() + (fresh_for_s if fresh_for_s is not None else np.inf)
@@ -382,4 +386,5 @@ def _column(rows: list[PriceQuoteRow], ticks: np.ndarray, nodes_when_offered: in
     index = np.maximum(index, 0)
     spot_at, on_demand_at = np.array(spot)[index], np.array(on_demand)[index]
     nodes_at = np.where(seen & (ticks <= np.array(confirmed)[index]), np.array(nodes)[index], 0)
-    return spot_at, on_demand_at, nodes_at
+    signals_at = np.where(seen[:, None], np.array([signal_values(r) for r in rows])[index], np.nan)
+    return spot_at, on_demand_at, nodes_at, signals_at

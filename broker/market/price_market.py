@@ -1,9 +1,10 @@
 """The price book as the engine's market on the SkyPilot backend, embedded or served.
 
 Every decision reads the offers the pollers last brought back (``PriceBook.latest``): per zone the
-spot and on-demand price now, the AWS spot placement score, and whether the quote is stale. A quote
-is seen with no spot capacity when its placement score says a launch is unlikely (below
-``LIKELY_SCORE``), or when it is stale: the cloud stopped listing it, its last poll failed, or
+spot and on-demand price now, the cloud's capacity signal (AWS placement score, GCP obtainability,
+Azure placement level: ``broker.market.capacity``), and whether the quote is stale. A quote is seen
+with no spot capacity when its capacity signal says a launch is unlikely (below ``LIKELY_SCORE``
+on the common scale), or when it is stale: the cloud stopped listing it, its last poll failed, or
 nobody confirmed it for ``stale_after_s``. On-demand stays offered. The broker's own record of
 preemptions and failed launches per zone comes from the store, with the request (``zone_records``),
 and so does the recent past of the offers asked about (``recent``: the request's ``history``).
@@ -24,7 +25,8 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Protocol
 
-from broker.market.book import LIKELY_SCORE, LiveQuotes, PriceBook, QuoteFilter
+from broker.market.book import LiveQuotes, PriceBook, QuoteFilter
+from broker.market.capacity import capacity_unlikely
 from providers.base import OfferKey, SpotQuote
 from providers.trace import MarketTrace
 
@@ -97,7 +99,7 @@ class PriceBookMarket(LiveQuotes):
 
     def _as_seen(self, q: SpotQuote, when: datetime) -> SpotQuote:
         stale = q.stale or (when - q.observed_at).total_seconds() > self.stale_after_s
-        unlikely = q.capacity_score is not None and q.capacity_score < LIKELY_SCORE
+        unlikely = capacity_unlikely(q)
         if stale or unlikely:
             return replace(q, available_nodes=0, stale=stale)
         return q

@@ -121,7 +121,9 @@ class Market:
         trace = self.trace
         return Market(MarketTrace(trace.start, trace.tick_seconds, (trace.zones[index],),
                                   trace.spot_price[:, [index]], trace.on_demand_price[:, [index]],
-                                  trace.available_nodes[:, [index]]), self.num_nodes)
+                                  trace.available_nodes[:, [index]],
+                                  {name: values[:, [index]] for name, values in trace.signals.items()}),
+                      self.num_nodes)
 
     def time_of(self, tick: int) -> datetime:
         if self._times is None:

@@ -1,4 +1,6 @@
-"""Azure: the Retail Prices API (Items, NextPageLink) and Compute resource SKUs (value, nextLink)."""
+"""Azure: the Retail Prices API (Items, NextPageLink), Compute resource SKUs (value, nextLink) and the
+Spot Placement Score (POST ``/subscriptions/{id}/providers/Microsoft.Compute/locations/{location}/
+placementScores/spot/generate``)."""
 
 from __future__ import annotations
 
@@ -54,13 +56,21 @@ def resource_sku(size: str, region: str, gpus: int, zones: list[str],
 
 class FakeAzure(FakeCloud):
     def __init__(self, items: list[dict[str, Any]], skus: list[dict[str, Any]] | None = None,
-                 page_size: int = 100) -> None:
+                 page_size: int = 100, placement: dict[tuple[str, str, str], str] | None = None) -> None:
         self.items = items
+        # (region, zone number, size) -> the score the placement API answers ("High", ...)
+        self.placement = placement or {}
+        self.placement_body: bytes | None = None  # set: every placement call answers exactly this
+        self.placement_requests: list[tuple[str, dict[str, Any]]] = []  # (api-version, body)
         self.skus = skus or []
         self.page_size = page_size
         self.authorizations: list[str] = []
 
     def route(self, request: Request) -> str:
+        if request.method == "POST" and re.fullmatch(
+                r"/subscriptions/[^/]+/providers/Microsoft\.Compute/locations/[^/]+/placementScores/spot/generate",
+                request.path):
+            return "spotPlacementScores"
         if request.path.endswith("/api/retail/prices"):
             return "retail"
         if request.path.endswith("/providers/Microsoft.Compute/skus"):
@@ -70,12 +80,34 @@ class FakeAzure(FakeCloud):
     def answer(self, request: Request, route: str, base_url: str) -> Response:
         if route == "retail":
             return self._retail(request, base_url)
+        if route == "spotPlacementScores":
+            return self._placement(request)
         if route == "resourceSkus":
             self.authorizations.append(request.headers.get("authorization", ""))
             location = re.search(r"location eq '([^']+)'", request.param("$filter"))
             value = [s for s in self.skus if location is None or location.group(1) in s["locations"]]
             return Response(200, json.dumps({"value": value}).encode())
         return self.error(route, 404, "NotFound")
+
+    def _placement(self, request: Request) -> Response:
+        body = json.loads(request.body)
+        self.placement_requests.append((request.param("api-version"), body))
+        self.authorizations.append(request.headers.get("authorization", ""))
+        if self.placement_body is not None:
+            return Response(200, self.placement_body)
+        if len(body["desiredLocations"]) > 8 or len(body["desiredSizes"]) > 5:
+            return self.error("spotPlacementScores", 400, "InvalidParameter")
+        scores = []
+        for region in body["desiredLocations"]:
+            for size in (s["sku"] for s in body["desiredSizes"]):
+                zonal = [(z, level) for (r, z, s), level in sorted(self.placement.items()) if (r, s) == (region, size)]
+                for zone, level in zonal or [("", "DataNotFoundOrStale")]:
+                    entry = {"sku": size, "region": region, "score": level, "isQuotaAvailable": True}
+                    if body.get("availabilityZones") and zone:
+                        entry["availabilityZone"] = zone
+                    scores.append(entry)
+        answer = {**body, "placementScores": scores}
+        return Response(200, json.dumps(answer).encode())
 
     def _retail(self, request: Request, base_url: str) -> Response:
         expression = request.param("$filter")

@@ -1,5 +1,6 @@
-"""GCP: the Cloud Billing Catalog (SKUs, pageToken/nextPageToken) and Compute Engine aggregated lists
-of machine types and accelerator types, as JSON in the REST API's shapes."""
+"""GCP: the Cloud Billing Catalog (SKUs, pageToken/nextPageToken), Compute Engine aggregated lists
+of machine types and accelerator types, and Compute Engine v1 ``advice.capacity`` (POST
+``/compute/v1/projects/{project}/regions/{region}/advice/capacity``), as JSON in the REST API's shapes."""
 
 from __future__ import annotations
 
@@ -72,14 +73,22 @@ def accelerator_type(name: str, zone: str, max_cards: int) -> dict[str, Any]:
 
 class FakeGcp(FakeCloud):
     def __init__(self, skus: list[dict[str, Any]], machine_types: list[dict[str, Any]],
-                 accelerator_types: list[dict[str, Any]], page_size: int = 5000) -> None:
+                 accelerator_types: list[dict[str, Any]], page_size: int = 5000,
+                 advice: dict[tuple[str, str], tuple[float, str]] | None = None) -> None:
         self.skus = skus
+        # (zone, machine type) -> (obtainability, estimatedUptime) that advice.capacity answers with
+        self.advice = advice or {}
+        self.advice_body: bytes | None = None  # set: every advice.capacity call answers exactly this
+        self.advice_requests: list[dict[str, Any]] = []
         self.machine_types = machine_types
         self.accelerator_types = accelerator_types
         self.page_size = page_size
         self.api_keys_seen: list[str] = []
 
     def route(self, request: Request) -> str:
+        if request.method == "POST" and re.fullmatch(r"/compute/v1/projects/[^/]+/regions/[^/]+/advice/capacity",
+                                                     request.path):
+            return "adviceCapacity"
         if request.path.endswith("/skus"):
             return "skus"
         if request.path.endswith("/aggregated/machineTypes"):
@@ -89,6 +98,8 @@ class FakeGcp(FakeCloud):
         return "?"
 
     def answer(self, request: Request, route: str, base_url: str) -> Response:
+        if route == "adviceCapacity":
+            return self._advice(request)
         if route == "skus":
             if request.param("key"):
                 self.api_keys_seen.append(request.param("key"))
@@ -101,6 +112,26 @@ class FakeGcp(FakeCloud):
             return Response(200, json.dumps(self._aggregated(request, route, records)).encode())
         return Response(404, json.dumps({"error": {"code": 404, "message": "not found", "status": "NOT_FOUND"}})
                         .encode())
+
+    def _advice(self, request: Request) -> Response:
+        """Best first, one recommendation per requested zone with capacity, as ``ANY_SINGLE_ZONE`` asks."""
+        body = json.loads(request.body)
+        self.advice_requests.append(body)
+        if self.advice_body is not None:
+            return Response(200, self.advice_body)
+        if body.get("instanceProperties", {}).get("scheduling", {}).get("provisioningModel") != "SPOT":
+            return self.error("adviceCapacity", 400, "Invalid value for field 'provisioningModel'")
+        machines = [m for selection in body["instanceFlexibilityPolicy"]["instanceSelections"].values()
+                    for m in selection["machineTypes"]]
+        zones = [z["zone"].rsplit("/", 1)[-1] for z in body["distributionPolicy"]["zones"]]
+        offers = [(self.advice[(zone, machine)], zone, machine) for zone in zones for machine in machines
+                  if (zone, machine) in self.advice]
+        recommendations = [
+            {"scores": {"obtainability": obtainability, "estimatedUptime": uptime},
+             "shards": [{"zone": zone, "machineType": machine, "instanceCount": body["size"],
+                         "provisioningModel": "SPOT"}]}
+            for (obtainability, uptime), zone, machine in sorted(offers, key=lambda o: -o[0][0])]
+        return Response(200, json.dumps({"recommendations": recommendations}).encode())
 
     def _aggregated(self, request: Request, key: str, records: list[dict[str, Any]]) -> dict[str, Any]:
         wanted = _name_regex(request.param("filter"))

@@ -191,3 +191,111 @@ def test_retail_filters_name_every_quoted_size_once_in_bounded_batches() -> None
     assert [n.split("'")[0] for n in named] == sizes
     assert all(f.count("armSkuName eq") <= FILTER_SIZES and len(f) < 2000 for f in filters)
     assert len(filters) == -(-len(sizes) // FILTER_SIZES)
+
+
+# -- Spot Placement Score ---------------------------------------------------------------------------
+
+PLACEMENT = {("eastus", "1", ND): "High", ("eastus", "2", ND): "Low", ("eastus", "1", NC): "Medium",
+             ("eastus", "2", NC): "RestrictedSkuNotAvailable"}
+
+
+@pytest.fixture
+def placed() -> Iterator[FakeServer]:
+    with FakeServer(FakeAzure(_items(), _resource_skus(), page_size=50, placement=PLACEMENT)) as server:
+        yield server
+
+
+def _signed_in(server: FakeServer, **kwargs: Any) -> AzurePriceSource:
+    return _source(server, subscription_id="sub-1", rm_endpoint=server.url, credential=StaticToken(), **kwargs)
+
+
+def test_spot_placement_scores_per_zone_and_size(placed: FakeServer) -> None:
+    source = _signed_in(placed)
+    quotes = _by_offer(source.fetch_quotes())
+    assert quotes[(ND, "eastus-1")].placement_level == "High"
+    assert quotes[(ND, "eastus-2")].placement_level == "Low"
+    assert quotes[(NC, "eastus-1")].placement_level == "Medium"
+    assert quotes[(NC, "eastus-2")].placement_level is None  # a "no score" answer: none, and no note
+    assert quotes[(ND, "eastus-1")].spot_price == 10.8788
+    assert source.notes == []
+    [(version, body)] = placed.cloud.placement_requests  # type: ignore[attr-defined]
+    assert version == "2025-06-05"
+    assert body == {"desiredLocations": ["eastus"], "desiredSizes": [{"sku": NC}, {"sku": ND}], "desiredCount": 1,
+                    "availabilityZones": True}
+    assert placed.cloud.authorizations[-1] == "Bearer test-token"  # type: ignore[attr-defined]
+
+
+def test_placement_requests_name_at_most_8_regions_and_5_sizes() -> None:
+    from datetime import UTC, datetime
+
+    regions = [f"region{i}" for i in range(10)]
+    sizes = [f"Standard_NC{i}ads_A100_v4" for i in range(7)]
+    placement = {(region, "1", size): "High" for region in regions for size in sizes}
+    offers = [SpotQuote("azure", region, f"{region}-1", size, "A100", 1, 1.0, 2.0, datetime.now(UTC))
+              for region in regions for size in sizes]
+    with FakeServer(FakeAzure([], [], placement=placement)) as server:
+        source = _signed_in(server)
+        quotes = source.with_placement_scores(offers)
+        bodies = [body for _, body in server.cloud.placement_requests]  # type: ignore[attr-defined]
+    assert len(bodies) == 2 * 2  # regions in 8 + 2, sizes in 5 + 2
+    assert all(len(b["desiredLocations"]) <= 8 and len(b["desiredSizes"]) <= 5 for b in bodies)
+    assert {q.placement_level for q in quotes} == {"High"} and len(quotes) == 70
+    assert source.notes == []
+
+
+def test_placement_scores_cached_throttled_retried_and_refused(placed: FakeServer) -> None:
+    source = _signed_in(placed)
+    placed.fail("spotPlacementScores", 429, times=1)
+    assert _by_offer(source.fetch_quotes())[(ND, "eastus-1")].placement_level == "High"
+    assert placed.requests["spotPlacementScores"] == 2
+    source.fetch_quotes()
+    assert placed.requests["spotPlacementScores"] == 2  # answered from the cache
+    placed.fail("spotPlacementScores", 403, times=None, code="AuthorizationFailed")
+    fresh = _signed_in(placed)
+    quotes = _by_offer(fresh.fetch_quotes())
+    assert quotes[(ND, "eastus-1")].placement_level is None and quotes[(ND, "eastus-1")].spot_price == 10.8788
+    assert fresh.notes == [f"azure: spot placement score eastus..eastus {NC}..{ND} unavailable (HTTP 403)"]
+
+
+def test_without_a_subscription_no_placement_score_is_asked(placed: FakeServer) -> None:
+    quotes = _source(placed).fetch_quotes()
+    assert {q.placement_level for q in quotes} == {None} and placed.requests["spotPlacementScores"] == 0
+
+
+def _scores(*entries: object) -> bytes:
+    import json
+
+    return json.dumps({"placementScores": list(entries)}).encode()
+
+
+@pytest.mark.parametrize(("body", "level", "note"), [
+    (_scores({"sku": ND, "region": "eastus", "availabilityZone": "1", "score": "Excellent"}), None,
+     "placementScores[0].score: not High, Medium or Low ('Excellent'); refused"),
+    (_scores({"sku": ND, "region": "eastus", "availabilityZone": "1", "score": 9.5}), None,
+     "placementScores[0].score: not High, Medium or Low (9.5)"),
+    (_scores({"sku": ND, "region": "eastus", "availabilityZone": "1", "score": "x" * 10_000}), None,
+     "placementScores[0].score: not High, Medium or Low ('xxxx"),
+    (_scores("High", {"sku": ND, "region": "eastus", "availabilityZone": "1", "score": "High"}), "High",
+     "placementScores[0]: not an object; skipped"),
+    (_scores({"sku": ND + "\x00", "region": "eastus", "availabilityZone": "1", "score": "High"}), None,
+     "placementScores[0]: no usable sku or region"),
+    (_scores({"sku": ND, "region": "east us/../", "availabilityZone": "1", "score": "High"}), None,
+     "no usable sku or region"),
+    (_scores({"sku": ND, "region": "eastus", "availabilityZone": "\ud800", "score": "High"}), None,
+     "placementScores[0].availabilityZone: not a zone number"),
+    (b'{"placementScores": {"sku": 1}}', None, "placementScores: not a list"),
+    (b'{"placementScores": [{"score": NaN}]}', None, "unavailable (BodyRefused: answer has a bare NaN)"),
+    (b"\x00\x01garbage", None, "unavailable (BodyRefused: answer is not JSON"),
+    (b'{"placementScores": ["' + b"y" * 3_000_000 + b'"]}', None, "answer over 2097152 bytes"),
+])
+def test_hostile_placement_answers_are_refused_per_entry(body: bytes, level: str | None, note: str) -> None:
+    fake = FakeAzure(_items(), _resource_skus(), page_size=50)
+    fake.placement_body = body
+    with FakeServer(fake) as server:
+        source = _signed_in(server)
+        quotes = _by_offer(source.fetch_quotes())
+    nd = quotes[(ND, "eastus-1")]
+    assert nd.spot_price == 10.8788 and nd.placement_level == level
+    assert any(note in line and line.startswith("azure: spot placement score eastus..eastus ")
+               for line in source.notes), source.notes
+    assert all(len(line) < 400 for line in source.notes)

@@ -195,3 +195,105 @@ def test_h200_b200_and_cpu_only_machines_are_priced_from_their_own_skus() -> Non
     assert c2.on_demand_price == pytest.approx(16 * 0.0339 + 64 * 0.00454, abs=1e-5)
     assert c2.spot_price == pytest.approx(16 * 0.01017 + 64 * 0.001362, abs=1e-5)
     assert ("c2-standard-8", "us-central1-a") not in quotes
+
+
+# -- capacity advice (advice.capacity) -------------------------------------------------------------
+
+ADVICE = {("us-central1-a", "a3-highgpu-8g"): (0.8, "7200s"), ("us-central1-b", "a3-highgpu-8g"): (0.3, "1800.5s")}
+
+
+@pytest.fixture
+def advised() -> Iterator[FakeServer]:
+    with FakeServer(FakeGcp(_skus(), _machine_types(), _accelerator_types(), advice=ADVICE)) as server:
+        yield server
+
+
+def test_capacity_advice_scores_each_spot_gpu_offer(advised: FakeServer) -> None:
+    source = _source(advised)
+    quotes = _by_offer(source.fetch_quotes())
+    a, b = quotes[("a3-highgpu-8g", "us-central1-a")], quotes[("a3-highgpu-8g", "us-central1-b")]
+    assert (a.obtainability, a.estimated_uptime_s) == (0.8, 7200.0)
+    assert (b.obtainability, b.estimated_uptime_s) == (0.3, 1800.5)
+    n1 = quotes[("n1-highmem-8", "us-central1-a")]  # asked, but the cloud had no advice for it
+    assert (n1.obtainability, n1.estimated_uptime_s) == (None, None)
+    assert source.notes == []
+    # one request per GPU machine type and region, for Spot VMs in any one of the zones that sell it
+    bodies = {tuple(r["instanceFlexibilityPolicy"]["instanceSelections"]["broker"]["machineTypes"]): r
+              for r in advised.cloud.advice_requests}  # type: ignore[attr-defined]
+    assert sorted(bodies) == [("a3-highgpu-8g",), ("n1-highmem-8",)]
+    a3 = bodies[("a3-highgpu-8g",)]
+    assert a3["instanceProperties"] == {"scheduling": {"provisioningModel": "SPOT"}} and a3["size"] == 1
+    assert a3["distributionPolicy"] == {"zones": [{"zone": "zones/us-central1-a"}, {"zone": "zones/us-central1-b"}],
+                                        "targetShape": "ANY_SINGLE_ZONE"}
+
+
+def test_capacity_advice_is_cached_until_it_is_older_than_its_ttl(advised: FakeServer) -> None:
+    from providers.capacity import TtlCache
+
+    now = [0.0]
+    source = _source(advised)
+    source.advice_cache = TtlCache(600.0, clock=lambda: now[0])
+    source.fetch_quotes()
+    source.fetch_quotes()
+    assert advised.requests["adviceCapacity"] == 2  # the second refresh asked nothing
+    now[0] = 601.0
+    quotes = _by_offer(source.fetch_quotes())
+    assert advised.requests["adviceCapacity"] == 4
+    assert quotes[("a3-highgpu-8g", "us-central1-a")].obtainability == 0.8
+
+
+def test_capacity_advice_throttled_is_retried_and_refused_loses_only_the_advice(advised: FakeServer) -> None:
+    advised.fail("adviceCapacity", 429, times=1)
+    quotes = _by_offer(_source(advised).fetch_quotes())
+    assert quotes[("a3-highgpu-8g", "us-central1-a")].obtainability == 0.8
+    assert advised.requests["adviceCapacity"] == 2 + 1
+    advised.fail("adviceCapacity", 403, times=None, code="Required 'compute.advice.capacity' permission")
+    source = _source(advised)
+    quotes = _by_offer(source.fetch_quotes())
+    a3 = quotes[("a3-highgpu-8g", "us-central1-a")]
+    assert a3.spot_price == pytest.approx(A3_SPOT, abs=1e-6) and a3.obtainability is None
+    assert source.notes == ["gcp: advice.capacity us-central1 a3-highgpu-8g unavailable (HTTP 403)",
+                            "gcp: advice.capacity us-central1 n1-highmem-8 unavailable (HTTP 403)"]
+
+
+def _advice(obtainability: object, uptime: object, zone: object = "us-central1-a") -> bytes:
+    import json
+
+    return json.dumps({"recommendations": [{"scores": {"obtainability": obtainability, "estimatedUptime": uptime},
+                                            "shards": [{"zone": zone, "machineType": "a3-highgpu-8g"}]}]}).encode()
+
+
+@pytest.mark.parametrize(("body", "kept", "note"), [
+    (_advice(1.7, "3600s"), (None, 3600.0), "recommendations[0].scores.obtainability: out of range 0-1 (1.7)"),
+    (_advice(-0.1, "3600s"), (None, 3600.0), "obtainability: out of range"),
+    (_advice("0.9", "3600s"), (None, 3600.0), "obtainability: not a number ('0.9')"),
+    (_advice(True, "3600s"), (None, 3600.0), "obtainability: not a number (True)"),
+    (_advice(0.5, "forever"), (0.5, None), "recommendations[0].scores.estimatedUptime: not a duration"),
+    (_advice(0.5, "99999999999s"), (0.5, None), "estimatedUptime: out of range, over a year"),
+    (_advice(0.5, -5), (0.5, None), "estimatedUptime: not a duration"),
+    (_advice(0.5, "60s", zone="../\x00\ud800"), (None, None), "shards[0]: no usable zone or machineType"),
+    (b'{"recommendations": [{"scores": {"obtainability": NaN}, "shards": []}]}', (None, None),
+     "unavailable (BodyRefused: answer has a bare NaN)"),
+    (b"<html>503 Service Unavailable</html>", (None, None), "unavailable (BodyRefused: answer is not JSON"),
+    (b"[" * 200_000 + b"]" * 200_000, (None, None), "answer is not JSON (RecursionError)"),
+    (b'{"recommendations": "' + b"x" * 3_000_000 + b'"}', (None, None), "answer over 2097152 bytes"),
+    (b'{"recommendations": {"a": 1}}', (None, None), "recommendations: not a list"),
+    (b'{"recommendations": [7, {"scores": 1}]}', (None, None), "recommendations[0]: no scores or shards"),
+])
+def test_hostile_capacity_advice_is_refused_per_field(body: bytes, kept: tuple[object, object], note: str) -> None:
+    fake = FakeGcp(_skus(), _machine_types(), _accelerator_types())
+    fake.advice_body = body
+    with FakeServer(fake) as server:
+        source = _source(server)
+        quotes = _by_offer(source.fetch_quotes())
+    a3 = quotes[("a3-highgpu-8g", "us-central1-a")]
+    assert a3.spot_price == pytest.approx(A3_SPOT, abs=1e-6)  # the prices are never lost
+    assert (a3.obtainability, a3.estimated_uptime_s) == kept
+    assert any(note in line and line.startswith("gcp: advice.capacity us-central1 ") for line in source.notes), \
+        source.notes
+    assert all(len(line) < 400 for line in source.notes)
+
+
+def test_capacity_advice_can_be_turned_off(advised: FakeServer) -> None:
+    quotes = _source(advised, capacity_advice=False).fetch_quotes()
+    assert {q.obtainability for q in quotes} == {None} and advised.requests["adviceCapacity"] == 0

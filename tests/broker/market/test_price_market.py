@@ -185,3 +185,23 @@ def test_a_recent_past_is_reused_for_a_minute_then_rebuilt_with_the_new_quotes(s
     later = market.recent([EAST], T0 + timedelta(minutes=11, seconds=5))
     assert first is not None and later is not None
     assert first.spot_price[-1, 0] == 0.92 and later.spot_price[-1, 0] == 1.50
+
+
+def test_gcp_obtainability_and_azure_placement_level_are_capacity_signals_too(store: Store) -> None:
+    from dataclasses import replace
+
+    from broker.engine.planning import offer_of
+
+    book = PriceBook(store)
+    gcp = SpotQuote("gcp", "us-central1", "us-central1-a", "a3-highgpu-8g", "H100", 8, 20.0, 88.0, T0)
+    book.record("gcp", [replace(gcp, obtainability=0.9), replace(gcp, zone="us-central1-b", obtainability=0.1)], at=T0)
+    nd = SpotQuote("azure", "eastus", "eastus-1", "Standard_ND96isr_H100_v5", "H100", 8, 25.0, 98.0, T0)
+    book.record("azure", [replace(nd, placement_level="High"), replace(nd, zone="eastus-2", placement_level="Low")],
+                at=T0)
+    seen = {o.quote.zone: o.quote for o in PriceBookMarket(book, stale_after_s=600).offers(T0)}
+    assert seen["us-central1-a"].available_nodes is None and seen["eastus-1"].available_nodes is None
+    assert seen["us-central1-b"].available_nodes == 0  # obtainability 0.1: a launch is unlikely
+    assert seen["eastus-2"].available_nodes == 0  # placement level Low
+    # the selection policy sees each zone's signal on the common 1-10 scale
+    assert offer_of(seen["us-central1-a"]).capacity_score == pytest.approx(9.1)
+    assert offer_of(seen["eastus-2"]).capacity_score == 2.0
