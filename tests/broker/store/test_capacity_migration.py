@@ -24,7 +24,7 @@ def test_capacity_signal_columns_upgrade_and_downgrade(db_url: str) -> None:
             "'2026-03-01 12:00:00+00:00', '2026-03-01 12:00:00+00:00')")
         config = alembic_config(db_url)
         config.attributes["connection"] = conn
-        command.downgrade(config, "0013_rollup_seconds")
+        command.downgrade(config, "0015_gpu_minutes")
     assert not _columns(store) & SIGNALS
     with store.engine.connect() as conn:  # the quote itself is kept
         assert conn.exec_driver_sql("SELECT spot_price FROM price_quotes").scalar_one() == 20.0

@@ -11,8 +11,8 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
-revision: str = "0014_capacity_signals"
-down_revision: str | None = "0013_rollup_seconds"
+revision: str = "0016_capacity_signals"
+down_revision: str | None = "0015_gpu_minutes"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
