@@ -37,14 +37,22 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 
 
 @pytest.fixture(autouse=True)
-def broker_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """Every test gets its own empty broker home and no stray settings from the environment."""
+def broker_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """Every test gets its own empty broker home and no stray settings from the environment.
+
+    Afterwards, local clusters the test left up are torn down the way the local cloud takes a
+    request for it (a ``terminate`` file): like a real cloud, the local backend keeps a cluster
+    running after the broker that launched it has gone, and a test that stops at its assertion
+    (a pooled cluster, a job still running) would leave that cluster's process behind.
+    """
     home = tmp_path / "broker-home"
     for name in list(os.environ):
         if name.startswith("BROKER_") and name != "BROKER_TEST_POSTGRES":
             monkeypatch.delenv(name)
     monkeypatch.setenv("BROKER_HOME", str(home))
-    return home
+    yield home
+    for cluster in (home / "local" / "clusters").glob("*/"):
+        (cluster / "terminate").touch()
 
 
 def _postgres_available() -> str | None:
