@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import random
 import signal
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -15,21 +15,11 @@ pl = pytest.importorskip("lightning.pytorch")
 
 from broker.job import read_marker  # noqa: E402
 from broker.job.lightning import BrokerCheckpoint  # noqa: E402
+from tests.broker.job.shipped import Died, load_example  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[3]
 STEPS = 30
 
 
-def example() -> object:
-    spec = importlib.util.spec_from_file_location("train_lightning", ROOT / "examples" / "train_lightning.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-class Died(Exception):
-    pass
 
 
 class Preemption(pl.Callback):
@@ -61,7 +51,7 @@ def train(module, signal_at: int | None = None, die_after: int | None = None) ->
 def test_a_fit_interrupted_mid_epoch_at_a_random_step_ends_bit_identical(tmp_path: Path, monkeypatch) -> None:
     for name in ("BROKER_RESUME_FROM", "RANK", "SKYPILOT_NODE_RANK", "BROKER_CHECKPOINT_SIGNAL"):
         monkeypatch.delenv(name, raising=False)
-    module = example()
+    module: Any = load_example("train_lightning")
     original = signal.getsignal(signal.SIGUSR1)
     at = random.Random().randint(1, STEPS - 5)
     try:

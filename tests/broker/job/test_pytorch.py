@@ -16,13 +16,10 @@ torch = pytest.importorskip("torch")
 
 from broker.job import read_marker  # noqa: E402
 from broker.job.pytorch import TorchCheckpointer  # noqa: E402
+from tests.broker.job.shipped import Died  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[3]
 STEPS = 40
-
-
-class Died(Exception):
-    """The process was taken away (what a preemption does to the training loop)."""
 
 
 def train(die_after: int | None = None, signal_at: int | None = None) -> dict[str, object]:
