@@ -105,6 +105,16 @@ def test_a_binary_or_fake_gzip_market_file(tmp_path: Path, capsys: pytest.Captur
     ("start_retries", -1, "start_retries: Input should be greater than or equal to 0"),
     ("start_retries", 10**9, "start_retries: Input should be less than or equal to 100"),
     ("start_retries", "twice\x00", "start_retries: Input should be a valid integer"),
+    # The GPU-measurement and capacity-signal settings.
+    ("gpu_idle_below", 1.5, "gpu_idle_below: Input should be less than or equal to 1"),
+    ("gpu_idle_below", -0.1, "gpu_idle_below: Input should be greater than or equal to 0"),
+    ("gpu_idle_below", float("nan"), "gpu_idle_below"),
+    ("gpu_idle_below", "idle\ud800", "gpu_idle_below: Input should be a valid"),
+    ("capacity_request_interval_seconds", float("inf"), "capacity_request_interval_seconds"),
+    ("capacity_request_interval_seconds", -1, "capacity_request_interval_seconds"),
+    ("capacity_cache_seconds", 10**12, "capacity_cache_seconds: Input should be less than or equal to 86400"),
+    ("capacity_cache_seconds", "x" * 100_000, "capacity_cache_seconds: Input should be a valid number"),
+    ("gcp_capacity_advice", "maybe", "gcp_capacity_advice: Input should be a valid boolean"),
 ])
 def test_eager_and_pool_settings_refuse_garbage_in_one_line(name: str, value: object, words: str) -> None:
     from broker.config.file import ConfigError
