@@ -110,7 +110,7 @@ def test_gcp_hanging_wait_for_change_never_blocks_poll() -> None:
             took = time.monotonic() - started
         finally:
             reader.close()
-    assert took < 0.2  # twenty polls while the server holds both requests open
+    assert took < 10  # twenty polls while the server holds both requests open for 30 s: none waited on them
 
 
 def test_gcp_host_maintenance_is_a_notice_and_live_migration_is_not() -> None:
