@@ -491,14 +491,14 @@ def test_catalog_fetch_failure_falls_back_to_builtin(catalog_results: list[dict[
 def test_catalog_that_never_answers_does_not_hang_validation(catalog_results: list[dict[str, Any]]) -> None:
     result = catalog_results[5]
     assert f"no answer from SkyPilot's catalog for gcp within {SILENT:g}s" in result["error"]
-    assert result["seconds"] < SILENT + 2
+    assert result["seconds"] < ANSWERING / 2  # bounded by the short timeout, not by the server (which never answers)
 
 
 @pytest.mark.slow
 def test_an_unreachable_catalog_is_not_waited_for_again(catalog_results: list[dict[str, Any]]) -> None:
     result = catalog_results[6]
     assert "SkyPilot's catalog for gcp could not be fetched recently" in result["error"]
-    assert result["seconds"] < 1.0
+    assert result["seconds"] < ANSWERING / 2  # a wait on the silent server again would take the whole 60 s
 
 
 def test_topology_requirement_is_read() -> None:
