@@ -38,7 +38,8 @@ LIVE_STATES = ("PROVISIONING", "UP")
 
 
 def write_json(path: Path, data: dict[str, Any]) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    # Per thread, not per process: two threads of one broker may write the same file at once.
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}")
     tmp.write_text(json.dumps(data, default=str))
     os.replace(tmp, path)
 
