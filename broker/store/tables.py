@@ -333,6 +333,7 @@ class PriceQuoteRow(Base):
     obtainability: Mapped[float | None] = mapped_column(Float, nullable=True)
     estimated_uptime_s: Mapped[float | None] = mapped_column(Float, nullable=True)
     placement_level: Mapped[str | None] = mapped_column(String(16), nullable=True)
+    preemption_rate: Mapped[float | None] = mapped_column(Float, nullable=True)
     available_nodes: Mapped[int | None] = mapped_column(Integer, nullable=True)
     stale: Mapped[bool] = mapped_column(default=False)
     observed_at: Mapped[datetime] = mapped_column(UtcDateTime, index=True)
