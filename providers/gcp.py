@@ -308,6 +308,7 @@ class GcpPriceSource:
     """Polls the billing catalog and the zone listings side by side; implements ``PriceSource``."""
 
     cloud = "gcp"
+    backfill_days = 0.0  # days of ``history`` a process's first poll stores (broker.market.backfill)
 
     def __init__(self, project: str | None = None, regions: Iterable[str] | None = None,
                  compute_endpoint: str | None = None, billing_endpoint: str | None = None,

@@ -50,6 +50,8 @@ class PriceSettings(Protocol):
     @property
     def gcp_capacity_history(self) -> bool: ...
     @property
+    def price_backfill_days(self) -> float: ...
+    @property
     def azure_placement_scores(self) -> bool: ...
     @property
     def capacity_request_interval_seconds(self) -> float: ...
@@ -112,5 +114,7 @@ def price_sources(settings: PriceSettings, clouds: Sequence[str] = PUBLIC_CLOUDS
     for cloud in clouds:
         if cloud not in BUILDERS:
             raise ValueError(f"unknown cloud {cloud!r}; expected one of {', '.join(PUBLIC_CLOUDS)}")
-        sources[cloud] = BUILDERS[cloud](settings, backoff)
+        source = sources[cloud] = BUILDERS[cloud](settings, backoff)
+        if isinstance(source, (aws.AwsPriceSource, gcp.GcpPriceSource)):
+            source.backfill_days = settings.price_backfill_days
     return sources

@@ -205,6 +205,14 @@ class PriceBook:
                     gone += 1
         return Recorded(inserted, confirmed, gone)
 
+    def backfill(self, cloud: str, quotes: Sequence[SpotQuote]) -> int:
+        """Store past quotes from ``cloud``'s own history before the book's first quote of each offer
+        (``market/backfill.py``); returns the rows inserted."""
+        from broker.market.backfill import insert_history
+
+        with self.store.transaction() as s:
+            return insert_history(s, cloud, quotes)
+
     def mark_stale(self, cloud: str, regions: Collection[str] | None = None) -> int:
         """A poll of ``cloud`` failed: its latest quotes stay, marked stale. Returns how many are kept."""
         with self.store.transaction() as s:

@@ -312,9 +312,8 @@ class BudgetAlertRow(Base):
 class PriceQuoteRow(Base):
     """The price book: one row per run of unchanged quotes for an offer (cloud, zone, instance type).
 
-    A poll that finds the same prices only moves ``confirmed_at`` forward; a change, or a stale
-    mark, starts a new row. So the history is every change, and ``[observed_at, confirmed_at]`` is
-    when the cloud was seen saying it.
+    A poll that finds the same prices only moves ``confirmed_at`` forward; a change, or a stale mark,
+    starts a new row: the history is every change, ``[observed_at, confirmed_at]`` when it was said.
     """
 
     __tablename__ = "price_quotes"
