@@ -318,7 +318,7 @@ class GcpPriceSource:
                  advice_state: tuple[capacity.Throttle, capacity.TtlCache] | None = None,
                  capacity_history: bool = True, history_cache: capacity.TtlCache | None = None) -> None:
         self.project = project
-        # advice.capacityHistory: one request per GPU machine type and zone, cached for hours
+        # advice.capacityHistory: one request per GPU machine type and region, cached for hours
         self.capacity_history = capacity_history
         self.history_cache = history_cache or capacity.TtlCache(gcp_history.CACHE_S)
         self.histories: dict[tuple[str, str], gcp_history.CapacityHistory] = {}
@@ -369,10 +369,9 @@ class GcpPriceSource:
 
     def _capacity_history(self, quotes: list[SpotQuote], credentials: Any, project: str
                           ) -> dict[tuple[str, str], gcp_history.CapacityHistory]:
-        """``advice.capacityHistory`` per spot-priced GPU machine type and zone; a failed request
+        """``advice.capacityHistory`` per spot-priced GPU machine type and region; a failed request
         loses only its own history, with a note."""
-        wanted = sorted({(q.region, q.zone, q.instance_type) for q in quotes
-                         if q.gpus_per_node and q.spot_price is not None})
+        wanted = sorted({(q.region, q.instance_type) for q in quotes if q.gpus_per_node and q.spot_price is not None})
         if not wanted:
             return {}
         notes = capacity.Notes(self.notes)
@@ -383,23 +382,23 @@ class GcpPriceSource:
             return {}
         base = (self.compute_endpoint or DEFAULT_COMPUTE_ENDPOINT).rstrip("/")
 
-        def ask(key: tuple[str, str, str]) -> tuple[tuple[str, str], gcp_history.CapacityHistory | None]:
-            region, zone, machine = key
-            cache_key = ("history", base, project, zone, machine)
+        def ask(key: tuple[str, str]) -> tuple[tuple[str, str], gcp_history.CapacityHistory | None]:
+            region, machine = key
+            cache_key = ("history", base, project, region, machine)
             cached = self.history_cache.get(cache_key)
             if cached is not None:
-                return (zone, machine), cached
-            where = f"{zone} {machine}"
+                return key, cached
+            where = f"{region} {machine}"
             try:
                 answer = capacity.post_json(
                     f"{base}/compute/v1/projects/{project}/regions/{region}/advice/capacityHistory",
-                    gcp_history.history_request(machine, zone), headers, self.backoff, self.throttle)
+                    gcp_history.history_request(machine), headers, self.backoff, self.throttle)
             except Exception as exc:
                 notes.add(f"gcp: advice.capacityHistory {where} unavailable ({capacity.failure(exc)})")
-                return (zone, machine), None
+                return key, None
             found = gcp_history.parse_history(answer, where, notes.add)
             self.history_cache.put(cache_key, found)
-            return (zone, machine), found
+            return key, found
 
         histories = {key: found for key, found in fan_out(ask, wanted, self.max_workers) if found is not None}
         notes.close("gcp")

@@ -1,8 +1,8 @@
-"""GCP ``advice.capacityHistory`` (Compute Engine v1): a Spot machine type's past in one zone.
+"""GCP ``advice.capacityHistory`` (Compute Engine v1): a Spot machine type's past in one region.
 
 ``POST /compute/v1/projects/{project}/regions/{region}/advice/capacityHistory`` with
-``instanceProperties.machineType``, ``scheduling.provisioningModel: SPOT``,
-``locationPolicy.location: zones/{zone}`` and ``types: [PREEMPTION, PRICE]`` answers
+``instanceProperties.machineType``, ``scheduling.provisioningModel: SPOT`` and ``types:
+[PREEMPTION, PRICE]`` (no ``locationPolicy``: the path's region) answers
 
 - ``preemptionHistory``: per interval (a day, bounded at midnight Pacific time, over the last 30
   days), ``preemptionRate``: the share of the Spot VMs that stopped that day that were preempted
@@ -10,10 +10,12 @@
 - ``priceHistory``: per interval, ``listPrice`` (a ``Money``: ``currencyCode``, ``units`` as a
   string, ``nanos``), the Spot list price of the machine type per hour.
 
-The newest interval's rate goes on the zone's quote (``SpotQuote.preemption_rate``); the whole
-history backfills the price book (``history_quotes``). The answer changes once a day, so it is
-cached for hours, not minutes. Every field is checked alone and refused with a note naming it;
-the rest of the answer is kept.
+The newest interval's rate goes on the quote of every zone of the region
+(``SpotQuote.preemption_rate``); the whole history backfills the price book (``history_quotes``).
+One request per GPU machine type and region, as ``advice.capacity`` asks, keeps a refresh's
+request count (a zone each would be three times as many; ``locationPolicy.location`` can name a
+zone where that is worth it). The answer changes once a day, so it is cached for hours. Every
+field is checked alone and refused with a note naming it; the rest of the answer is kept.
 """
 
 from __future__ import annotations
@@ -49,10 +51,10 @@ class CapacityHistory:
         return max(self.preemption, key=lambda i: i.end).value if self.preemption else None
 
 
-def history_request(machine_type: str, zone: str) -> dict[str, object]:
-    """The ``CapacityHistoryRequest`` body for one Spot machine type in one zone."""
+def history_request(machine_type: str) -> dict[str, object]:
+    """The ``CapacityHistoryRequest`` body for one Spot machine type in the path's region."""
     return {"instanceProperties": {"machineType": machine_type, "scheduling": {"provisioningModel": "SPOT"}},
-            "locationPolicy": {"location": f"zones/{zone}"}, "types": ["PREEMPTION", "PRICE"]}
+            "types": ["PREEMPTION", "PRICE"]}
 
 
 def _time(value: object, field: str) -> datetime:
@@ -126,10 +128,10 @@ def parse_history(answer: object, where: str, note: Callable[[str], None]) -> Ca
 
 
 def with_latest_rates(quotes: list[SpotQuote], histories: dict[tuple[str, str], CapacityHistory]) -> list[SpotQuote]:
-    """The quotes with the newest preemption rate of their (zone, machine type), where there is one."""
+    """The quotes with the newest preemption rate of their (region, machine type), where there is one."""
     out = []
     for q in quotes:
-        history = histories.get((q.zone, q.instance_type))
+        history = histories.get((q.region, q.instance_type))
         rate = history.latest_rate if history is not None and q.gpus_per_node else None
         out.append(q if rate is None else replace(q, preemption_rate=rate))
     return out
@@ -142,7 +144,7 @@ def history_quotes(now_quotes: Iterable[SpotQuote], histories: dict[tuple[str, s
     history does not carry (on-demand price, GPUs, region) is the current quote's."""
     found: list[SpotQuote] = []
     for q in now_quotes:
-        history = histories.get((q.zone, q.instance_type))
+        history = histories.get((q.region, q.instance_type))
         if history is None or not q.gpus_per_node:
             continue
         for price in history.prices:

@@ -78,8 +78,8 @@ class FakeGcp(FakeCloud):
                  accelerator_types: list[dict[str, Any]], page_size: int = 5000,
                  advice: dict[tuple[str, str], tuple[float, str]] | None = None,
                  history: dict[tuple[str, str], list[tuple[str, float, float]]] | None = None) -> None:
-        # (zone, machine type) -> [(day "2026-02-27", preemption rate, spot USD per hour)] that
-        # advice.capacityHistory answers with, oldest first
+        # (region or zone, machine type) -> [(day "2026-02-27", preemption rate, spot USD per hour)]
+        # that advice.capacityHistory answers with for that location, oldest first
         self.history = history or {}
         self.history_body: bytes | None = None  # set: every advice.capacityHistory call answers exactly this
         self.history_requests: list[dict[str, Any]] = []
@@ -155,9 +155,11 @@ class FakeGcp(FakeCloud):
         properties = body.get("instanceProperties", {})
         if properties.get("scheduling", {}).get("provisioningModel") != "SPOT":
             return self.error("adviceCapacityHistory", 400, "Invalid value for field 'provisioningModel'")
-        zone = str(body.get("locationPolicy", {}).get("location", "")).rsplit("/", 1)[-1]
+        # the location asked (a zone), else the path's region
+        region = request.path.split("/regions/", 1)[1].split("/", 1)[0]
+        location = str(body.get("locationPolicy", {}).get("location", "")).rsplit("/", 1)[-1] or region
         machine = properties.get("machineType")
-        days = self.history.get((zone, machine), [])
+        days = self.history.get((location, machine), [])
         types = set(body.get("types") or ["PREEMPTION", "PRICE"])
 
         def interval(day: str) -> dict[str, str]:
@@ -165,8 +167,9 @@ class FakeGcp(FakeCloud):
             return {"startTime": start.isoformat().replace("+00:00", "Z"),
                     "endTime": (start + timedelta(days=1)).isoformat().replace("+00:00", "Z")}
 
+        kind = "regions" if location == region else "zones"
         answer: dict[str, Any] = {"machineType": machine,
-                                  "location": f"https://www.googleapis.com/compute/v1/projects/p/zones/{zone}"}
+                                  "location": f"https://www.googleapis.com/compute/v1/projects/p/{kind}/{location}"}
         if "PREEMPTION" in types:
             answer["preemptionHistory"] = [{"interval": interval(d), "preemptionRate": rate} for d, rate, _ in days]
         if "PRICE" in types:

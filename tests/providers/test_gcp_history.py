@@ -14,8 +14,8 @@ from tests.fakeclouds.gcp import FakeGcp
 from tests.fakeclouds.server import FakeServer
 from tests.providers.test_gcp import A3_SPOT, _accelerator_types, _by_offer, _machine_types, _skus, _source
 
-HISTORY = {("us-central1-a", "a3-highgpu-8g"): [("2026-02-26", 0.40, 21.5), ("2026-02-27", 0.25, 22.25)],
-           ("us-central1-b", "a3-highgpu-8g"): [("2026-02-27", 0.0, 20.0)]}
+HISTORY = {("us-central1", "a3-highgpu-8g"): [("2026-02-26", 0.40, 21.5), ("2026-02-27", 0.25, 22.25)],
+           ("us-central1-b", "a3-highgpu-8g"): [("2026-02-27", 0.0, 20.0)]}  # a zone's: never asked for
 
 
 @pytest.fixture
@@ -28,13 +28,13 @@ def test_the_newest_days_preemption_rate_goes_on_each_spot_gpu_quote(historied: 
     source = _source(historied, capacity_advice=False)
     quotes = _by_offer(source.fetch_quotes())
     assert quotes[("a3-highgpu-8g", "us-central1-a")].preemption_rate == 0.25
-    assert quotes[("a3-highgpu-8g", "us-central1-b")].preemption_rate == 0.0
+    assert quotes[("a3-highgpu-8g", "us-central1-b")].preemption_rate == 0.25  # the region's rate, every zone
     assert quotes[("n1-highmem-8", "us-central1-a")].preemption_rate is None  # asked; the cloud had none
     assert source.notes == []
     asked = historied.cloud.history_requests  # type: ignore[attr-defined]
-    assert history_request("a3-highgpu-8g", "us-central1-a") in asked
-    assert {r["locationPolicy"]["location"] for r in asked} >= {"zones/us-central1-a", "zones/us-central1-b"}
-    assert {r["instanceProperties"]["machineType"] for r in asked} == {"a3-highgpu-8g", "n1-highmem-8"}  # GPU only
+    # one request per GPU machine type and region, the region being the path's
+    assert {r["instanceProperties"]["machineType"] for r in asked} == {"a3-highgpu-8g", "n1-highmem-8"}
+    assert history_request("a3-highgpu-8g") in asked and not any("locationPolicy" in r for r in asked)
     assert all(r["types"] == ["PREEMPTION", "PRICE"] and
                r["instanceProperties"]["scheduling"] == {"provisioningModel": "SPOT"} for r in asked)
 
@@ -69,7 +69,7 @@ def test_throttled_or_refused_history_loses_only_the_history(historied: FakeServ
     quotes = _by_offer(source.fetch_quotes())
     a3 = quotes[("a3-highgpu-8g", "us-central1-a")]
     assert a3.spot_price == pytest.approx(A3_SPOT, abs=1e-6) and a3.preemption_rate is None
-    assert "gcp: advice.capacityHistory us-central1-a a3-highgpu-8g unavailable (HTTP 403)" in source.notes
+    assert "gcp: advice.capacityHistory us-central1 a3-highgpu-8g unavailable (HTTP 403)" in source.notes
 
 
 def test_history_can_be_turned_off(historied: FakeServer) -> None:
@@ -108,7 +108,7 @@ def _answer(rate: object = 0.25, price: object = None, interval: object = None) 
     (_answer(price={"currencyCode": "USD", "units": "99999"}), 0.25, "priceHistory[0].listPrice: out of range"),
     (b'{"preemptionHistory": {"a": 1}}', None, "preemptionHistory: not a list"),
     (b'{"preemptionHistory": [7]}', None, "preemptionHistory[0]: not an object"),
-    (b'[1, 2]', None, "advice.capacityHistory us-central1-a a3-highgpu-8g: not an object"),
+    (b'[1, 2]', None, "advice.capacityHistory us-central1 a3-highgpu-8g: not an object"),
     (b'{"preemptionHistory": [{"preemptionRate": NaN}]}', None, "unavailable (BodyRefused: answer has a bare NaN)"),
     (b"<html>503</html>", None, "unavailable (BodyRefused: answer is not JSON"),
     (b"[" * 200_000 + b"]" * 200_000, None, "answer is not JSON (RecursionError)"),

@@ -50,7 +50,7 @@ def test_history_goes_before_the_books_own_quotes_and_never_among_them(book: Pri
 
 
 DAYS = [(datetime.now(UTC) - timedelta(days=ago)).date() for ago in (3, 2)]
-HISTORY = {("us-central1-a", "a3-highgpu-8g"): [(DAYS[0].isoformat(), 0.40, 21.5), (DAYS[1].isoformat(), 0.25, 22.25)]}
+HISTORY = {("us-central1", "a3-highgpu-8g"): [(DAYS[0].isoformat(), 0.40, 21.5), (DAYS[1].isoformat(), 0.25, 22.25)]}
 
 
 def test_a_first_poll_backfills_once_and_the_export_replays_it(book: PriceBook, tmp_path: Path) -> None:
@@ -59,7 +59,8 @@ def test_a_first_poll_backfills_once_and_the_export_replays_it(book: PriceBook, 
         source.backfill_days = 7.0
         first = poll_prices(book, {"gcp": source})[0]
         again = poll_prices(book, {"gcp": source})[0]
-    assert first.status == "ok" and any(n.startswith("gcp: backfilled 2 past quotes of 7 days") for n in first.notes)
+    # two days in each of the region's two zones
+    assert first.status == "ok" and any(n.startswith("gcp: backfilled 4 past quotes of 7 days") for n in first.notes)
     assert not any("backfilled" in n for n in again.notes)  # once per process and book
     path = tmp_path / "past.csv"
     start = datetime(DAYS[0].year, DAYS[0].month, DAYS[0].day, 8, tzinfo=UTC)  # the fake's midnight Pacific
