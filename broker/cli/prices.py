@@ -253,7 +253,7 @@ def _row_json(r: Row) -> dict[str, Any]:
         "spot_price": q.spot_price, "on_demand_price": q.on_demand_price, "price_per_gpu_hour": round(r.per_gpu, 6),
         "saving": round(r.saving, 4) if r.saving is not None else None, "capacity_score": q.capacity_score,
         "obtainability": q.obtainability, "estimated_uptime_s": q.estimated_uptime_s,
-        "placement_level": q.placement_level,
+        "placement_level": q.placement_level, "preemption_rate": q.preemption_rate,
         "observed_at": q.observed_at.isoformat(), "age_seconds": round(r.age_seconds, 1), "stale": q.stale,
     }
 
