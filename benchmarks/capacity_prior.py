@@ -107,6 +107,10 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--window-days", type=float, default=7.0)
     args = parser.parse_args()
+    if not 1 <= args.starts <= 10_000:
+        parser.error(f"--starts: expected 1 to 10000, got {args.starts}")
+    if not 0 < args.window_days <= 60:  # NaN fails this too
+        parser.error(f"--window-days: expected more than 0 and at most 60, got {args.window_days}")
     if not args.traces.is_dir():
         raise SystemExit(f"--traces {args.traces}: no such folder (the shared market traces)")
     print(f"broker with a derived estimated-uptime prior vs without, {args.starts} starts (seed {args.seed}), "
