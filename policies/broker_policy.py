@@ -13,6 +13,10 @@ the run the zone is expected to give, plus checkpoint egress when the zone is in
 than the checkpoint. The expected run comes from the lengths of the zone's past availability runs
 (its hazard, learned from the market history; every zone's runs when it has too few), given how
 long the current one has lasted already, so capacity that tends to vanish young is priced high.
+Where the cloud states its own expected uptime for the zone (``ZoneOffer.prior_uptime_s``: GCP's
+estimated uptime or preemption rate) and the zone has fewer than ``MIN_RUNS`` runs of its own, the
+cloud's figure is the prior instead of the other zones' runs: it counts as ``PRIOR_RUNS`` runs of
+that length, averaged with the zone's own, and the run is taken as memoryless with that mean.
 
 Slack (steps left minus work left) is spent against a reserve that would spend it evenly until the
 deadline (Uniform Progress's line: when spot cannot cover the work, the cheapest plans use spot
@@ -67,6 +71,7 @@ from policies.broker_policy_runs import (
     fresh_ratio,
     recent_preemptions,
     spot_only_need,
+    told_runs,
 )
 from policies.selection import (
     ON_DEMAND,
@@ -93,6 +98,7 @@ SWITCH_GAIN = 0.08  # move between zones only for this much cheaper progress
 WAITS = (1, 2, 3, 4, 6)  # steps young capacity may be given to prove itself before entering
 WAIT_FLOOR = 0.8  # under pressure, waiting never takes the slack below this fraction of the reserve
 SHORT_REST = 8.0  # ... unless the work left is at most this many times the slack left after the wait
+PRIOR_RUNS = 5  # the cloud's own expected uptime weighs as this many of the zone's runs
 
 @dataclass(frozen=True, slots=True)
 class _Option:
@@ -327,13 +333,22 @@ def _price(request: SelectionRequest, budget: Budget, offer: ZoneOffer, worth: f
     column = history.column(offer.location) if history is not None else None
     runs: RunLengths | None = None
     age = 0
+    told = None if offer.prior_uptime_s is None else offer.prior_uptime_s / budget.step_s  # in steps
     if history is not None and column is not None:
         age = int(history.age(request.job.num_nodes)[column])
-        runs = finished_runs(history, request.job.num_nodes, column, round(RUN_WINDOW_S / budget.step_s))
+        window = round(RUN_WINDOW_S / budget.step_s)
+        runs = finished_runs(history, request.job.num_nodes, column, window)
         if not runs.x:
             runs = None  # no run has ended anywhere yet: the history says nothing about run lengths
-    if runs is None:
-        mean = max(NO_HISTORY_RUN_S / budget.step_s / (1 + recent_preemptions(request, offer)), age)
+        if told is not None:
+            # fewer than MIN_RUNS runs of its own: the cloud's word instead of the other zones' runs
+            runs = told_runs(history, request.job.num_nodes, column, window, told, PRIOR_RUNS) or runs
+            told = None
+    if told is not None or runs is None:
+        # the cloud's expected run (or, when it says nothing, NO_HISTORY_RUN_S), at least as long
+        # as the current run has lasted already
+        prior = NO_HISTORY_RUN_S / budget.step_s if told is None else told
+        mean = max(prior / (1 + recent_preemptions(request, offer)), age)
         paid = min(mean, k + work)
         progress = max(paid - k, 1e-9)
     else:

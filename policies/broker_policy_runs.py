@@ -145,6 +145,28 @@ class RunLengths:
         return np.array([(len(self.x) - bisect_left(self.x, age + j)) / count for j in range(horizon)])
 
 
+def told_runs(history: MarketHistory, n: int, zone: int, window: int, told: float, weight: int) -> RunLengths | None:
+    """The zone's own finished up-runs of the last ``window`` steps plus ``weight`` runs of the
+    cloud's expected length ``told`` (steps); None when the zone has ``MIN_RUNS`` of its own."""
+    gang = history.series.gang(n)
+    ends = gang.run_end[zone]
+    lo = int(np.searchsorted(ends, history.now - window, side="right"))
+    hi = int(np.searchsorted(ends, history.now, side="right"))
+    if hi - lo >= MIN_RUNS:
+        return None
+    key = ("broker.told", n, zone, lo, hi, round(told, 3), weight)
+    found = history.series.memo.get(key)
+    if found is None:
+        # ``weight`` runs at the quantiles of memoryless runs of mean ``told``: the cloud gives a
+        # mean, not a shape, and runs of one length only would say a run past it never ends
+        quantiles = -np.log1p(-(np.arange(weight) + 0.5) / weight)
+        told_lengths = np.maximum(np.round(told * quantiles / quantiles.mean()), 1)
+        found = history.series.memo[key] = RunLengths(
+            np.concatenate([gang.run_length[zone][lo:hi], told_lengths]))
+    assert isinstance(found, RunLengths)
+    return found
+
+
 def finished_runs(history: MarketHistory, n: int, zone: int, window: int, down: bool = False) -> RunLengths:
     """The zone's finished up-runs (or outages) of the last ``window`` steps; every zone's when it
     has too few of its own."""

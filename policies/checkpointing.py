@@ -20,6 +20,14 @@ FGCS 22(3), 2006; J. W. Young, CACM 17(9), 1974). No periodic checkpoints are as
 effective hazard is zero: the notice checkpoint keeps all the work.
 
 ``notice_only`` and ``fixed_interval`` are the baselines it is measured against.
+
+The hazard itself is ``blended_hazard``: the broker's own count of preemptions over the spot time
+it ran in the zone, with a prior worth one preemption. Without a word from the cloud the prior is
+one preemption per day of running; where the cloud states an expected uptime before preemption
+(GCP's ``advice.capacity`` ``estimatedUptime``, or its daily preemption rate from
+``advice.capacityHistory``), the prior is one preemption per that uptime. So a zone the broker has
+never run in starts from what the cloud says, and its own record takes over as it grows: after
+one uptime's worth of running the two weigh the same.
 """
 
 from __future__ import annotations
@@ -35,6 +43,8 @@ NOTICE_MARGIN_S = 1.0
 # What "no usable notice" costs when nothing is known: a share of preemptions arrive unannounced.
 DEFAULT_UNANNOUNCED_FRACTION = 0.05
 FIXED_INTERVAL_S = 15 * 60.0
+# Without a word from the cloud, the prior hazard is one preemption per day of spot running.
+DEFAULT_PRIOR_UPTIME_S = 24 * 3600.0
 MIN_INTERVAL_S = 60.0
 MAX_INTERVAL_S = 24 * 3600.0
 
@@ -92,6 +102,18 @@ def daly_interval(checkpoint_s: float, mean_time_to_loss_s: float) -> float:
     if d >= 2 * m:
         return m
     return math.sqrt(2 * d * m) * (1 + math.sqrt(d / (2 * m)) / 3 + d / (18 * m)) - d
+
+
+def blended_hazard(preemptions: int, exposure_s: float, prior_uptime_s: float | None = None) -> float:
+    """Preemptions per second of spot running: the broker's own ``preemptions`` over ``exposure_s``
+    seconds, with a prior of one preemption per ``prior_uptime_s`` (the cloud's expected uptime;
+    a day when it says nothing). The posterior mean of a gamma prior of shape 1 and that mean."""
+    if preemptions < 0 or not math.isfinite(exposure_s) or exposure_s < 0:
+        raise ValueError(f"expected preemptions >= 0 and a finite exposure >= 0, got {preemptions}, {exposure_s}")
+    uptime = DEFAULT_PRIOR_UPTIME_S if prior_uptime_s is None else prior_uptime_s
+    if not math.isfinite(uptime) or uptime <= 0:
+        uptime = DEFAULT_PRIOR_UPTIME_S
+    return (preemptions + 1) / (exposure_s + uptime)
 
 
 class CheckpointingPolicy(Protocol):

@@ -33,6 +33,9 @@ class ZoneOffer:
     on_demand_price: float
     available_nodes: int | None  # None: unknown (live clouds give a score, not a count)
     capacity_score: float | None = None
+    # the cloud's own expected run before preemption (GCP's estimated uptime or preemption rate,
+    # broker.market.capacity.prior_uptime_s); None where it says nothing
+    prior_uptime_s: float | None = None
 
     @property
     def location(self) -> str:

@@ -4,7 +4,8 @@ placement scores of GPU types (and, below, room for the node-side preemption-not
 Sources: EC2 ``DescribeInstanceTypes`` (``GpuInfo``) and ``DescribeInstanceTypeOfferings`` (which
 zones sell a type), ``DescribeSpotPriceHistory`` (Linux/UNIX, the price in force now per zone),
 ``GetSpotPlacementScores`` (1-10 per zone) and the Price List ``GetProducts`` (on-demand, Linux,
-shared tenancy). Endpoints follow boto3's own ``AWS_ENDPOINT_URL_EC2``/``AWS_ENDPOINT_URL_PRICING``
+shared tenancy). ``history`` reads ``DescribeSpotPriceHistory`` back over days for the price book's
+backfill. Endpoints follow boto3's own ``AWS_ENDPOINT_URL_EC2``/``AWS_ENDPOINT_URL_PRICING``
 or are passed in. boto3 is imported only inside functions.
 """
 
@@ -12,11 +13,12 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import threading
 import urllib.error
 import urllib.request
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -47,6 +49,8 @@ THROTTLING_CODES = frozenset({
     "ServiceUnavailable", "Unavailable",
 })
 PRICING_REGION = "us-east-1"  # the Price List API answers only from a few regions
+MAX_SPOT_PRICE = 10_000.0  # USD per instance-hour: more is not a spot price
+MAX_HISTORY_RECORDS = 200_000  # price changes one backfill keeps (weeks of every GPU type in a region)
 
 log = logging.getLogger(__name__)
 
@@ -152,6 +156,17 @@ def region_quotes(facts: RegionFacts, observed_at: datetime) -> list[SpotQuote]:
     return quotes
 
 
+def _spot_price(text: object) -> float | None:
+    """A ``SpotPrice`` (a decimal string) as a finite USD figure in (0, MAX_SPOT_PRICE]; None otherwise."""
+    if not isinstance(text, str) or len(text) > 32:
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        return None
+    return value if math.isfinite(value) and 0 < value <= MAX_SPOT_PRICE else None
+
+
 def aws_retryable(exc: BaseException) -> bool:
     from botocore.exceptions import ClientError, ConnectionClosedError, EndpointConnectionError, ReadTimeoutError
 
@@ -165,6 +180,7 @@ class AwsPriceSource:
     """Polls every GPU offer in the given regions; implements ``providers.base.PriceSource``."""
 
     cloud = "aws"
+    backfill_days = 0.0  # days of ``history`` a process's first poll stores (broker.market.backfill)
 
     def __init__(self, regions: Iterable[str] = DEFAULT_REGIONS, ec2_endpoint: str | None = None,
                  pricing_endpoint: str | None = None, backoff: Backoff | None = None,
@@ -177,6 +193,7 @@ class AwsPriceSource:
         self.placement_scores = placement_scores
         self.max_workers = max_workers
         self.notes: list[str] = []
+        self.last_quotes: list[SpotQuote] = []
         self._session: Any = None
         self._client_lock = threading.Lock()
 
@@ -199,7 +216,48 @@ class AwsPriceSource:
             self._add_placement_scores(facts)
         if progress:
             progress(total, total)
-        return [q for f in facts for q in region_quotes(f, observed_at)]
+        self.last_quotes = [q for f in facts for q in region_quotes(f, observed_at)]
+        return self.last_quotes
+
+    # -- the price history, for the backfill -------------------------------------------------------
+
+    def history(self, since: datetime) -> list[SpotQuote]:
+        """Every spot price change since ``since`` of the GPU offers the last poll quoted, as past
+        quotes (the price in force at ``since`` first, at ``since``); on-demand price, GPUs and
+        the rest are the current quote's. A region whose history cannot be read, and each record
+        that is not a usable price, is left out with a note."""
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        current = {(q.instance_type, q.zone): q for q in self.last_quotes
+                   if q.gpus_per_node and q.spot_price is not None}
+        regions = sorted({q.region for q in current.values()})
+        found: list[SpotQuote] = []
+        now = datetime.now(UTC)
+        for region in regions:
+            names = sorted({name for (name, _), q in current.items() if q.region == region})
+            try:
+                records = self._pages(self._client("ec2", region).describe_spot_price_history, "SpotPriceHistory",
+                                      InstanceTypes=names, ProductDescriptions=["Linux/UNIX"], StartTime=since,
+                                      EndTime=now, MaxResults=1000, limit=MAX_HISTORY_RECORDS)
+            except (ClientError, BotoCoreError) as exc:
+                self.notes.append(f"aws: spot price history {region} unavailable ({type(exc).__name__})")
+                continue
+            refused = 0
+            for record in records[:MAX_HISTORY_RECORDS]:
+                quote = current.get((record.get("InstanceType"), record.get("AvailabilityZone")))
+                price, stamp = _spot_price(record.get("SpotPrice")), record.get("Timestamp")
+                if quote is None or price is None or not isinstance(stamp, datetime):
+                    refused += 1
+                    continue
+                stamp = stamp if stamp.tzinfo else stamp.replace(tzinfo=UTC)
+                found.append(replace(quote, spot_price=price, observed_at=max(stamp, since), capacity_score=None))
+            if refused:
+                self.notes.append(f"aws: spot price history {region}: {refused} record(s) without a usable "
+                                  f"SpotPrice (0-{MAX_SPOT_PRICE:g}), Timestamp or known offer; left out")
+            if len(records) > MAX_HISTORY_RECORDS:
+                self.notes.append(f"aws: spot price history {region}: {len(records)} records; "
+                                  f"the first {MAX_HISTORY_RECORDS} kept")
+        return sorted(found, key=lambda q: q.observed_at)
 
     # -- one region --------------------------------------------------------------------------
 
@@ -298,14 +356,15 @@ class AwsPriceSource:
     def _call(self, method: Any, **kwargs: Any) -> dict[str, Any]:
         return with_retries(lambda: method(**kwargs), aws_retryable, self.backoff)
 
-    def _pages(self, method: Any, key: str, **kwargs: Any) -> list[Any]:
+    def _pages(self, method: Any, key: str, limit: int | None = None, **kwargs: Any) -> list[Any]:
+        """Every page's ``key`` items; past ``limit`` items (None: no limit) no further page is asked."""
         items: list[Any] = []
         token: str | None = None
         while True:
             page = self._call(method, **kwargs, **({"NextToken": token} if token else {}))
             items.extend(page.get(key, []))
             token = page.get("NextToken") or None
-            if not token:
+            if not token or (limit is not None and len(items) > limit):
                 return items
 
 

@@ -37,7 +37,9 @@ class SpotQuote:
     one (AWS spot placement score 1-10), ``None`` elsewhere. GCP's ``advice.capacity`` gives
     ``obtainability`` (0-1, the chance a spot request succeeds now) and ``estimated_uptime_s`` (how
     long most spot VMs run before preemption); Azure's Spot Placement Score gives
-    ``placement_level`` ("High", "Medium" or "Low"). Each is ``None`` where the cloud said nothing.
+    ``placement_level`` ("High", "Medium" or "Low"). GCP's ``advice.capacityHistory`` gives
+    ``preemption_rate``, the share of the type's Spot VMs that stopped on its latest day that were
+    preempted (0-1). Each is ``None`` where the cloud said nothing.
     """
 
     cloud: str
@@ -55,6 +57,7 @@ class SpotQuote:
     obtainability: float | None = None
     estimated_uptime_s: float | None = None
     placement_level: str | None = None
+    preemption_rate: float | None = None
     stale: bool = False
 
     @property

@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from providers import capacity, catalog
+from providers import capacity, catalog, gcp_history
 from providers.base import CloudUnavailable, SpotQuote
 from providers.fetching import Backoff, JsonHttp, Progress, fan_out, with_retries
 from providers.node_notice import NodeNotice, OnceWarnings
@@ -308,14 +308,21 @@ class GcpPriceSource:
     """Polls the billing catalog and the zone listings side by side; implements ``PriceSource``."""
 
     cloud = "gcp"
+    backfill_days = 0.0  # days of ``history`` a process's first poll stores (broker.market.backfill)
 
     def __init__(self, project: str | None = None, regions: Iterable[str] | None = None,
                  compute_endpoint: str | None = None, billing_endpoint: str | None = None,
                  api_key: str | None = None, credentials: Any = None, backoff: Backoff | None = None,
                  cpu_types: bool = True, capacity_advice: bool = True, advice_size: int = 1,
                  advice_interval_s: float = 0.05, advice_ttl_s: float = 600.0, max_workers: int = 8,
-                 advice_state: tuple[capacity.Throttle, capacity.TtlCache] | None = None) -> None:
+                 advice_state: tuple[capacity.Throttle, capacity.TtlCache] | None = None,
+                 capacity_history: bool = True, history_cache: capacity.TtlCache | None = None) -> None:
         self.project = project
+        # advice.capacityHistory: one request per GPU machine type and region, cached for hours
+        self.capacity_history = capacity_history
+        self.history_cache = history_cache or capacity.TtlCache(gcp_history.CACHE_S)
+        self.histories: dict[tuple[str, str], gcp_history.CapacityHistory] = {}
+        self.last_quotes: list[SpotQuote] = []
         # advice.capacity: one request per GPU machine type and region, throttled and cached
         self.capacity_advice = capacity_advice
         self.advice_size = advice_size
@@ -349,7 +356,53 @@ class GcpPriceSource:
         quotes = gcp_quotes(index_skus(skus), machines, accelerators, observed_at)
         if self.capacity_advice:
             quotes = self._with_capacity_advice(quotes, credentials, project)
+        if self.capacity_history:
+            self.histories = self._capacity_history(quotes, credentials, project)
+            quotes = gcp_history.with_latest_rates(quotes, self.histories)
+        self.last_quotes = quotes
         return quotes
+
+    def history(self, since: datetime) -> list[SpotQuote]:
+        """Past quotes since ``since`` from the last poll's ``advice.capacityHistory`` (for the price
+        book's backfill); empty before a poll or with the history turned off."""
+        return gcp_history.history_quotes(self.last_quotes, self.histories, since)
+
+    def _capacity_history(self, quotes: list[SpotQuote], credentials: Any, project: str
+                          ) -> dict[tuple[str, str], gcp_history.CapacityHistory]:
+        """``advice.capacityHistory`` per spot-priced GPU machine type and region; a failed request
+        loses only its own history, with a note."""
+        wanted = sorted({(q.region, q.instance_type) for q in quotes if q.gpus_per_node and q.spot_price is not None})
+        if not wanted:
+            return {}
+        notes = capacity.Notes(self.notes)
+        try:
+            headers = self._bearer_headers(credentials)
+        except Exception as exc:
+            notes.add(f"gcp: no token for advice.capacityHistory ({capacity.failure(exc)}); no history")
+            return {}
+        base = (self.compute_endpoint or DEFAULT_COMPUTE_ENDPOINT).rstrip("/")
+
+        def ask(key: tuple[str, str]) -> tuple[tuple[str, str], gcp_history.CapacityHistory | None]:
+            region, machine = key
+            cache_key = ("history", base, project, region, machine)
+            cached = self.history_cache.get(cache_key)
+            if cached is not None:
+                return key, cached
+            where = f"{region} {machine}"
+            try:
+                answer = capacity.post_json(
+                    f"{base}/compute/v1/projects/{project}/regions/{region}/advice/capacityHistory",
+                    gcp_history.history_request(machine), headers, self.backoff, self.throttle)
+            except Exception as exc:
+                notes.add(f"gcp: advice.capacityHistory {where} unavailable ({capacity.failure(exc)})")
+                return key, None
+            found = gcp_history.parse_history(answer, where, notes.add)
+            self.history_cache.put(cache_key, found)
+            return key, found
+
+        histories = {key: found for key, found in fan_out(ask, wanted, self.max_workers) if found is not None}
+        notes.close("gcp")
+        return histories
 
     # -- capacity advice -----------------------------------------------------------------------
 

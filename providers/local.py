@@ -59,6 +59,7 @@ class LocalMarket:
             spot_price=float(self.trace.spot_price[tick, index]),
             on_demand_price=float(self.trace.on_demand_price[tick, index]),
             observed_at=when, available_nodes=int(self.trace.available_nodes[tick, index]),
+            **self.trace.signals_at(tick, index),
         )
 
     def available(self, key: OfferKey, when: datetime) -> int:

@@ -17,6 +17,11 @@ log = logging.getLogger(__name__)
 # How long before the node goes each cloud says so (AWS spot: 2 minutes; GCP preemption and Azure
 # eviction: 30 s). A checkpoint that takes longer cannot be saved on the notice alone.
 NOTICE_LEAD_SECONDS: dict[str, float] = {"aws": 120.0, "gcp": 30.0, "azure": 30.0, "local": 120.0}
+# How often the node agent reads its cloud's notice by default, so a notice reaches the job well
+# inside a second. GCP's reader long-polls (``wait_for_change``) in its own threads: reading what
+# they heard costs no request. EC2's IMDS is a local link with a packet-rate limit far above 20
+# requests a second (two paths each poll). Azure's IMDS throttles at 5 requests a second per VM.
+NOTICE_POLL_SECONDS: dict[str, float] = {"aws": 0.1, "gcp": 0.05, "azure": 0.25, "local": 0.1}
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,7 +11,7 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
-from providers import aws, azure, capacity, gcp
+from providers import aws, azure, capacity, gcp, gcp_history
 from providers.base import PUBLIC_CLOUDS, PriceSource
 from providers.fetching import Backoff
 
@@ -48,6 +48,10 @@ class PriceSettings(Protocol):
     @property
     def gcp_capacity_advice(self) -> bool: ...
     @property
+    def gcp_capacity_history(self) -> bool: ...
+    @property
+    def price_backfill_days(self) -> float: ...
+    @property
     def azure_placement_scores(self) -> bool: ...
     @property
     def capacity_request_interval_seconds(self) -> float: ...
@@ -61,6 +65,8 @@ class PriceSettings(Protocol):
 
 _capacity_states: dict[tuple[str, float, float], tuple[capacity.Throttle, capacity.TtlCache]] = {}
 _capacity_lock = threading.Lock()
+# advice.capacityHistory changes once a day: one cache of it per process, for hours
+_history_cache = capacity.TtlCache(gcp_history.CACHE_S)
 
 
 def capacity_state(cloud: str, settings: PriceSettings) -> tuple[capacity.Throttle, capacity.TtlCache]:
@@ -85,7 +91,8 @@ def _gcp(settings: PriceSettings, backoff: Backoff) -> PriceSource:
         project=settings.gcp_project, regions=settings.gcp_regions,
         compute_endpoint=settings.gcp_compute_endpoint, billing_endpoint=settings.gcp_billing_endpoint,
         api_key=settings.gcp_api_key, backoff=backoff, capacity_advice=settings.gcp_capacity_advice,
-        advice_state=capacity_state("gcp", settings))
+        advice_state=capacity_state("gcp", settings), capacity_history=settings.gcp_capacity_history,
+        history_cache=_history_cache)
 
 
 def _azure(settings: PriceSettings, backoff: Backoff) -> PriceSource:
@@ -107,5 +114,7 @@ def price_sources(settings: PriceSettings, clouds: Sequence[str] = PUBLIC_CLOUDS
     for cloud in clouds:
         if cloud not in BUILDERS:
             raise ValueError(f"unknown cloud {cloud!r}; expected one of {', '.join(PUBLIC_CLOUDS)}")
-        sources[cloud] = BUILDERS[cloud](settings, backoff)
+        source = sources[cloud] = BUILDERS[cloud](settings, backoff)
+        if isinstance(source, (aws.AwsPriceSource, gcp.GcpPriceSource)):
+            source.backfill_days = settings.price_backfill_days
     return sources

@@ -5,8 +5,9 @@ one row per (tick, zone), all zones on the same evenly spaced ticks, prices in U
 
 Optional columns carry the clouds' capacity signals where a trace has them (an empty cell: the
 cloud said nothing): ``capacity_score`` (AWS, 1-10), ``obtainability`` (GCP, 0-1),
-``estimated_uptime_s`` (GCP, seconds) and ``placement_level`` (Azure: High, Medium or Low).
-A trace without them is read as before.
+``estimated_uptime_s`` (GCP, seconds), ``placement_level`` (Azure: High, Medium or Low) and
+``preemption_rate`` (GCP's daily Spot preemption rate, 0-1). A trace without them, or with only
+some, is read as before.
 """
 
 from __future__ import annotations
@@ -40,9 +41,11 @@ COLUMNS: tuple[str, ...] = (
 )
 
 # Optional columns: the capacity signals, each with its valid range (placement_level: its words).
-SIGNAL_COLUMNS: tuple[str, ...] = ("capacity_score", "obtainability", "estimated_uptime_s", "placement_level")
+SIGNAL_COLUMNS: tuple[str, ...] = (
+    "capacity_score", "obtainability", "estimated_uptime_s", "placement_level", "preemption_rate")
 SIGNAL_RANGES: dict[str, tuple[float, float]] = {
-    "capacity_score": (1.0, 10.0), "obtainability": (0.0, 1.0), "estimated_uptime_s": (0.0, 366 * 86400.0)}
+    "capacity_score": (1.0, 10.0), "obtainability": (0.0, 1.0), "estimated_uptime_s": (0.0, 366 * 86400.0),
+    "preemption_rate": (0.0, 1.0)}
 PLACEMENT_LEVELS: tuple[str, ...] = ("Low", "Medium", "High")  # coded 1, 2, 3 in the arrays
 
 
@@ -50,8 +53,9 @@ def signal_values(quote: Any) -> tuple[float, ...]:
     """A quote's (or price-book row's) capacity signals in ``SIGNAL_COLUMNS`` order, NaN where unknown."""
     level = getattr(quote, "placement_level", None)
     coded = float(PLACEMENT_LEVELS.index(level) + 1) if level in PLACEMENT_LEVELS else math.nan
-    numbers = (getattr(quote, name, None) for name in SIGNAL_COLUMNS[:3])
-    return (*(math.nan if v is None else float(v) for v in numbers), coded)
+    values = [getattr(quote, name, None) for name in SIGNAL_COLUMNS]
+    return tuple(coded if name == "placement_level" else math.nan if v is None else float(v)
+                 for name, v in zip(SIGNAL_COLUMNS, values, strict=True))
 
 
 # The most GPUs per node or nodes per zone a row may name (int64 arrays hold them).
@@ -349,7 +353,8 @@ def trace_rows(quotes: Iterable[SpotQuote], signals: bool = False) -> Iterator[l
             row += ["" if q.capacity_score is None else f"{q.capacity_score:g}",
                     "" if q.obtainability is None else f"{q.obtainability:.4g}",
                     "" if q.estimated_uptime_s is None else f"{q.estimated_uptime_s:g}",
-                    q.placement_level or ""]
+                    q.placement_level or "",
+                    "" if q.preemption_rate is None else f"{q.preemption_rate:.4g}"]
         yield row
 
 

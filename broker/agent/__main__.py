@@ -34,8 +34,8 @@ def _seconds(text: str) -> float:
         seconds = float(value.removesuffix("ms").removesuffix("s")) * scale
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a duration such as 1s or 200ms, got {text!r}") from None
-    if seconds <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive duration, got {text!r}")
+    if not 0 < seconds <= 3600:  # NaN fails this too
+        raise argparse.ArgumentTypeError(f"expected a duration above 0 and at most 1 hour, got {text[:40]!r}")
     return seconds
 
 
@@ -71,7 +71,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--token-file", help=f"file holding this cluster's agent token, mode 600 "
                                              f"(default: ${TOKEN_VARIABLE})")
     parser.add_argument("--signal", type=_signal, default=signal.SIGUSR1, help="checkpoint signal")
-    parser.add_argument("--poll", type=_seconds, default=1.0, help="how often to poll, e.g. 1s or 200ms")
+    parser.add_argument("--poll", type=_seconds, default=1.0, help="how often to read the job's progress and "
+                        "checkpoints, e.g. 1s or 200ms")
+    parser.add_argument("--notice-poll", type=_seconds, default=None,
+                        help="how often to read the cloud's preemption notice (default: aws 100ms, gcp 50ms "
+                             "while its long-poll waits, azure 250ms, under its IMDS limit of 5 a second)")
     parser.add_argument("--cluster-id", default="")
     parser.add_argument("--node", default="0")
     parser.add_argument("--checkpoint-dir", help="default: $BROKER_CHECKPOINT_DIR")
@@ -88,6 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     return run_agent(AgentOptions(
         command=command, cloud=args.cloud, metadata_url=args.metadata_url, broker_url=args.broker_url,
         token=token, checkpoint_signal=args.signal, poll_seconds=args.poll, cluster_id=args.cluster_id,
+        notice_poll_seconds=args.notice_poll,
         node=args.node, checkpoint_dir=args.checkpoint_dir, status_file=args.status_file,
         gpu_sample_s=args.gpu_sample, gpu_report_s=args.gpu_report,
     ))

@@ -33,6 +33,7 @@ from broker.agent.gpu_sampling import REPORT_EVERY_S, SAMPLE_EVERY_S, GpuReporte
 from broker.agent.jobpath import job_pythonpath, with_pythonpath
 from broker.agent.progress import ProgressReporter, pass_through, read_progress_file
 from broker.agent.reporting import LatestOnly, post_with_retry
+from providers.node_notice import NOTICE_POLL_SECONDS
 from providers.notices import NodeNotice, NoticeReader, detect_cloud, reader_for
 
 log = logging.getLogger("broker.agent")
@@ -52,6 +53,7 @@ class AgentOptions:
     token: str | None = None
     checkpoint_signal: signal.Signals = signal.SIGUSR1
     poll_seconds: float = 1.0
+    notice_poll_seconds: float | None = None  # None: the cloud's own (providers.node_notice.NOTICE_POLL_SECONDS)
     cluster_id: str = ""
     node: str = "0"
     checkpoint_dir: str | None = None
@@ -195,13 +197,20 @@ class Agent:
             Path(self.options.status_file + ".pgid").write_text(str(self.child.pid))
         for forwarded in (signal.SIGTERM, signal.SIGINT):
             signal.signal(forwarded, self._forward)
+        # The metadata service is read every ``notice_poll`` (a fraction of a second: a notice reaches
+        # the job that soon), the job's progress and checkpoint files every ``poll_seconds``.
+        notice_poll = min(self.options.poll_seconds, self.options.notice_poll_seconds or NOTICE_POLL_SECONDS.get(
+            getattr(self.reader, "cloud", ""), self.options.poll_seconds))
+        watch_at = 0.0
         while self.child.poll() is None:
             if self.reader is not None:
                 for notice in self.reader.poll():
                     self._on_notice(notice)
-            self._watch()
+            if time.monotonic() >= watch_at:
+                self._watch()
+                watch_at = time.monotonic() + self.options.poll_seconds
             with contextlib.suppress(subprocess.TimeoutExpired):
-                self.child.wait(timeout=self.options.poll_seconds)
+                self.child.wait(timeout=notice_poll)
         output.join(timeout=5.0)  # a daemon the job left behind may hold its output open
         if self.gpu is not None:
             self.gpu.stop()

@@ -17,11 +17,17 @@ DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$")
 UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 
 
+MAX_BACKFILL_DAYS = 90  # AWS keeps 90 days of spot price history
+
+
 def parse_duration(text: str, option: str) -> timedelta:
-    match = DURATION.match(text)
+    match = DURATION.match(text) if len(text) <= 40 else None
     if not match or float(match.group(1)) <= 0:
-        raise UsageError(f"{option}: expected a duration like 7d, 12h, 30m or 90s, got {text!r}")
-    return timedelta(seconds=float(match.group(1)) * UNIT_SECONDS[match.group(2)])
+        raise UsageError(f"{option}: expected a duration like 7d, 12h, 30m or 90s, got {text[:40]!r}")
+    try:
+        return timedelta(seconds=float(match.group(1)) * UNIT_SECONDS[match.group(2)])
+    except OverflowError:
+        raise UsageError(f"{option}: {text[:40]!r} is too long a duration") from None
 
 
 def parse_clouds(text: str | None) -> tuple[str, ...]:
@@ -70,6 +76,9 @@ def prices(
                                                       "(.csv or .csv.gz)")] = None,
     since: Annotated[str, typer.Option("--since", help="window of --export-trace, back from now")] = "7d",
     tick: Annotated[str, typer.Option("--tick", help="tick spacing of --export-trace")] = "5m",
+    history: Annotated[str | None, typer.Option(
+        "--history", help="poll, and also store this far back of the clouds' own price history (AWS spot price "
+                          f"history, GCP capacityHistory), e.g. 14d; at most {MAX_BACKFILL_DAYS}d")] = None,
     config: ConfigOption = None,
 ) -> None:
     """Spot and on-demand GPU prices, cheapest per GPU-hour first."""
@@ -87,6 +96,12 @@ def prices(
         raise UsageError(f"--max-price: expected a positive USD price per GPU-hour, got {max_price:g}")
     window = parse_duration(since, "--since")
     tick_span = parse_duration(tick, "--tick")
+    backfill_days = 0.0
+    if history is not None:
+        backfill_days = parse_duration(history, "--history").total_seconds() / 86400
+        if backfill_days > MAX_BACKFILL_DAYS:
+            raise UsageError(f"--history: at most {MAX_BACKFILL_DAYS}d (the clouds keep no more), got {history[:40]!r}")
+        refresh = True
     if export_trace is not None and not (export_trace.name.endswith(".csv") or export_trace.name.endswith(".csv.gz")):
         raise UsageError(f"--export-trace {export_trace}: expected a .csv or .csv.gz file name")
 
@@ -95,7 +110,8 @@ def prices(
     try:
         book = PriceBook(store)
         accelerator = _accelerator(gpu, book) if gpu is not None else None
-        polls = _refresh(book, settings, clouds, region, show_progress=not as_json) if refresh else []
+        polls = _refresh(book, settings, clouds, region, show_progress=not as_json,
+                         backfill_days=backfill_days) if refresh else []
         where = QuoteFilter(clouds=clouds, accelerator=accelerator, min_gpus=min_gpus,
                             regions=(region,) if region else None)
         if export_trace is not None:
@@ -157,7 +173,8 @@ def _accelerator(gpu: str, book: Any) -> str:
     raise UsageError(f"--gpu: unknown accelerator {gpu!r}; expected one of {', '.join(names)}")
 
 
-def _refresh(book: Any, settings: Any, clouds: tuple[str, ...], region: str | None, show_progress: bool) -> list[Any]:
+def _refresh(book: Any, settings: Any, clouds: tuple[str, ...], region: str | None, show_progress: bool,
+             backfill_days: float = 0.0) -> list[Any]:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from broker.cli.app import err_console
@@ -172,6 +189,10 @@ def _refresh(book: Any, settings: Any, clouds: tuple[str, ...], region: str | No
     if not clouds:
         return []
     sources = price_sources(settings, clouds)
+    if backfill_days:
+        for source in sources.values():
+            if hasattr(source, "backfill_days"):
+                source.backfill_days = backfill_days
     with Progress(TextColumn("{task.description:<6}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=err_console, transient=True,
                   disable=not (show_progress and err_console.is_terminal)) as bar:
@@ -253,7 +274,7 @@ def _row_json(r: Row) -> dict[str, Any]:
         "spot_price": q.spot_price, "on_demand_price": q.on_demand_price, "price_per_gpu_hour": round(r.per_gpu, 6),
         "saving": round(r.saving, 4) if r.saving is not None else None, "capacity_score": q.capacity_score,
         "obtainability": q.obtainability, "estimated_uptime_s": q.estimated_uptime_s,
-        "placement_level": q.placement_level,
+        "placement_level": q.placement_level, "preemption_rate": q.preemption_rate,
         "observed_at": q.observed_at.isoformat(), "age_seconds": round(r.age_seconds, 1), "stale": q.stale,
     }
 

@@ -128,6 +128,11 @@ class Settings(BaseSettings):
                                       "obtainability and estimated uptime")
     azure_placement_scores: bool = Field(True, description="ask Azure for spot placement scores "
                                          "(needs a subscription)")
+    gcp_capacity_history: bool = Field(True, description="ask Compute Engine advice.capacityHistory for the "
+                                       "daily spot preemption rate and price history")
+    price_backfill_days: float = Field(0.0, ge=0, le=90, description="on a process's first poll of a cloud, "
+                                       "fill the price book with this many days of the cloud's spot price history "
+                                       "(AWS price history, GCP capacityHistory); 0: off")
     capacity_request_interval_seconds: float = Field(
         0.05, ge=0, le=60, description="the least time between two capacity-signal requests to one cloud")
     capacity_cache_seconds: float = Field(600.0, ge=0, le=86400,

@@ -5,7 +5,9 @@ checkpoints taken before it. Once per step for each running spot job this asks t
 policy (``policies/checkpointing.py``, Young/Daly by default) for an interval from:
 
 - the zone's hazard: the broker's own record of preemptions there per second of spot time it ran
-  there, with one preemption per day as the prior;
+  there, with a prior worth one preemption (``policies.checkpointing.blended_hazard``): one per
+  the cloud's own expected uptime where it states one (GCP's estimated uptime or daily preemption
+  rate on the zone's quote, ``broker.market.capacity.prior_uptime_s``), else one per day;
 - the job's checkpoint time, measured: the save times the job reports itself (``broker.job`` does,
   from its first save), else from each request to the first checkpoint reported after it, or from
   a notice's signal to its checkpoint; until one is measured the job is asked once after 15
@@ -26,6 +28,7 @@ from sqlalchemy.orm import Session
 
 from broker.engine import checkpoint_reports
 from broker.engine.parts import AfterCommit, Parts, cluster_info
+from broker.market.capacity import prior_uptime_s
 from broker.model import ClusterState, TeardownReason
 from broker.store.tables import (
     AllocationRow,
@@ -35,11 +38,11 @@ from broker.store.tables import (
     JobRow,
     NoticeRow,
 )
-from policies.checkpointing import FIXED_INTERVAL_S, CheckpointRequest
+from policies.checkpointing import FIXED_INTERVAL_S, CheckpointRequest, blended_hazard
+from providers.base import OfferKey, ProviderError
 from providers.node_notice import NOTICE_LEAD_SECONDS
 
 ASKED = "checkpoint_asked"
-PRIOR_SECONDS = 24 * 3600.0
 MEASURED_KEPT = 5
 
 
@@ -66,7 +69,7 @@ class Cadence:
             interval, why = FIXED_INTERVAL_S, "to measure how long a checkpoint takes"
         else:
             plan = self.policy(CheckpointRequest(
-                hazard_per_s=zone_hazard(s, cluster, now), checkpoint_s=measured,
+                hazard_per_s=zone_hazard(s, cluster, now, self.cloud_uptime(cluster, now)), checkpoint_s=measured,
                 notice_s=NOTICE_LEAD_SECONDS.get(cluster.cloud, 0.0)))
             if plan.interval_s is None:
                 return
@@ -76,6 +79,15 @@ class Cadence:
         signal = self.parts.spec_of(job).broker.checkpoint.signal
         after.signals.append((cluster_info(cluster), job.id, job.attempt, signal))
         self.parts.event(s, job.id, ASKED, interval_s=round(interval, 1), checkpoint_s=measured, reason=why)
+
+    def cloud_uptime(self, cluster: ClusterRow, now: datetime) -> float | None:
+        """What the cloud expects of a spot VM's run in the cluster's zone (None: it says nothing)."""
+        try:
+            quote = self.parts.market.quote(
+                OfferKey(cluster.cloud, cluster.region, cluster.zone, cluster.instance_type), now)
+        except (LookupError, ProviderError):
+            return None  # the market no longer quotes it: the default prior, never a failed step
+        return prior_uptime_s(quote)
 
     def checkpoint_seconds(self, s: Session, job: JobRow) -> float | None:
         """The job's measured checkpoint time (median of its latest ones), or None before any.
@@ -106,8 +118,9 @@ class Cadence:
         return statistics.median(samples) if samples else None
 
 
-def zone_hazard(s: Session, cluster: ClusterRow, now: datetime) -> float:
-    """Preemptions per second of spot time the broker ran in the cluster's zone and instance type."""
+def zone_hazard(s: Session, cluster: ClusterRow, now: datetime, prior_uptime: float | None = None) -> float:
+    """Preemptions per second of spot time the broker ran in the cluster's zone and instance type,
+    blended with a prior of one preemption per ``prior_uptime`` seconds (a day when None)."""
     rows = s.execute(select(ClusterRow.up_at, ClusterRow.terminated_at, ClusterRow.state, ClusterRow.teardown_reason)
                      .where(ClusterRow.cloud == cluster.cloud, ClusterRow.zone == cluster.zone,
                             ClusterRow.instance_type == cluster.instance_type, ClusterRow.spot.is_(True),
@@ -118,4 +131,4 @@ def zone_hazard(s: Session, cluster: ClusterRow, now: datetime) -> float:
             continue
         seconds += max(((ended or now) - up_at).total_seconds(), 0.0)
         preemptions += int(state == ClusterState.TERMINATED.value and reason == TeardownReason.CLOUD.value)
-    return (preemptions + 1) / (seconds + PRIOR_SECONDS)
+    return blended_hazard(preemptions, seconds, prior_uptime)

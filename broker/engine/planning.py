@@ -19,7 +19,7 @@ from sqlalchemy.orm import Session
 
 from broker.engine.checkpoints import current_allocation, progress_s
 from broker.engine.parts import Parts
-from broker.market.capacity import capacity_score_of
+from broker.market.capacity import capacity_score_of, prior_uptime_s
 from broker.model import ClusterState, JobState, TeardownReason
 from broker.spec.job import JobSpec
 from broker.store.tables import AllocationRow, ClusterRow, JobRow, NoticeRow
@@ -42,7 +42,8 @@ REVIEW_SECONDS = 300.0
 def offer_of(quote: SpotQuote) -> ZoneOffer:
     return ZoneOffer(quote.cloud, quote.region, quote.zone, quote.instance_type, quote.accelerator,
                      quote.gpus_per_node, float(quote.spot_price or math.inf),
-                     float(quote.on_demand_price or math.inf), quote.available_nodes, capacity_score_of(quote))
+                     float(quote.on_demand_price or math.inf), quote.available_nodes, capacity_score_of(quote),
+                     prior_uptime_s(quote))
 
 
 def fits_node(spec: JobSpec, accelerator: str, gpus_per_node: int, exact: bool = False,

@@ -144,9 +144,9 @@ def _offer(q: SpotQuote | PriceQuoteRow) -> OfferId:
 
 def _same(row: PriceQuoteRow, q: SpotQuote) -> bool:
     return (row.spot_price, row.on_demand_price, row.capacity_score, row.available_nodes, row.accelerator,
-            row.gpus_per_node, row.obtainability, row.estimated_uptime_s, row.placement_level) == (
+            row.gpus_per_node, row.obtainability, row.estimated_uptime_s, row.placement_level, row.preemption_rate) == (
         q.spot_price, q.on_demand_price, q.capacity_score, q.available_nodes, q.accelerator, q.gpus_per_node,
-        q.obtainability, q.estimated_uptime_s, q.placement_level)
+        q.obtainability, q.estimated_uptime_s, q.placement_level, q.preemption_rate)
 
 
 def _quote(row: PriceQuoteRow, observed_at: datetime | None = None, stale: bool | None = None) -> SpotQuote:
@@ -155,7 +155,7 @@ def _quote(row: PriceQuoteRow, observed_at: datetime | None = None, stale: bool 
         accelerator=row.accelerator, gpus_per_node=row.gpus_per_node, gpu_memory_gb=row.gpu_memory_gb,
         spot_price=row.spot_price, on_demand_price=row.on_demand_price, capacity_score=row.capacity_score,
         obtainability=row.obtainability, estimated_uptime_s=row.estimated_uptime_s,
-        placement_level=row.placement_level,
+        placement_level=row.placement_level, preemption_rate=row.preemption_rate,
         available_nodes=row.available_nodes, observed_at=observed_at or row.confirmed_at,
         stale=row.stale if stale is None else stale,
     )
@@ -195,7 +195,7 @@ class PriceBook:
                     accelerator=q.accelerator, gpus_per_node=q.gpus_per_node, gpu_memory_gb=q.gpu_memory_gb,
                     spot_price=q.spot_price, on_demand_price=q.on_demand_price, capacity_score=q.capacity_score,
                     obtainability=q.obtainability, estimated_uptime_s=q.estimated_uptime_s,
-                    placement_level=q.placement_level,
+                    placement_level=q.placement_level, preemption_rate=q.preemption_rate,
                     available_nodes=q.available_nodes, stale=False, observed_at=at, confirmed_at=at,
                 ))
                 inserted += 1
@@ -204,6 +204,14 @@ class PriceBook:
                     row.stale = True
                     gone += 1
         return Recorded(inserted, confirmed, gone)
+
+    def backfill(self, cloud: str, quotes: Sequence[SpotQuote]) -> int:
+        """Store past quotes from ``cloud``'s own history before the book's first quote of each offer
+        (``market/backfill.py``); returns the rows inserted."""
+        from broker.market.backfill import insert_history
+
+        with self.store.transaction() as s:
+            return insert_history(s, cloud, quotes)
 
     def mark_stale(self, cloud: str, regions: Collection[str] | None = None) -> int:
         """A poll of ``cloud`` failed: its latest quotes stay, marked stale. Returns how many are kept."""

@@ -14,6 +14,7 @@ from datetime import UTC, datetime
 from typing import Any, Literal
 
 from broker.config.settings import Settings
+from broker.market.backfill import backfill_once
 from broker.market.book import PriceBook
 from providers.base import CloudUnavailable, PriceSource
 from providers.sources import price_sources
@@ -65,7 +66,10 @@ def _poll_one(book: PriceBook, cloud: str, source: PriceSource, regions: Sequenc
                          message=f"{cloud}: poll failed after retries ({_summary(exc)}); "
                                  f"kept {kept} quotes, marked stale")
     book.record(cloud, quotes, at=datetime.now(UTC), regions=scope)
-    return CloudPoll(cloud, "ok", quotes=len(quotes), seconds=time.monotonic() - started, notes=_notes(source))
+    # a process's first poll of a cloud that can read its past: that past into the book too
+    backfilled = backfill_once(book, cloud, source, float(getattr(source, "backfill_days", 0.0)))
+    notes = _notes(source) + ([backfilled] if backfilled else [])
+    return CloudPoll(cloud, "ok", quotes=len(quotes), seconds=time.monotonic() - started, notes=notes)
 
 
 def _notes(source: PriceSource) -> list[str]:

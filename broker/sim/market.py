@@ -31,6 +31,7 @@ import numpy as np
 
 from broker.engine.parts import CLOUD_RESTART_OVERHEAD_S
 from broker.engine.planning import JobLimits, job_view
+from broker.market.capacity import uptime_from
 from policies.history import MarketHistory, MarketSeries
 from policies.selection import (
     IDLE,
@@ -134,10 +135,13 @@ class Market:
         found = self._offers[tick]
         if found is None:
             trace = self.trace
+            uptime, rate = trace.signals.get("estimated_uptime_s"), trace.signals.get("preemption_rate")
             found = self._offers[tick] = tuple(
                 ZoneOffer(z.cloud, z.region, z.zone, z.instance_type, z.accelerator, z.gpus_per_node,
                           float(trace.spot_price[tick, i]), float(trace.on_demand_price[tick, i]),
-                          int(trace.available_nodes[tick, i]))
+                          int(trace.available_nodes[tick, i]),
+                          prior_uptime_s=uptime_from(None if uptime is None else float(uptime[tick, i]),
+                                                     None if rate is None else float(rate[tick, i])))
                 for i, z in enumerate(trace.zones)
             )
         return found

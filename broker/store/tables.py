@@ -312,9 +312,8 @@ class BudgetAlertRow(Base):
 class PriceQuoteRow(Base):
     """The price book: one row per run of unchanged quotes for an offer (cloud, zone, instance type).
 
-    A poll that finds the same prices only moves ``confirmed_at`` forward; a change, or a stale
-    mark, starts a new row. So the history is every change, and ``[observed_at, confirmed_at]`` is
-    when the cloud was seen saying it.
+    A poll that finds the same prices only moves ``confirmed_at`` forward; a change, or a stale mark,
+    starts a new row: the history is every change, ``[observed_at, confirmed_at]`` when it was said.
     """
 
     __tablename__ = "price_quotes"
@@ -333,6 +332,7 @@ class PriceQuoteRow(Base):
     obtainability: Mapped[float | None] = mapped_column(Float, nullable=True)
     estimated_uptime_s: Mapped[float | None] = mapped_column(Float, nullable=True)
     placement_level: Mapped[str | None] = mapped_column(String(16), nullable=True)
+    preemption_rate: Mapped[float | None] = mapped_column(Float, nullable=True)
     available_nodes: Mapped[int | None] = mapped_column(Integer, nullable=True)
     stale: Mapped[bool] = mapped_column(default=False)
     observed_at: Mapped[datetime] = mapped_column(UtcDateTime, index=True)

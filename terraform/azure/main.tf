@@ -19,6 +19,8 @@ resource "azurerm_role_definition" "broker" {
       # the broker
       "Microsoft.Compute/skus/read",
       "Microsoft.Compute/locations/*/read",
+      # the Spot Placement Score (POST .../locations/{region}/placementScores/spot/generate)
+      "Microsoft.Compute/locations/placementScores/generate/action",
       # SkyPilot
       "Microsoft.Resources/subscriptions/resourceGroups/read",
       "Microsoft.Resources/subscriptions/resourceGroups/write",

@@ -13,8 +13,11 @@ resource "google_project_iam_custom_role" "broker" {
   title       = "Spot broker"
   description = "The broker's Compute catalog reads and SkyPilot's minimal permissions"
   permissions = [
-    # the broker: GPU catalog and zones
+    # the broker: GPU catalog and zones, and the capacity signals (advice.capacity: obtainability
+    # and estimated uptime; advice.capacityHistory: daily preemption rate and price history)
     "compute.acceleratorTypes.list",
+    "compute.advice.capacity",
+    "compute.advice.capacityHistory",
     "compute.machineTypes.list",
     "compute.regions.list",
     "compute.zones.list",

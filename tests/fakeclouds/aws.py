@@ -8,7 +8,7 @@ import http.client
 import json
 import re
 import uuid
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 from xml.sax.saxutils import escape
@@ -84,6 +84,14 @@ def _indexed(query: dict[str, list[str]], prefix: str) -> list[str]:
     return [v[0] for k, v in sorted(query.items()) if pattern.match(k)]
 
 
+def _form_time(form: dict[str, list[str]], name: str) -> datetime | None:
+    value = form.get(name, [""])[0]
+    if not value:
+        return None
+    when = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    return when if when.tzinfo else when.replace(tzinfo=UTC)
+
+
 def _credential_region(headers: dict[str, str]) -> str:
     match = re.search(r"Credential=[^/]+/\d+/([^/]+)/", headers.get("authorization", ""))
     return match.group(1) if match else "us-east-1"
@@ -144,6 +152,21 @@ class FakeAws(FakeCloud):
                    and (not types or r["InstanceType"] in types)
                    and (not products or r["ProductDescription"] in products)]
         matches.sort(key=lambda r: r["Timestamp"], reverse=True)
+        # As EC2 answers: the changes within [StartTime, EndTime], and the price in force at StartTime.
+        start, end = _form_time(form, "StartTime"), _form_time(form, "EndTime")
+        if end is not None:
+            matches = [r for r in matches if r["Timestamp"] <= end]
+        if start is not None:
+            in_force: set[tuple[str, str]] = set()
+            kept = []
+            for r in matches:  # newest first
+                key = (r["InstanceType"], r["AvailabilityZone"])
+                if r["Timestamp"] >= start:
+                    kept.append(r)
+                elif key not in in_force:
+                    in_force.add(key)
+                    kept.append(r)
+            matches = kept
         page, token = self._page(matches, form)
         items = "".join(
             "<item>"

@@ -1,12 +1,14 @@
 """GCP: the Cloud Billing Catalog (SKUs, pageToken/nextPageToken), Compute Engine aggregated lists
 of machine types and accelerator types, and Compute Engine v1 ``advice.capacity`` (POST
-``/compute/v1/projects/{project}/regions/{region}/advice/capacity``), as JSON in the REST API's shapes."""
+``/compute/v1/projects/{project}/regions/{region}/advice/capacity``) and ``advice.capacityHistory``
+(``.../advice/capacityHistory``), as JSON in the REST API's shapes."""
 
 from __future__ import annotations
 
 import json
 import re
 import zlib
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from tests.fakeclouds.server import FakeCloud, Request, Response
@@ -74,7 +76,13 @@ def accelerator_type(name: str, zone: str, max_cards: int) -> dict[str, Any]:
 class FakeGcp(FakeCloud):
     def __init__(self, skus: list[dict[str, Any]], machine_types: list[dict[str, Any]],
                  accelerator_types: list[dict[str, Any]], page_size: int = 5000,
-                 advice: dict[tuple[str, str], tuple[float, str]] | None = None) -> None:
+                 advice: dict[tuple[str, str], tuple[float, str]] | None = None,
+                 history: dict[tuple[str, str], list[tuple[str, float, float]]] | None = None) -> None:
+        # (region or zone, machine type) -> [(day "2026-02-27", preemption rate, spot USD per hour)]
+        # that advice.capacityHistory answers with for that location, oldest first
+        self.history = history or {}
+        self.history_body: bytes | None = None  # set: every advice.capacityHistory call answers exactly this
+        self.history_requests: list[dict[str, Any]] = []
         self.skus = skus
         # (zone, machine type) -> (obtainability, estimatedUptime) that advice.capacity answers with
         self.advice = advice or {}
@@ -89,6 +97,9 @@ class FakeGcp(FakeCloud):
         if request.method == "POST" and re.fullmatch(r"/compute/v1/projects/[^/]+/regions/[^/]+/advice/capacity",
                                                      request.path):
             return "adviceCapacity"
+        if request.method == "POST" and re.fullmatch(
+                r"/compute/v1/projects/[^/]+/regions/[^/]+/advice/capacityHistory", request.path):
+            return "adviceCapacityHistory"
         if request.path.endswith("/skus"):
             return "skus"
         if request.path.endswith("/aggregated/machineTypes"):
@@ -100,6 +111,8 @@ class FakeGcp(FakeCloud):
     def answer(self, request: Request, route: str, base_url: str) -> Response:
         if route == "adviceCapacity":
             return self._advice(request)
+        if route == "adviceCapacityHistory":
+            return self._history(request)
         if route == "skus":
             if request.param("key"):
                 self.api_keys_seen.append(request.param("key"))
@@ -132,6 +145,38 @@ class FakeGcp(FakeCloud):
                          "provisioningModel": "SPOT"}]}
             for (obtainability, uptime), zone, machine in sorted(offers, key=lambda o: -o[0][0])]
         return Response(200, json.dumps({"recommendations": recommendations}).encode())
+
+    def _history(self, request: Request) -> Response:
+        """``CapacityHistoryResponse``: daily intervals, ``listPrice`` as a ``Money``, as the REST API gives them."""
+        body = json.loads(request.body)
+        self.history_requests.append(body)
+        if self.history_body is not None:
+            return Response(200, self.history_body)
+        properties = body.get("instanceProperties", {})
+        if properties.get("scheduling", {}).get("provisioningModel") != "SPOT":
+            return self.error("adviceCapacityHistory", 400, "Invalid value for field 'provisioningModel'")
+        # the location asked (a zone), else the path's region
+        region = request.path.split("/regions/", 1)[1].split("/", 1)[0]
+        location = str(body.get("locationPolicy", {}).get("location", "")).rsplit("/", 1)[-1] or region
+        machine = properties.get("machineType")
+        days = self.history.get((location, machine), [])
+        types = set(body.get("types") or ["PREEMPTION", "PRICE"])
+
+        def interval(day: str) -> dict[str, str]:
+            start = datetime.fromisoformat(day).replace(tzinfo=UTC) + timedelta(hours=8)  # midnight Pacific
+            return {"startTime": start.isoformat().replace("+00:00", "Z"),
+                    "endTime": (start + timedelta(days=1)).isoformat().replace("+00:00", "Z")}
+
+        kind = "regions" if location == region else "zones"
+        answer: dict[str, Any] = {"machineType": machine,
+                                  "location": f"https://www.googleapis.com/compute/v1/projects/p/{kind}/{location}"}
+        if "PREEMPTION" in types:
+            answer["preemptionHistory"] = [{"interval": interval(d), "preemptionRate": rate} for d, rate, _ in days]
+        if "PRICE" in types:
+            answer["priceHistory"] = [{"interval": interval(d), "listPrice": {
+                "currencyCode": "USD", "units": str(int(usd)), "nanos": round((usd - int(usd)) * 1e9)}}
+                for d, _, usd in days]
+        return Response(200, json.dumps(answer).encode())
 
     def _aggregated(self, request: Request, key: str, records: list[dict[str, Any]]) -> dict[str, Any]:
         wanted = _name_regex(request.param("filter"))

@@ -10,7 +10,9 @@ from hypothesis import strategies as st
 
 from policies import kinds
 from policies.checkpointing import (
+    DEFAULT_PRIOR_UPTIME_S,
     CheckpointRequest,
+    blended_hazard,
     daly_interval,
     expected_waste_fraction,
     fixed_interval,
@@ -78,3 +80,27 @@ def test_any_valid_request_gets_a_positive_finite_interval_or_none(hazard: float
                                                                    share: float) -> None:
     plan = young_daly(CheckpointRequest(hazard, checkpoint, notice, share))
     assert plan.interval_s is None or (math.isfinite(plan.interval_s) and plan.interval_s >= 60)
+
+
+def test_the_hazard_starts_from_the_clouds_uptime_and_moves_to_the_brokers_own_record() -> None:
+    assert blended_hazard(0, 0.0) == pytest.approx(1 / DEFAULT_PRIOR_UPTIME_S)  # the cloud says nothing
+    assert blended_hazard(0, 0.0, 2 * HOUR) == pytest.approx(1 / (2 * HOUR))  # the cloud's word alone
+    # after one uptime's worth of running, the cloud's word and the broker's record weigh the same
+    assert blended_hazard(4, 2 * HOUR, 2 * HOUR) == pytest.approx(5 / (4 * HOUR))
+    # a long record of the broker's own outweighs it: 100 preemptions in 100 h
+    assert blended_hazard(100, 100 * HOUR, 2 * HOUR) == pytest.approx(101 / (102 * HOUR))
+    # a shorter expected uptime asks for checkpoints more often
+    short = young_daly(CheckpointRequest(blended_hazard(0, 0.0, HOUR), 100.0, 30.0)).interval_s
+    long = young_daly(CheckpointRequest(blended_hazard(0, 0.0, 24 * HOUR), 100.0, 30.0)).interval_s
+    assert short is not None and long is not None and short < long
+
+
+@pytest.mark.parametrize("uptime", [0.0, -5.0, math.nan, math.inf, -math.inf])
+def test_an_unusable_uptime_falls_back_to_the_default_prior(uptime: float) -> None:
+    assert blended_hazard(1, HOUR, uptime) == pytest.approx(2 / (HOUR + DEFAULT_PRIOR_UPTIME_S))
+
+
+@pytest.mark.parametrize(("preemptions", "exposure"), [(-1, 0.0), (0, -1.0), (0, math.nan), (0, math.inf)])
+def test_a_broken_record_is_refused(preemptions: int, exposure: float) -> None:
+    with pytest.raises(ValueError, match="preemptions"):
+        blended_hazard(preemptions, exposure)

@@ -320,3 +320,33 @@ def test_broker_under_pressure_enters_short_lived_spot_rather_than_wait_with_not
     tick = next(t for t in range(400, 600) if pattern[t] and not pattern[t - 1])
     plan = broker(request_at(trace, tick, work_left=40, deadline=tick + 40 + 20, total_work=120, overhead=2))
     assert plan.locations and plan.locations[0].kind == "spot", plan.reason
+
+
+def test_broker_prices_a_zone_by_the_clouds_expected_uptime_where_its_own_record_is_thin() -> None:
+    """A fresh price book: no history. The cheaper zone's cloud says its spot VMs last 10 minutes,
+    the other's 10 hours: with a 30-minute restart the cheaper zone's progress costs more."""
+    def offers(short: float | None, long: float | None) -> tuple[ZoneOffer, ...]:
+        return (ZoneOffer("gcp", "us-central1", "us-central1-a", "a2-highgpu-1g", "A100", 1, 1.0, 3.6, None,
+                          prior_uptime_s=short),
+                ZoneOffer("gcp", "us-east1", "us-east1-b", "a2-highgpu-1g", "A100", 1, 1.05, 3.6, None,
+                          prior_uptime_s=long))
+    broker = kinds.selection.get("broker")
+    job = JobView(1, 1, "A100", 20 * 3600.0, None, restart_overhead_s=1800.0)
+    plain = broker(SelectionRequest(now=START, job=job, offers=offers(None, None), step_s=MINUTE))
+    told = broker(SelectionRequest(now=START, job=job, offers=offers(600.0, 36000.0), step_s=MINUTE))
+    assert next(loc.offer.zone for loc in plain.locations if loc.offer) == "us-central1-a"
+    assert next(loc.offer.zone for loc in told.locations if loc.offer) == "us-east1-b"
+
+
+def test_broker_trusts_a_zones_own_runs_over_the_clouds_word_once_it_has_enough() -> None:
+    # both zones come and go in 10-tick runs for 600 ticks: far more than MIN_RUNS runs of their own
+    available = [[1 if (t // 10) % 2 == 0 else 0, 1 if (t // 10) % 2 == 0 else 0] for t in range(600)]
+    trace = make_trace(available, zones=(A, B))
+    tick = next(t for t in range(550, 600) if available[t][0] == 1)
+    broker = kinds.selection.get("broker")
+    plain = request_at(trace, tick, work_left=30, deadline=tick + 300, total_work=30, overhead=2)
+    told = replace(plain, offers=tuple(replace(o, prior_uptime_s=(60.0 if o.zone == A[0] else 86400.0))
+                                       for o in plain.offers))
+    with_word, without = broker(told), broker(plain)
+    assert [loc.label for loc in with_word.locations] == [loc.label for loc in without.locations]
+    assert with_word.reason == without.reason

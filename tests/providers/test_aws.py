@@ -77,10 +77,11 @@ def test_p5_48xlarge_is_quoted_in_every_zone_that_offers_it(aws: FakeServer) -> 
     assert [p5[z].capacity_score for z in ("us-east-1a", "us-east-1b", "us-east-1c", "us-east-1d")] == \
         [3.0, 9.0, 7.0, None]
     assert quotes[("p4d.24xlarge", "us-east-1a")].spot_price == 8.7781
-    # pages of two history records each, and pages of price-list entries too: the GPU listing's
-    # two, then one listing for each CPU family's instanceFamily (Compute optimized, General
-    # purpose, Memory optimized), one page each
-    assert aws.requests["DescribeSpotPriceHistory"] == 4
+    # pages of two history records each (the five prices in force now: the older p5 prices are
+    # not in the window), and pages of price-list entries too: the GPU listing's two, then one
+    # listing for each CPU family's instanceFamily (Compute optimized, General purpose, Memory
+    # optimized), one page each
+    assert aws.requests["DescribeSpotPriceHistory"] == 3
     assert aws.requests["GetProducts"] == 2 + 3
 
 
@@ -103,7 +104,7 @@ def test_throttled_calls_are_retried(aws: FakeServer) -> None:
     aws.fail("GetProducts", 429, times=1)
     aws.fail("GetSpotPlacementScores", 400, times=1, code="Throttling")
     assert _prices(_poll()) == _prices(baseline)
-    assert aws.requests["DescribeSpotPriceHistory"] == 4 + 2
+    assert aws.requests["DescribeSpotPriceHistory"] == 3 + 2
     assert aws.requests["GetProducts"] == 5 + 1
     assert aws.requests["GetSpotPlacementScores"] == baseline_scores + 1
 
@@ -161,3 +162,55 @@ def test_gpu_types_only_leaves_the_cpu_types_and_their_listings_out(aws: FakeSer
     quotes = AwsPriceSource(regions=["us-east-1"], backoff=FAST, cpu_types=False).fetch_quotes()
     assert quotes and all(q.gpus_per_node > 0 for q in quotes)
     assert aws.requests["GetProducts"] == 2  # the GPU listing's two pages only
+
+
+# -- spot price history, for the backfill --------------------------------------------------------
+
+def test_the_price_history_reads_every_change_since_as_past_quotes(aws: FakeServer) -> None:
+    source = AwsPriceSource(regions=["us-east-1"], backoff=FAST)
+    assert source.history(NOW - timedelta(days=7)) == []  # nothing before a poll
+    source.fetch_quotes()
+    since = NOW - timedelta(days=3)
+    past = source.history(since)
+    a = [(q.observed_at, q.spot_price) for q in past if (q.instance_type, q.zone) == ("p5.48xlarge", "us-east-1a")]
+    # the price in force since two days ago, then the change twenty minutes ago
+    assert a == [(NOW - timedelta(days=2), round(P5_SPOT["us-east-1a"] * 1.5, 6)),
+                 (NOW - timedelta(minutes=20), P5_SPOT["us-east-1a"])]
+    first = next(q for q in past if q.instance_type == "p5.48xlarge")
+    assert (first.on_demand_price, first.accelerator, first.gpus_per_node, first.capacity_score) == \
+        (98.32, "H100", 8, None)
+    assert {q.instance_type for q in past} == {"p5.48xlarge", "p4d.24xlarge"}  # GPU offers only
+    assert all(q.observed_at >= since for q in past) and source.notes == []
+    # a window that starts after the older price: that price is the one in force at its start
+    late = [q for q in source.history(NOW - timedelta(days=1)) if q.zone == "us-east-1b"]
+    assert [(q.observed_at, q.spot_price) for q in late] == [
+        (NOW - timedelta(days=1), round(P5_SPOT["us-east-1b"] * 1.5, 6)),
+        (NOW - timedelta(minutes=20), P5_SPOT["us-east-1b"])]
+
+
+@pytest.mark.parametrize("price", ["NaN", "-1.0", "0", "inf", "abc", "1e400", "99999", "9" * 40])
+def test_a_history_record_without_a_usable_price_is_left_out_with_a_note(
+        moto_url: str, aws_credentials: None, monkeypatch: pytest.MonkeyPatch, price: str) -> None:
+    history = _history()
+    history.append({**spot_record("p5.48xlarge", "us-east-1c", ZONE_IDS["us-east-1c"], 1.0,
+                                  NOW - timedelta(hours=5)), "SpotPrice": price})
+    with FakeServer(FakeAws(moto_url, history, [], _products(), page_size=2)) as server:
+        monkeypatch.setenv("AWS_ENDPOINT_URL_EC2", server.url)
+        monkeypatch.setenv("AWS_ENDPOINT_URL_PRICING", server.url)
+        source = AwsPriceSource(regions=["us-east-1"], backoff=FAST, placement_scores=False)
+        source.fetch_quotes()
+        source.notes = []
+        past = source.history(NOW - timedelta(days=3))
+    c = [q.spot_price for q in past if (q.instance_type, q.zone) == ("p5.48xlarge", "us-east-1c")]
+    assert c == [round(P5_SPOT["us-east-1c"] * 1.5, 6), P5_SPOT["us-east-1c"]]
+    assert source.notes == ["aws: spot price history us-east-1: 1 record(s) without a usable SpotPrice "
+                            "(0-10000), Timestamp or known offer; left out"]
+
+
+def test_a_refused_history_loses_only_the_history(aws: FakeServer) -> None:
+    source = AwsPriceSource(regions=["us-east-1"], backoff=FAST)
+    quotes = source.fetch_quotes()
+    aws.fail("DescribeSpotPriceHistory", 403, times=None, code="UnauthorizedOperation")
+    assert source.history(NOW - timedelta(days=3)) == []
+    assert source.notes[-1] == "aws: spot price history us-east-1 unavailable (ClientError)"
+    assert any(q.spot_price for q in quotes)

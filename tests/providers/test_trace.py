@@ -111,6 +111,31 @@ def test_bad_signal_cells_name_line_and_column(cells: str, message: str) -> None
     assert "t.csv:2" in str(info.value)
 
 
+@pytest.mark.parametrize(("cell", "message"), [
+    ("1.5", "column preemption_rate: expected a number from 0 to 1 or empty, got '1.5'"),
+    ("-0.1", "column preemption_rate: expected a number from 0 to 1"),
+    ("nan", "column preemption_rate: expected a number from 0 to 1"),
+    ("-inf", "column preemption_rate: expected a number from 0 to 1"),
+    ("often", "column preemption_rate: expected a number or empty, got 'often'"),
+    ("0.\x00", "column preemption_rate: a NUL byte or over 200 characters"),
+    ("9" * 300, "column preemption_rate: a NUL byte or over 200 characters"),
+])
+def test_a_bad_preemption_rate_names_line_and_column(cell: str, message: str) -> None:
+    row = "2024-01-01T00:00:00Z,gcp,r,z,i,H100,8,20,88,1," + cell.replace("\\x00", "\x00")
+    with pytest.raises(TraceError, match=message) as info:
+        parse_trace(io.StringIO(HEADER.rstrip("\n") + ",preemption_rate\n" + row + "\n"), source="t.csv")
+    assert "t.csv:2" in str(info.value)
+
+
+def test_a_preemption_rate_alone_is_read_and_written_back(tmp_path: Path) -> None:
+    text = HEADER.rstrip("\n") + ",preemption_rate\n2024-01-01T00:00:00Z,gcp,r,z,i,H100,8,20,88,1,0.25\n"
+    trace = parse_trace(io.StringIO(text))
+    assert set(trace.signals) == {"preemption_rate"} and trace.quotes_at(0)[0].preemption_rate == 0.25
+    path = tmp_path / "rate.csv"
+    write_trace(path, trace.quotes_at(0), signals=True)
+    assert read_trace(path).quotes_at(0) == trace.quotes_at(0)
+
+
 def test_the_trace_shown_in_the_capacity_signals_page_reads() -> None:
     page = (Path(__file__).parents[2] / "docs" / "capacity-signals.md").read_text()
     block = page.split("```csv\n", 1)[1].split("```", 1)[0]

@@ -147,6 +147,14 @@ def test_export_trace_of_recorded_polls(clouds: FakeClouds, capsys: pytest.Captu
     (["--max-price", "-1"], "--max-price: expected a positive USD price per GPU-hour, got -1"),
     (["--gpu", "H1000"], "--gpu: unknown accelerator 'H1000'; expected one of "),
     (["--export-trace", "prices.txt"], "--export-trace prices.txt: expected a .csv or .csv.gz file name"),
+    (["--history", "nan"], "--history: expected a duration like 7d, 12h, 30m or 90s, got 'nan'"),
+    (["--history", "-1d"], "--history: expected a duration"),
+    (["--history", "0d"], "--history: expected a duration"),
+    (["--history", "91d"], "--history: at most 90d (the clouds keep no more), got '91d'"),
+    (["--history", "9" * 39 + "d"], "--history: '" + "9" * 39 + "d' is too long a duration"),
+    (["--history", "9" * 5000 + "d"], "--history: expected a duration like 7d, 12h, 30m or 90s, got '999"),
+    (["--history", "7\x00d"], "--history: expected a duration"),
+    (["--history", "7d\ud800"], "--history: expected a duration"),
 ])
 def test_bad_input_is_one_line_and_exit_2(args: list[str], message: str, capsys: pytest.CaptureFixture[str],
                                          tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -197,3 +205,11 @@ def test_a_cloud_whose_sdk_is_not_installed_names_the_extra(tmp_path: Path, monk
     assert lines[0] == "aws: the AWS SDK (boto3) is not installed; install the extra: pip install " \
                        "'spot-broker[aws]' (or [all]); skipped"
     assert lines[-1].startswith("error: --refresh: no cloud could be polled")
+
+
+def test_history_polls_and_backfills_the_clouds_that_keep_one(clouds: FakeClouds, capsys: pytest.CaptureFixture[str]
+                                                              ) -> None:
+    code, out, err = run(capsys, "--history", "7d", "--cloud", "aws", "--json")
+    assert code == 0, err
+    assert [(p["cloud"], p["status"]) for p in json.loads(out)["polls"]] == [("aws", "ok")]  # --history polls
+    assert "aws: backfilled " in err and " past quotes of 7 days" in err

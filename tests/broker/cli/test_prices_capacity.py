@@ -24,13 +24,14 @@ def test_table_and_json_show_gcp_and_azure_signals(tmp_path: Path, monkeypatch: 
     gcp = SpotQuote("gcp", "us-central1", "us-central1-a", "a3-highgpu-8g", "H100", 8, 20.0, 88.0, now)
     nd = SpotQuote("azure", "eastus", "eastus-1", "Standard_ND96isr_H100_v5", "H100", 8, 25.0, 98.0, now)
     book = PriceBook(store)
-    book.record("gcp", [replace(gcp, obtainability=0.9, estimated_uptime_s=7200.0)], at=now)
+    book.record("gcp", [replace(gcp, obtainability=0.9, estimated_uptime_s=7200.0, preemption_rate=0.2)], at=now)
     book.record("azure", [replace(nd, placement_level="Low")], at=now)
     store.dispose()
 
     main(["prices", "--json"])
     quotes = {q["cloud"]: q for q in json.loads(capsys.readouterr().out)["quotes"]}
     assert (quotes["gcp"]["obtainability"], quotes["gcp"]["estimated_uptime_s"]) == (0.9, 7200.0)
+    assert quotes["gcp"]["preemption_rate"] == 0.2
     assert quotes["azure"]["placement_level"] == "Low" and quotes["azure"]["obtainability"] is None
 
     from broker.cli.app import console

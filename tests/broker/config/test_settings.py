@@ -115,6 +115,12 @@ def test_a_binary_or_fake_gzip_market_file(tmp_path: Path, capsys: pytest.Captur
     ("capacity_cache_seconds", 10**12, "capacity_cache_seconds: Input should be less than or equal to 86400"),
     ("capacity_cache_seconds", "x" * 100_000, "capacity_cache_seconds: Input should be a valid number"),
     ("gcp_capacity_advice", "maybe", "gcp_capacity_advice: Input should be a valid boolean"),
+    ("gcp_capacity_history", "sometimes\x00", "gcp_capacity_history: Input should be a valid boolean"),
+    ("price_backfill_days", 91, "price_backfill_days: Input should be less than or equal to 90"),
+    ("price_backfill_days", -1, "price_backfill_days: Input should be greater than or equal to 0"),
+    ("price_backfill_days", float("nan"), "price_backfill_days"),
+    ("price_backfill_days", float("inf"), "price_backfill_days"),
+    ("price_backfill_days", "week\ud800", "price_backfill_days: Input should be a valid"),
 ])
 def test_eager_and_pool_settings_refuse_garbage_in_one_line(name: str, value: object, words: str) -> None:
     from broker.config.file import ConfigError

@@ -40,19 +40,23 @@ while time.time() < end:
 """
 
 
-def _market(path: Path) -> Path:
+def _market(path: Path, uptime: float | None = None) -> Path:
     start = datetime(2026, 1, 1, tzinfo=UTC)
     write_trace(path, [SpotQuote("gcp", "us-central1", "us-central1-a", "n1-highmem-8", "V100", 1, 0.9, 2.9,
-                                 start + timedelta(minutes=t), available_nodes=1) for t in range(600)])
+                                 start + timedelta(minutes=t), available_nodes=1, estimated_uptime_s=uptime)
+                       for t in range(600)], signals=uptime is not None)
     return path
 
 
 @pytest.mark.slow
-def test_a_job_is_asked_to_checkpoint_then_at_the_young_daly_interval(tmp_path: Path) -> None:
+@pytest.mark.parametrize("uptime", [None, 7200.0])
+def test_a_job_is_asked_to_checkpoint_then_at_the_young_daly_interval(tmp_path: Path, uptime: float | None) -> None:
+    """Without a word from the cloud the hazard's prior is one preemption a day; with GCP's
+    estimated uptime on the market's quotes (2 hours here), one per that uptime."""
     (tmp_path / "job.py").write_text(SLOW_CHECKPOINT_JOB.format(seconds=35))
     spec = parse_job_spec(f"name: slow-ckpt\nresources:\n  accelerators: V100:1\nworkdir: {tmp_path}\n"
                           "run: python job.py\n", source=str(tmp_path / "job.yaml"))
-    settings = load_settings(market=_market(tmp_path / "m.csv"), speed=240.0, local_provision_seconds=60.0)
+    settings = load_settings(market=_market(tmp_path / "m.csv", uptime), speed=240.0, local_provision_seconds=60.0)
     broker = assemble(settings, fresh_market=True)
     engine = broker.start()
     try:
@@ -85,11 +89,11 @@ def test_a_job_is_asked_to_checkpoint_then_at_the_young_daly_interval(tmp_path: 
     # Each ask was answered by a reported checkpoint.
     assert all(any(r.written_at >= a.at for r in reports) for a in asks)
     # Then: the checkpoint measured (about 120 market seconds) does not fit GCP's 30 s notice, so the
-    # rule asks again after Daly's interval for one preemption a day (the prior: no history here).
+    # rule asks again after Daly's interval for the prior's hazard (no history of its own here).
     measured = second.detail["checkpoint_s"]
     assert 60 <= measured <= 400
     assert "does not fit a 30 s notice" in second.detail["reason"]
-    lam = 1 / (24 * 3600.0 + (second.at - running_at).total_seconds())
+    lam = 1 / ((uptime or 24 * 3600.0) + (second.at - running_at).total_seconds())
     expected = daly_interval(measured, 1 / lam)
     assert second.detail["interval_s"] == pytest.approx(expected, rel=0.05)
     last_checkpoint = max(r.written_at for r in reports if r.written_at < second.at)

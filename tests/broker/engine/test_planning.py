@@ -5,11 +5,12 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from broker.engine.cadence import PRIOR_SECONDS, zone_hazard
+from broker.engine.cadence import zone_hazard
 from broker.engine.planning import zone_records
 from broker.model import ClusterState, TeardownReason
 from broker.store import open_store
 from broker.store.tables import ClusterRow
+from policies.checkpointing import DEFAULT_PRIOR_UPTIME_S
 
 T0 = datetime(2026, 1, 1, 12, tzinfo=UTC)
 KEY = "aws/us-east-1a/p3.2xlarge"
@@ -39,7 +40,10 @@ def test_only_clusters_the_cloud_ended_count_as_preemptions_and_failed_launches_
             cluster = s.get(ClusterRow, "taken")
             assert cluster is not None
             hazard = zone_hazard(s, cluster, T0 + timedelta(hours=2))
+            # GCP says a spot VM there runs two hours: that is the prior's one preemption's worth.
+            told = zone_hazard(s, cluster, T0 + timedelta(hours=2), prior_uptime=7200.0)
         spot_seconds = 4 * 3600.0  # four clusters each up an hour
-        assert hazard == (1 + 1) / (spot_seconds + PRIOR_SECONDS)
+        assert hazard == (1 + 1) / (spot_seconds + DEFAULT_PRIOR_UPTIME_S)
+        assert told == (1 + 1) / (spot_seconds + 7200.0)
     finally:
         store.dispose()

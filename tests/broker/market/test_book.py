@@ -145,14 +145,18 @@ def test_capacity_signals_are_kept_with_the_quote_and_a_change_starts_a_row(book
     book.record("azure", [z], at=T0)
     assert book.record("gcp", [g], at=T0 + timedelta(minutes=5)).inserted == 0
     assert book.record("gcp", [replace(g, obtainability=0.2)], at=T0 + timedelta(minutes=10)).inserted == 1
+    assert book.record("gcp", [replace(g, obtainability=0.2, preemption_rate=0.1)],
+                       at=T0 + timedelta(minutes=15)).inserted == 1
     latest = _latest(book)
     assert (latest[("us-central1-a", "a3-highgpu-8g")].obtainability,
             latest[("us-central1-a", "a3-highgpu-8g")].estimated_uptime_s) == (0.2, 7200.0)
+    assert latest[("us-central1-a", "a3-highgpu-8g")].preemption_rate == 0.1
     assert latest[("eastus", "Standard_ND96isr_H100_v5")].placement_level == "High"
 
 
 def test_export_carries_the_capacity_signals_as_optional_columns(book: PriceBook, tmp_path: Path) -> None:
-    g = replace(_q("gcp", "us-central1-a", "a3-highgpu-8g", 20.0, 88.0), obtainability=0.8, estimated_uptime_s=7200.0)
+    g = replace(_q("gcp", "us-central1-a", "a3-highgpu-8g", 20.0, 88.0), obtainability=0.8, estimated_uptime_s=7200.0,
+                preemption_rate=0.25)
     a = _q("aws", "us-east-1a", "p5.48xlarge", 31.0, 98.32, score=9)
     book.record("gcp", [g], at=T0)
     book.record("aws", [a], at=T0)
@@ -161,11 +165,12 @@ def test_export_carries_the_capacity_signals_as_optional_columns(book: PriceBook
     path = tmp_path / "signals.csv"
     book.export_trace(path, since=T0, until=T0 + timedelta(minutes=10), tick_seconds=300)
     assert path.read_text().splitlines()[0].endswith(
-        "available_nodes,capacity_score,obtainability,estimated_uptime_s,placement_level")
+        "available_nodes,capacity_score,obtainability,estimated_uptime_s,placement_level,preemption_rate")
     trace = read_trace(path)
     by_zone = {z.zone: i for i, z in enumerate(trace.zones)}
     gcp, aws = by_zone["us-central1-a"], by_zone["us-east-1a"]
     assert trace.signals["obtainability"][:, gcp].tolist() == [0.8, 0.8, 0.3]
     assert trace.signals["estimated_uptime_s"][:, gcp].tolist() == [7200.0] * 3
     assert trace.signals["capacity_score"][:, aws].tolist() == [9.0] * 3
+    assert trace.signals["preemption_rate"][:, gcp].tolist() == [0.25] * 3
     assert np.isnan(trace.signals["placement_level"]).all() and np.isnan(trace.signals["obtainability"][:, aws]).all()

@@ -6,11 +6,14 @@ costs $1 and the arithmetic stays readable.
 
 from __future__ import annotations
 
+import io
+
 import numpy as np
 import pytest
 
 from broker.sim.market import IDLE_CODE, ON_DEMAND_CODE, Market, SimJob, replay, simulate
 from policies.selection import ON_DEMAND, Location, Plan, SelectionRequest
+from providers.trace import COLUMNS, parse_trace
 from tests.markets import make_trace
 
 HOUR = 3600.0
@@ -145,3 +148,12 @@ def test_a_start_later_in_the_trace_counts_ticks_from_there() -> None:
 def test_job_quantities_must_be_positive() -> None:
     with pytest.raises(ValueError, match="work_s must be positive"):
         SimJob(num_nodes=1, work_s=0, deadline_s=10)
+
+
+def test_the_replayed_offers_carry_the_clouds_expected_uptime_from_the_trace() -> None:
+    header = ",".join(COLUMNS) + ",estimated_uptime_s,preemption_rate\n"
+    rows = ("2024-01-01T00:00:00Z,gcp,us-central1,us-central1-a,a2-highgpu-1g,A100,1,1.0,3.6,1,7200,\n"
+            "2024-01-01T00:00:00Z,gcp,us-east1,us-east1-b,a2-highgpu-1g,A100,1,1.0,3.6,1,,0.5\n"
+            "2024-01-01T00:00:00Z,gcp,us-west1,us-west1-a,a2-highgpu-1g,A100,1,1.0,3.6,1,,\n")
+    market = Market(parse_trace(io.StringIO(header + rows)), 1)
+    assert [o.prior_uptime_s for o in market.offers_at(0)] == [7200.0, 2 * 86400.0, None]

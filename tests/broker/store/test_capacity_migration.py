@@ -34,3 +34,17 @@ def test_capacity_signal_columns_upgrade_and_downgrade(db_url: str) -> None:
     with store.engine.connect() as conn:
         assert conn.exec_driver_sql("SELECT obtainability FROM price_quotes").scalar_one() is None
     store.dispose()
+
+
+def test_the_preemption_rate_column_upgrades_and_downgrades(db_url: str) -> None:
+    store = open_store(db_url)
+    assert "preemption_rate" in _columns(store)
+    with store.engine.begin() as conn:
+        config = alembic_config(db_url)
+        config.attributes["connection"] = conn
+        command.downgrade(config, "0016_capacity_signals")
+    assert "preemption_rate" not in _columns(store) and _columns(store) >= SIGNALS
+    store.dispose()
+    store = open_store(db_url)
+    assert "preemption_rate" in _columns(store)
+    store.dispose()
