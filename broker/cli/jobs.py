@@ -15,6 +15,8 @@ from broker.cli.engine import revive, revive_if, spawn_engine
 from broker.cli.job_output import announce, announce_pipeline, finish, print_status
 
 if TYPE_CHECKING:
+    from datetime import datetime
+
     from broker.config.settings import Settings
     from broker.spec.job import JobSpec, Pipeline
     from broker.store import Store
@@ -181,6 +183,23 @@ def store_url(config: Path | None) -> str:
     return f"sqlite:///{Path(checked('home', home)) if home else Path.home() / '.broker'}/broker.db"
 
 
+def replay_now(url: str) -> datetime | None:
+    """The replayed market's clock now, when the store is the embedded default's and a replay has begun
+    (its ``local/world.json`` beside the store): progress estimates run on it, as the engine's and the
+    dashboard's do. Read with the standard library, like the rest of ``status``."""
+    import json
+
+    from broker.clock import AcceleratedClock
+    from broker.status.readonly import sqlite_path
+
+    path = sqlite_path(url)
+    try:
+        data = json.loads((path.parent / "local" / "world.json").read_text()) if path else None
+        return AcceleratedClock(float(data["wall_origin"]), float(data["speed"])).now() if data else None
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
 def _local_summaries(config: Path | None, job_id: str | None) -> list[dict[str, Any]]:
     """The summaries ``status`` prints, read without SQLAlchemy when the store allows (``broker.status.readonly``)."""
     from broker.status.readonly import READ_ERRORS, open_readonly
@@ -193,7 +212,7 @@ def _local_summaries(config: Path | None, job_id: str | None) -> list[dict[str, 
     idle: tuple[int, int] | None = None
     try:
         with fast.snapshot():
-            found, idle = summaries(fast, job_id), fast.unattended()
+            found, idle = summaries(fast, job_id, clock_now=replay_now(url)), fast.unattended()
     except READ_ERRORS:
         pass
     finally:
@@ -219,7 +238,7 @@ def _orm_summaries(config: Path | None, url: str, job_id: str | None) -> list[di
     try:
         try:
             with store.transaction() as s:
-                found = summaries(SessionSource(s), job_id)
+                found = summaries(SessionSource(s), job_id, clock_now=replay_now(url))
         except (DBAPIError, ValueError, TypeError) as exc:  # a value no column type reads: not as migrations left it
             raise store_error("read", url, exc) from exc
         if found is None:
