@@ -88,7 +88,9 @@ def test_job_page_shows_timeline_ledger_and_markers(dashboard: Dashboard) -> Non
     html = dashboard.signed_in("alpha").get(f"/jobs/{dashboard.jobs['alpha']}").text
     assert 'class="marker notice"' in html and 'class="marker migration"' in html
     assert 'data-zone="us-central1-a"' in html and 'data-zone="us-east-1a"' in html
-    assert 'class="price"' in html and "Ledger ($" in html and "predicted finish" in html
+    assert 'class="price"' in html and "Ledger ($" in html and "finish at this pace" in html
+    assert html.count('class="price-axis"') == 3 and "$0.00</text>" in html  # the $/h line has an axis
+    assert 'class="legend timeline-legend"' in html and '<span class="legend-item" data-state="MIGRATING">' in html
 
 
 def test_job_page_counts_ledger_minutes_by_seconds_billed_not_by_rows(dashboard: Dashboard) -> None:
@@ -116,10 +118,16 @@ def test_clusters_page_draws_nvlink_groups_and_marks_holders(dashboard: Dashboar
     assert 'class="nvgroup"' in html  # p4d: eight A100s on one NVSwitch
 
 
-def test_market_page_charts_each_accelerator(dashboard: Dashboard) -> None:
-    html = dashboard.signed_in("alpha").get("/market").text
-    assert "A100: spot price per zone" in html and "us-east-1a" in html and "eastus-1" in html
+def test_market_page_has_a_row_per_gpu_type_and_a_page_charting_its_cheapest_zones(dashboard: Dashboard) -> None:
+    alpha = dashboard.signed_in("alpha")
+    html = alpha.get("/market").text
+    assert html.count('<tr data-gpu="A100">') == 1  # three offers, one row: the cheapest spot per GPU-hour
+    assert "aws/us-east-1a" in html  # 9.8 $ a node of 8 GPUs (1.23 a GPU) beats 1.5 $ for 1 at every wobble
     assert "preemption notice" not in html  # the notice is three days old: no zone is avoided now
+    assert 'href="/market/gpu/A100"' in html
+    gpu = alpha.get("/market/gpu/A100").text
+    assert "A100: spot price in its 3 cheapest zone(s) now" in gpu and "data-chart" in gpu
+    assert "us-east-1a" in gpu and "us-central1-a" in gpu and "eastus-1" in gpu
 
 
 @pytest.mark.slow
