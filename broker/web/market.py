@@ -280,7 +280,8 @@ def _heads(where: MarketFilter) -> str:
         if key is None:
             cells.append(f"<th>{label}</th>")
             continue
-        desc = not (where.sort == key and where.desc)
+        # A first click sorts the natural way (cheapest, fewest, A to Z; the largest saving); a second reverses.
+        desc = not where.desc if where.sort == key else key in ("saving", "zones")
         arrow = (" ▼" if where.desc else " ▲") if where.sort == key else ""
         href = where.link(sort=key, desc=desc, page=1)
         cells.append(f'<th><a href="{e(href)}">{label}{arrow}</a></th>')

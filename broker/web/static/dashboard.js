@@ -46,7 +46,7 @@
       data = [spec.x].concat(bands.map(function (i) { return values[i - 1]; }),
         rest.map(function (i) { return values[i - 1]; }));
     }
-    new uPlot(opts, data, el);
+    el.uplot = new uPlot(opts, data, el);  // kept on the element: tests read its scales
   }
   function all() { document.querySelectorAll("[data-chart]").forEach(draw); }
   document.addEventListener("DOMContentLoaded", all);
