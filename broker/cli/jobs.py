@@ -110,7 +110,7 @@ def launch(
         if settings.backend == "skypilot":  # before the engine starts, which decides on these quotes
             _refresh_sky_prices(runtime.store, settings, spec, as_json)
         if detach:
-            spawn_engine(config)  # exits at once if an engine already drives this home
+            spawn_engine(config, settings.home)  # exits at once if an engine already drives this home
         announce(job_id, spec.name, spec.num_nodes, detach, as_json)
         if detach:
             return
@@ -145,7 +145,7 @@ def _launch_pipeline(settings: Settings, pipeline: Pipeline, fresh_market: bool,
         announce_pipeline(pipeline.name, pipeline.kind, job_ids,
                           [(stage.name, stage.num_nodes) for stage in pipeline.stages], detach, as_json)
         if detach:
-            spawn_engine(config)
+            spawn_engine(config, settings.home)
             return
         drive(runtime, settings, job_ids, show=not as_json)
         summaries = [job_summary_of(runtime.store, job_id) for job_id in job_ids]
@@ -269,19 +269,32 @@ def cancel(job_id: Annotated[str, typer.Argument(help="the job's id")], config: 
            server: remote.ServerOption = None) -> None:
     """Cancel a job; its clusters are torn down by the engine's next step."""
     from broker.cli.app import console
+    from broker.cli.job_output import TERMINAL, shown
 
+    before: str | None = None  # its state before (the store's): a job already CANCELLED has nothing to cancel
     if (served := remote.server_settings(config, server)) is not None:
-        console.print(f"{job_id}: {remote.cancel(served, job_id)}")
-        return
-    from broker.engine.machine import cancel_job
-    from broker.runtime import broker_clock
+        state = remote.cancel(served, job_id)
+    else:
+        from broker.engine.machine import cancel_job
+        from broker.runtime import broker_clock
+        from broker.store.tables import JobRow
 
-    settings, store = _open(config)
-    try:
-        state = cancel_job(store, job_id, broker_clock(settings))
-        revive(config, store)  # an engine tears its clusters down
-    finally:
-        store.dispose()
+        settings, store = _open(config)
+        try:
+            with store.transaction() as s:
+                row = s.get(JobRow, job_id)
+                before = row.state if row is not None else None
+            state = cancel_job(store, job_id, broker_clock(settings))
+            revive(config, store)  # an engine tears its clusters down
+        finally:
+            store.dispose()
+        if before in TERMINAL:
+            state = before or state
+    if state != "CANCELLED" or before in TERMINAL:
+        from broker.cli.app import err_console
+
+        err_console.print(f"{shown(job_id)} had already ended ({shown(state)}): nothing to cancel", highlight=False)
+        raise typer.Exit(1)
     console.print(f"{job_id}: {state}")
 
 
