@@ -42,6 +42,15 @@ def _read_job(job_file: Path, settings: Settings) -> JobSpec | Pipeline:
         store.dispose()
 
 
+def _precheck(job_file: Path) -> None:
+    """The job file judged on its own (no catalog, no market, no settings), before the settings, the store
+    and the engine are imported: a file the broker refuses by itself is refused in well under a second.
+    The full reading (``_read_job``) follows for a file that passes."""
+    from broker.spec.job import parse_job_file, read_job_file
+
+    parse_job_file(read_job_file(job_file), source=str(job_file), offline=True)
+
+
 def _refresh_sky_prices(store: Store, settings: Settings, spec: JobSpec, quiet: bool) -> None:
     from broker.cli.app import err_console
     from broker.cli.sky_launch import refresh_prices
@@ -80,6 +89,7 @@ def launch(
         raise UsageError(f"--market-clock: expected own or shared, got {market_clock[:80]!r}")
     if (served := remote.server_settings(config, server)) is not None:
         return remote.launch(remote.full_settings(config, served), job_file, detach, as_json)
+    _precheck(job_file)
     from broker.config.settings import load_settings
     from broker.spec.job import Pipeline
 
