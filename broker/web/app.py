@@ -15,7 +15,7 @@ from broker.clock import Clock
 from broker.errors import BrokerError
 from broker.reports.window import ReportError, report_window
 from broker.store import Store
-from broker.web import clusters, jobs, market, overview, simulate
+from broker.web import clusters, jobs, market, market_gpu, overview, simulate
 from broker.web.html import e, page
 from broker.web.session import COOKIE, Viewer, current_viewer, viewer_of_token
 from broker.web.times import Times
@@ -186,10 +186,10 @@ def mount_dashboard(app: FastAPI, store: Store, clock: Clock, home: Path) -> Non
             name = market.MarketFilter.parse({"gpu": gpu}).gpu or ""
         except market.MarketQueryError as exc:
             return _problem(viewer, str(exc), 400)
-        data = market.load_gpu_type(store, name, datetime.now(UTC))
+        data = market_gpu.load_gpu_type(store, name, datetime.now(UTC))
         if data is None:
             return _problem(viewer, f"gpu: no quote for {name!r} in the last 7 days", 404)
-        return HTMLResponse(page(f"Market: {name}", market.render_gpu_type(data), viewer, "/market",
+        return HTMLResponse(page(f"Market: {name}", market_gpu.render_gpu_type(data), viewer, "/market",
                                  scripts=CHARTS))
 
     @app.get("/simulate", include_in_schema=False)
