@@ -44,6 +44,18 @@ def _reader_went_away() -> None:
     raise SystemExit(0)
 
 
+def _stdout_closed() -> bool:
+    """Whether stdout is a pipe whose reader has gone (poll reports an error on its write end)."""
+    import select
+
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(events & (select.POLLERR | select.POLLHUP) for _, events in poller.poll(0))
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
 def _pipe_closed(exc: BaseException) -> bool:
     """Whether an exit 1 is a library's answer to EPIPE: click's main wraps stdout in ``PacifyFlushWrapper``;
     a Rich console of a command's own raises SystemExit(1) while handling the BrokenPipeError."""
@@ -69,6 +81,8 @@ def main(argv: list[str] | None = None) -> None:
         code = app(args=args, standalone_mode=False, prog_name="broker")
         sys.stdout.flush()
     except BrokenPipeError:
+        if not _stdout_closed():  # a socket's broken pipe (a server gone) is an error, not a reader gone
+            raise
         _reader_went_away()
     except SystemExit as exc:
         if exc.code == 1 and _pipe_closed(exc):
