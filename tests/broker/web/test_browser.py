@@ -129,7 +129,6 @@ def test_market_with_a_filled_price_book_is_small_paginated_sortable_and_its_cha
     assert caption.startswith("H100: spot price in its 5 cheapest zone(s)")
     legend = _legend(tab)
     assert len(legend) == 6 and all("--" not in entry and "$" in entry for entry in legend), legend
-    tab.screenshot("market-gpu-type")
     assert tab.errors == []
 
 
@@ -150,7 +149,6 @@ def test_the_overview_chart_has_a_bar_per_day_and_a_legend_with_values(dashboard
     assert (low, high) == (first - 43200, last + 43200) and first % 86400 == 43200 and days == 8, span
     gpu = tab.page.inner_text("[data-group=gpu]")
     assert "A100" in gpu
-    tab.screenshot("overview-chart")
     assert tab.errors == []
 
 
