@@ -176,7 +176,7 @@ def mount_dashboard(app: FastAPI, store: Store, clock: Clock, home: Path) -> Non
             where = market.MarketFilter.parse(request.query_params)
         except market.MarketQueryError as exc:
             return _problem(viewer, str(exc), 400)
-        data = market.load_market(store, viewer, datetime.now(UTC), where)
+        data = market.load_market(store, viewer, datetime.now(UTC), where, clock.now())
         data["times"] = times
         return HTMLResponse(page("Market", market.render(data, where), viewer, "/market"))
 
@@ -186,7 +186,7 @@ def mount_dashboard(app: FastAPI, store: Store, clock: Clock, home: Path) -> Non
             name = market.MarketFilter.parse({"gpu": gpu}).gpu or ""
         except market.MarketQueryError as exc:
             return _problem(viewer, str(exc), 400)
-        data = market_gpu.load_gpu_type(store, name, datetime.now(UTC))
+        data = market_gpu.load_gpu_type(store, name, datetime.now(UTC), clock.now())
         if data is None:
             return _problem(viewer, f"gpu: no quote for {name!r} in the last 7 days", 404)
         return HTMLResponse(page(f"Market: {name}", market_gpu.render_gpu_type(data), viewer, "/market",

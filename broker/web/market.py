@@ -209,13 +209,15 @@ def _sort_key(sort: str) -> Any:
     return keys[sort]
 
 
-def load_market(store: Store, viewer: Viewer, now: datetime, where: MarketFilter) -> dict[str, Any]:
-    """Everything the Market page shows; ``now`` is the wall clock (the price book's quotes are stamped on it)."""
-    since = now - HISTORY
+def load_market(store: Store, viewer: Viewer, now: datetime, where: MarketFilter,
+                clock_now: datetime | None = None) -> dict[str, Any]:
+    """Everything the Market page shows. ``now`` is the wall clock (the price book's pollers stamp quotes on
+    it); ``clock_now`` the broker's (clusters, notices and launches are on it: the market's, on a replay)."""
+    since, clock_now = now - HISTORY, clock_now or now
     with store.transaction() as s:
         offers = load_offers(s, since)
-        hazards = load_hazards(s, now)
-        avoided = _avoided(s, viewer, now)
+        hazards = load_hazards(s, clock_now)
+        avoided = _avoided(s, viewer, clock_now)
     choices = {"cloud": sorted({o.cloud for o in offers}), "region": sorted({o.region for o in offers}),
                "gpu": sorted({o.accelerator for o in offers if not o.cpu_only}, key=str.lower)}
     chosen = [o for o in offers if (where.cloud is None or o.cloud == where.cloud)

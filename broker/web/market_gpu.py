@@ -16,14 +16,14 @@ from broker.web.overview import chart_div
 from broker.web.times import duration
 
 
-def load_gpu_type(store: Store, gpu: str, now: datetime) -> dict[str, Any] | None:
+def load_gpu_type(store: Store, gpu: str, now: datetime, clock_now: datetime | None = None) -> dict[str, Any] | None:
     """A GPU type's offers now, and the history of its ``TOP_ZONES`` cheapest (None: no such GPU type quoted)."""
     since = now - HISTORY
     with store.transaction() as s:
         offers = [o for o in load_offers(s, since, {"accelerator": gpu}) if not o.cpu_only]
         if not offers:
             return None
-        hazards = load_hazards(s, now)
+        hazards = load_hazards(s, clock_now or now)  # clusters are on the broker's clock
         live = sorted((o for o in offers if not o.stale and o.spot is not None),
                       key=lambda o: (o.per_gpu(o.spot), o.cloud, o.zone))
         top = live[:TOP_ZONES]

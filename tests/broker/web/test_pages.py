@@ -325,6 +325,19 @@ def test_pages_on_a_replayed_market_show_wall_clock_times_with_the_market_s_besi
         page = client.get("/jobs/j-alpha-run").text
         assert "(market " in page and "wall)" in page  # durations: market time and the wall time they took
         assert "(market " in client.get("/").text  # the Overview says when its window was on the wall clock
+        # Zones avoided are judged on the market's clock: a notice 2 market hours old is over (the zone is
+        # avoided for 1 h), one 10 market minutes old is not; the wall clock is months behind either.
+        from broker.store.tables import NoticeRow
+
+        with store.transaction() as s:
+            s.add(NoticeRow(dedup_key="old", cluster_id="c-aws", node="node-0", kind="preemption",
+                            source="metadata", received_at=clock.now() - timedelta(hours=2), detail={}))
+        assert "preemption notice" not in client.get("/market").text
+        with store.transaction() as s:
+            s.add(NoticeRow(dedup_key="new", cluster_id="c-azure", node="node-0", kind="rebalance",
+                            source="metadata", received_at=clock.now() - timedelta(minutes=10), detail={}))
+        market = client.get("/market").text
+        assert "rebalance notice" in market and "azure/eastus-1" in market and "(market " in market
     finally:
         store.dispose()
 
