@@ -19,7 +19,7 @@ from broker.store.tables import AllocationRow, ClusterRow, JobEventRow, JobRow, 
 from broker.web.gpu_chart import gpu_svg, load_gpu
 from broker.web.html import STATE_COLOURS, e, money, query, table
 from broker.web.session import Viewer
-from broker.web.timeline import timeline_svg
+from broker.web.timeline import Lanes, timeline_svg
 from broker.web.times import Times
 from policies.rightsizing import Suggestion
 
@@ -198,12 +198,7 @@ def render_list(rows: list[dict[str, Any]], total: int, where: JobFilter, viewer
 
 
 @dataclass
-class JobView:
-    job: JobRow
-    events: list[JobEventRow]
-    allocations: list[tuple[AllocationRow, ClusterRow]]
-    notices: list[tuple[NoticeRow, str]]
-    prices: list[tuple[datetime, float]]  # (minute, USD per hour paid for the job's GPUs)
+class JobView(Lanes):
     ledger: list[tuple[str, str, str, float, float, float]]  # cluster, zone, usage, minutes billed, cost, on-demand
     progress: JobProgress
     gpu: dict[tuple[int, str, int], list[tuple[datetime, float]]] = field(default_factory=dict)

@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING
 
 from broker.model import JobState
+from broker.store.tables import AllocationRow, ClusterRow, JobEventRow, JobRow, NoticeRow
 from broker.web.html import STATE_COLOURS, e
 from broker.web.times import Times
-
-if TYPE_CHECKING:
-    from broker.web.jobs import JobView
 
 WIDTH, LEFT = 760.0, 120
 PRICE_TICKS = 3  # labelled lines on the $/h axis: 0, half and the top
@@ -32,7 +30,18 @@ def state_legend(states: list[str]) -> str:
     return f'<div class="legend timeline-legend">{items}{marks}</div>'
 
 
-def timeline_svg(view: JobView, now: datetime, times: Times) -> str:
+@dataclass
+class Lanes:
+    """What the timeline draws of one job (the job page's ``JobView`` has these and more)."""
+
+    job: JobRow
+    events: list[JobEventRow]
+    allocations: list[tuple[AllocationRow, ClusterRow]]
+    notices: list[tuple[NoticeRow, str]]
+    prices: list[tuple[datetime, float]]  # (minute, USD per hour paid for the job's GPUs)
+
+
+def timeline_svg(view: Lanes, now: datetime, times: Times) -> str:
     job = view.job
     start = job.created_at
     end = job.finished_at or max([now, *(ev.at for ev in view.events)])
