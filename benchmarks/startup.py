@@ -20,7 +20,7 @@ Targets (issue "A CLI that feels instant"): help < 0.3 s, status < 0.8 s, status
 dashboard and a CLI a platform engineer keeps open all day") a refused argument or job file < 0.5 s,
 `launch --detach` on the embedded default < 2 s.
 
-    python benchmarks/startup.py [--runs 10] [--launch-runs 3]
+    python benchmarks/startup.py [--runs 10] [--launch-runs 3] [--before OTHER_CHECKOUT/.venv/bin/broker]
 """
 
 from __future__ import annotations
@@ -107,6 +107,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=10)
     parser.add_argument("--launch-runs", type=int, default=3)
+    parser.add_argument("--before", metavar="BROKER", help="another `broker` executable (an earlier checkout's): "
+                                                            "its refusals are timed in the same run, beside these")
     args = parser.parse_args()
     rows: list[tuple[str, list[float], str]] = []
 
@@ -132,6 +134,9 @@ def main() -> None:
                            ("broker launch (bad broker: section)", ["launch", str(refusals / "bad-broker.yaml")]),
                            ("broker launch (key SkyPilot refuses)", ["launch", str(refusals / "unknown-key.yaml")])):
             rows.append((name, timed(broker_command(*argv), env, args.runs, expect=2), "refused"))
+            if args.before:
+                rows.append((f"  before: {name.removeprefix('broker ')}", timed([args.before, *argv], env, args.runs,
+                                                                                 expect=2), ""))
         timed(broker_command("status"), env, 1)  # creates and migrates the store once
         rows.append(("broker status (embedded SQLite)", timed(broker_command("status"), env, args.runs), "status"))
 
