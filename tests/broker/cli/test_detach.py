@@ -41,6 +41,7 @@ def _wait(home: Path, job_id: str, states: set[str], timeout: float = 90) -> dic
 def test_detach_status_logs_cancel(broker_home: Path) -> None:
     previous = subprocess.Popen([sys.executable, "-c", "pass"])  # a previous engine, long gone
     previous.wait()
+    broker_home.mkdir(mode=0o700, parents=True, exist_ok=True)
     (broker_home / "engine.lock").write_text(f"{previous.pid}\n")
     launched = _broker(broker_home, "launch", "examples/quickstart.yaml", "--detach", "--json")
     assert launched.returncode == 0, launched.stderr
