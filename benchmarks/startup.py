@@ -12,9 +12,15 @@ since on a shared machine wall time mostly measures the others' load. Commands:
 - `broker launch JOB --backend local --detach` (a one-line job), fewer times (default 3): it reads
   the job file, so it includes SkyPilot's import and its catalog look-up, offline here.
 
-Targets (issue "A CLI that feels instant"): help < 0.3 s, status < 0.8 s, status --server < 0.5 s.
+Then refusals that need no data (exit 2): `prices --cloud aws,ibm`, `report --since 3x`, `serve --backend
+nope`, a job file the broker refuses by itself (a bad `broker.deadline`) and one only SkyPilot's schema
+refuses (an unknown top-level key).
 
-    python benchmarks/startup.py [--runs 10] [--launch-runs 3]
+Targets (issue "A CLI that feels instant"): help < 0.3 s, status < 0.8 s, status --server < 0.5 s; (issue "A
+dashboard and a CLI a platform engineer keeps open all day") a refused argument or job file < 0.5 s,
+`launch --detach` on the embedded default < 2 s.
+
+    python benchmarks/startup.py [--runs 10] [--launch-runs 3] [--before OTHER_CHECKOUT/.venv/bin/broker]
 """
 
 from __future__ import annotations
@@ -34,7 +40,20 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 BROKER = str(BIN / "broker") if (BIN / "broker").exists() else None
-TARGETS = {"help": 0.3, "status": 0.8, "status --server": 0.5}
+TARGETS = {"help": 0.3, "status": 0.8, "status --server": 0.5, "refused": 0.5, "detach": 2.0}
+BAD_BROKER_SECTION = """name: refused-probe
+resources:
+  accelerators: V100:1
+run: echo done
+broker:
+  deadline: yesterday-ish
+"""
+UNKNOWN_KEY = """name: refused-probe
+resources:
+  accelerators: V100:1
+run: echo done
+not_a_skypilot_key: 1
+"""
 JOB = """name: startup-probe
 resources:
   accelerators: V100:1
@@ -49,7 +68,7 @@ def broker_command(*args: str) -> list[str]:
 CPU: dict[int, list[float]] = {}  # id(times) -> CPU seconds (user + system) of each run's process
 
 
-def timed(command: Sequence[str], env: dict[str, str], runs: int) -> list[float]:
+def timed(command: Sequence[str], env: dict[str, str], runs: int, expect: int = 0) -> list[float]:
     times: list[float] = []
     cpu = CPU.setdefault(id(times), [])
     for _ in range(runs):
@@ -60,7 +79,7 @@ def timed(command: Sequence[str], env: dict[str, str], runs: int) -> list[float]
         times.append(time.perf_counter() - started)
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
         cpu.append(after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime)
-        if done.returncode != 0:
+        if done.returncode != expect:
             raise SystemExit(f"{' '.join(command)} failed ({done.returncode}): {done.stderr.decode()[-1500:]}")
     return times
 
@@ -88,6 +107,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=10)
     parser.add_argument("--launch-runs", type=int, default=3)
+    parser.add_argument("--before", metavar="BROKER", help="another `broker` executable (an earlier checkout's): "
+                                                            "its refusals are timed in the same run, beside these")
     args = parser.parse_args()
     rows: list[tuple[str, list[float], str]] = []
 
@@ -103,6 +124,19 @@ def main() -> None:
         rows.append(("broker --help", timed(broker_command("--help"), env, args.runs), "help"))
         for command in ("launch", "status", "prices", "report"):
             rows.append((f"broker {command} --help", timed(broker_command(command, "--help"), env, args.runs), "help"))
+        refusals = Path(tmp) / "refusals"
+        refusals.mkdir()
+        (refusals / "bad-broker.yaml").write_text(BAD_BROKER_SECTION)
+        (refusals / "unknown-key.yaml").write_text(UNKNOWN_KEY)
+        for name, argv in (("broker prices --cloud aws,ibm", ["prices", "--cloud", "aws,ibm"]),
+                           ("broker report --since 3x", ["report", "--since", "3x"]),
+                           ("broker serve --backend nope", ["serve", "--backend", "nope"]),
+                           ("broker launch (bad broker: section)", ["launch", str(refusals / "bad-broker.yaml")]),
+                           ("broker launch (key SkyPilot refuses)", ["launch", str(refusals / "unknown-key.yaml")])):
+            rows.append((name, timed(broker_command(*argv), env, args.runs, expect=2), "refused"))
+            if args.before:
+                rows.append((f"  before: {name.removeprefix('broker ')}", timed([args.before, *argv], env, args.runs,
+                                                                                 expect=2), ""))
         timed(broker_command("status"), env, 1)  # creates and migrates the store once
         rows.append(("broker status (embedded SQLite)", timed(broker_command("status"), env, args.runs), "status"))
 
@@ -128,7 +162,7 @@ def main() -> None:
         if args.launch_runs > 0:
             rows.append(("broker launch --backend local --detach (offline)",
                          timed(broker_command("launch", str(job), "--backend", "local", "--detach"), launch_env,
-                               args.launch_runs), ""))
+                               args.launch_runs), "detach"))
             # Let the detached engine finish the one-line jobs before the home is removed.
             deadline = time.monotonic() + 180
             while time.monotonic() < deadline:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,18 +40,32 @@ class EngineLock:
         self.path = home / "engine.lock"
         self._handle: IO[str] | None = None
 
-    def acquire(self) -> bool:
-        handle = open(self.path, "a")  # noqa: SIM115
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            handle.close()
-            return False
+    def acquire(self, wait_s: float = 0.0) -> bool:
+        """Take the lock, trying for up to ``wait_s`` seconds; False when another process holds it."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            handle = open(self.path, "a")  # noqa: SIM115
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                handle.close()
+                if time.monotonic() >= deadline:
+                    return False
+                time.sleep(0.02)
         self._handle = handle
-        handle.truncate(0)  # the holder's pid, for whoever finds the lock taken
-        handle.write(f"{os.getpid()}\n")
-        handle.flush()
+        self._write(os.getpid())
         return True
+
+    def _write(self, pid: int) -> None:
+        assert self._handle is not None
+        self._handle.truncate(0)  # the holder's pid, for whoever finds the lock taken
+        self._handle.write(f"{pid}\n")
+        self._handle.flush()
+
+    def hand_over(self, pid: int) -> None:
+        """Name ``pid`` (an engine just started, about to take the lock) as the holder, while still holding it."""
+        self._write(pid)
 
     def holder(self) -> int | None:
         """The pid of the process that last held the lock (it may have ended)."""

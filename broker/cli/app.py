@@ -130,6 +130,7 @@ app = typer.Typer(
     help="Run GPU training on the cheapest spot capacity across AWS, GCP and Azure without losing work.",
     no_args_is_help=True,
     add_completion=True,
+    context_settings={"help_option_names": ["-h", "--help"]},  # every command inherits both
     pretty_exceptions_enable=False,
     # Plain help (no Rich): flags print as flags, `[env var: ...]` is shown, and help starts fast.
     rich_markup_mode=None,
@@ -152,6 +153,10 @@ def _wide_console(stderr: bool = False) -> Console:
         @size.setter
         def size(self, new_size: tuple[int, int]) -> None:
             Console.size.fset(self, new_size)  # type: ignore[attr-defined]
+
+        def on_broken_pipe(self) -> None:
+            # Rich exits 1 here; `broker.cli.main` exits 0 instead: the reader (`| head -1`) had what it wanted.
+            raise BrokenPipeError(32, "the reader of the output closed it")
 
     # NO_COLOR alone would still leave bold and dim: without a colour system Rich writes no escapes at all.
     return CliConsole(stderr=stderr, no_color=_no_color() or None, color_system=None if _no_color() else "auto")

@@ -38,13 +38,30 @@ def engine_alive(home: Path) -> bool:
     return False
 
 
-def spawn_engine(config: Path | None) -> None:
-    """Start the engine in the background, detached; it exits at once if another one drives the home."""
+ENGINE_LOCK_WAIT_S = 2.0  # how long a spawned engine waits for the lock its spawner is handing over
+
+
+def spawn_engine(config: Path | None, home: Path) -> None:
+    """Start the engine in the background, detached; it exits at once if another one drives the home.
+
+    When none does, the lock file names the new engine before this returns (``engine.lock`` holds the pid
+    to signal, never a dead engine's): the lock is taken here, the child's pid written, and the lock let go
+    for the child, which waits a moment for it (``ENGINE_LOCK_WAIT_S``).
+    """
+    from broker.runtime import EngineLock
+
     command = [sys.executable, "-m", "broker", "run-engine"]
     if config is not None:
         command += ["--config", str(config)]
-    subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                     start_new_session=True)
+    lock = EngineLock(home)
+    free = lock.acquire()
+    try:
+        child = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                 stderr=subprocess.DEVNULL, start_new_session=True)
+        if free:
+            lock.hand_over(child.pid)
+    finally:
+        lock.release()
 
 
 def broker_home(config: Path | None) -> Path:
@@ -87,7 +104,7 @@ def revive_if(config: Path | None, jobs: int, clusters: int) -> None:
     home = broker_home(config)
     if engine_alive(home):
         return
-    spawn_engine(config)
+    spawn_engine(config, home)
     from broker.cli.app import err_console
 
     err_console.print(f"no engine was running for {jobs} active job(s) and {clusters} live cluster(s): started one "
@@ -117,7 +134,8 @@ def drive_home(config: Path | None, foreground: bool) -> None:
 
     settings = load_settings(config)
     lock = EngineLock(settings.home)
-    if not lock.acquire():
+    # The one that spawned it holds the lock an instant (to write this pid in it): wait that out.
+    if not lock.acquire(wait_s=0.0 if foreground else ENGINE_LOCK_WAIT_S):
         holder = lock.holder()
         if foreground:
             err_console.print(f"an engine already drives {settings.home}" + (f" (pid {holder})" if holder else "")

@@ -64,7 +64,10 @@ def status_table(summaries: list[dict[str, Any]]) -> Table:
 
 
 def progress_cell(item: dict[str, Any]) -> str:
-    progress = item.get("progress")
+    """The job's one progress figure (``broker.status.progress``), as the dashboard shows it."""
+    if item.get("progress_text"):
+        return str(item["progress_text"])
+    progress = item.get("progress")  # a server from before the one figure
     if not progress:
         return "-"
     if progress.get("total"):

@@ -15,6 +15,8 @@ from broker.cli.engine import revive, revive_if, spawn_engine
 from broker.cli.job_output import announce, announce_pipeline, finish, print_status
 
 if TYPE_CHECKING:
+    from datetime import datetime
+
     from broker.config.settings import Settings
     from broker.spec.job import JobSpec, Pipeline
     from broker.store import Store
@@ -38,6 +40,21 @@ def _read_job(job_file: Path, settings: Settings) -> JobSpec | Pipeline:
         return read_job(text, str(job_file), Intake(settings.home, settings.backend), store)
     finally:
         store.dispose()
+
+
+def _precheck(job_file: Path) -> None:
+    """The job file judged on its own (no catalog, no market, no settings), before the settings, the store
+    and the engine are imported: a file the broker refuses by itself is refused in well under a second.
+    The full reading (``_read_job``) follows for a file that passes."""
+    from broker.spec.job import SpecError, parse_job_file, read_job_file
+
+    try:
+        parse_job_file(read_job_file(job_file), source=str(job_file), offline=True)
+    except SpecError as exc:
+        # The built-in catalog's answer is not the last word: the full reading judges by the market (local)
+        # or SkyPilot's catalog, and a job the market offers is never refused.
+        if "offline validation" not in exc.detail:
+            raise
 
 
 def _refresh_sky_prices(store: Store, settings: Settings, spec: JobSpec, quiet: bool) -> None:
@@ -78,6 +95,7 @@ def launch(
         raise UsageError(f"--market-clock: expected own or shared, got {market_clock[:80]!r}")
     if (served := remote.server_settings(config, server)) is not None:
         return remote.launch(remote.full_settings(config, served), job_file, detach, as_json)
+    _precheck(job_file)
     from broker.config.settings import load_settings
     from broker.spec.job import Pipeline
 
@@ -108,7 +126,7 @@ def launch(
         if settings.backend == "skypilot":  # before the engine starts, which decides on these quotes
             _refresh_sky_prices(runtime.store, settings, spec, as_json)
         if detach:
-            spawn_engine(config)  # exits at once if an engine already drives this home
+            spawn_engine(config, settings.home)  # exits at once if an engine already drives this home
         announce(job_id, spec.name, spec.num_nodes, detach, as_json)
         if detach:
             return
@@ -143,7 +161,7 @@ def _launch_pipeline(settings: Settings, pipeline: Pipeline, fresh_market: bool,
         announce_pipeline(pipeline.name, pipeline.kind, job_ids,
                           [(stage.name, stage.num_nodes) for stage in pipeline.stages], detach, as_json)
         if detach:
-            spawn_engine(config)
+            spawn_engine(config, settings.home)
             return
         drive(runtime, settings, job_ids, show=not as_json)
         summaries = [job_summary_of(runtime.store, job_id) for job_id in job_ids]
@@ -181,6 +199,23 @@ def store_url(config: Path | None) -> str:
     return f"sqlite:///{Path(checked('home', home)) if home else Path.home() / '.broker'}/broker.db"
 
 
+def replay_now(url: str) -> datetime | None:
+    """The replayed market's clock now, when the store is the embedded default's and a replay has begun
+    (its ``local/world.json`` beside the store): progress estimates run on it, as the engine's and the
+    dashboard's do. Read with the standard library, like the rest of ``status``."""
+    import json
+
+    from broker.clock import AcceleratedClock
+    from broker.status.readonly import sqlite_path
+
+    path = sqlite_path(url)
+    try:
+        data = json.loads((path.parent / "local" / "world.json").read_text()) if path else None
+        return AcceleratedClock(float(data["wall_origin"]), float(data["speed"])).now() if data else None
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
 def _local_summaries(config: Path | None, job_id: str | None) -> list[dict[str, Any]]:
     """The summaries ``status`` prints, read without SQLAlchemy when the store allows (``broker.status.readonly``)."""
     from broker.status.readonly import READ_ERRORS, open_readonly
@@ -193,7 +228,7 @@ def _local_summaries(config: Path | None, job_id: str | None) -> list[dict[str, 
     idle: tuple[int, int] | None = None
     try:
         with fast.snapshot():
-            found, idle = summaries(fast, job_id), fast.unattended()
+            found, idle = summaries(fast, job_id, clock_now=replay_now(url)), fast.unattended()
     except READ_ERRORS:
         pass
     finally:
@@ -219,7 +254,7 @@ def _orm_summaries(config: Path | None, url: str, job_id: str | None) -> list[di
     try:
         try:
             with store.transaction() as s:
-                found = summaries(SessionSource(s), job_id)
+                found = summaries(SessionSource(s), job_id, clock_now=replay_now(url))
         except (DBAPIError, ValueError, TypeError) as exc:  # a value no column type reads: not as migrations left it
             raise store_error("read", url, exc) from exc
         if found is None:
@@ -250,19 +285,32 @@ def cancel(job_id: Annotated[str, typer.Argument(help="the job's id")], config: 
            server: remote.ServerOption = None) -> None:
     """Cancel a job; its clusters are torn down by the engine's next step."""
     from broker.cli.app import console
+    from broker.cli.job_output import TERMINAL, shown
 
+    before: str | None = None  # its state before (the store's): a job already CANCELLED has nothing to cancel
     if (served := remote.server_settings(config, server)) is not None:
-        console.print(f"{job_id}: {remote.cancel(served, job_id)}")
-        return
-    from broker.engine.machine import cancel_job
-    from broker.runtime import broker_clock
+        state = remote.cancel(served, job_id)
+    else:
+        from broker.engine.machine import cancel_job
+        from broker.runtime import broker_clock
+        from broker.store.tables import JobRow
 
-    settings, store = _open(config)
-    try:
-        state = cancel_job(store, job_id, broker_clock(settings))
-        revive(config, store)  # an engine tears its clusters down
-    finally:
-        store.dispose()
+        settings, store = _open(config)
+        try:
+            with store.transaction() as s:
+                row = s.get(JobRow, job_id)
+                before = row.state if row is not None else None
+            state = cancel_job(store, job_id, broker_clock(settings))
+            revive(config, store)  # an engine tears its clusters down
+        finally:
+            store.dispose()
+        if before in TERMINAL:
+            state = before or state
+    if state != "CANCELLED" or before in TERMINAL:
+        from broker.cli.app import err_console
+
+        err_console.print(f"{shown(job_id)} had already ended ({shown(state)}): nothing to cancel", highlight=False)
+        raise typer.Exit(1)
     console.print(f"{job_id}: {state}")
 
 

@@ -83,11 +83,8 @@ def prices(
 ) -> None:
     """Spot and on-demand GPU prices, cheapest per GPU-hour first."""
     from broker.cli.app import console, err_console
-    from broker.config.settings import load_settings
-    from broker.market.book import NoQuotes, PriceBook, QuoteFilter
-    from broker.store import open_store
 
-    clouds = parse_clouds(cloud)
+    clouds = parse_clouds(cloud)  # every option checked before the settings, the store and the market are imported
     if spot and on_demand:
         raise UsageError("--spot and --on-demand: choose one")
     if min_gpus is not None and min_gpus < 1:
@@ -104,6 +101,9 @@ def prices(
         refresh = True
     if export_trace is not None and not (export_trace.name.endswith(".csv") or export_trace.name.endswith(".csv.gz")):
         raise UsageError(f"--export-trace {export_trace}: expected a .csv or .csv.gz file name")
+    from broker.config.settings import load_settings
+    from broker.market.book import NoQuotes, PriceBook, QuoteFilter
+    from broker.store import open_store
 
     settings = load_settings(config)
     store = open_store(settings.database_url)

@@ -24,12 +24,16 @@ def report(
     config: ConfigOption = None,
 ) -> None:
     """Spend, on-demand equivalent, savings, preemptions and idle GPU-hours by job, team, cloud, region, GPU."""
-    from broker.config.settings import load_settings
-    from broker.reports import deliver, render
-    from broker.reports.build import build_report
-    from broker.reports.settings import check_emails
-    from broker.reports.window import ReportError, report_window
-    from broker.store import open_store
+    from datetime import UTC, datetime
+
+    from broker.reports.window import ReportError, parse_window
+
+    if resend is None:  # the window's words first, before any heavy import; the store's clock places it later
+        try:  # (against a late "now": a replay's ledger may run ahead of the wall clock)
+            parse_window(since, start, end, datetime(3000, 1, 1, tzinfo=UTC))
+        except ReportError as exc:
+            raise UsageError(str(exc)) from None
+    from broker.reports import render
 
     if as_json:
         if output not in ("table", "json"):
@@ -41,12 +45,20 @@ def report(
         raise UsageError(f"--format: expected one of {', '.join(render.FORMATS)}, got {output!r}")
     if resend is not None and (since or start or end or team or email or slack):
         raise UsageError("--resend takes no other report options: it sends the recorded report as it was built")
+    from broker.reports.settings import check_emails
+
     try:
         recipients = check_emails([a.strip() for a in email.split(",") if a.strip()]) if email else []
     except ValueError as exc:
         raise UsageError(f"--email: {exc}") from None
     if email is not None and not recipients:
         raise UsageError("--email: expected addresses like ops@example.com,lead@example.com")
+    from broker.config.settings import load_settings
+    from broker.reports import deliver
+    from broker.reports.build import build_report
+    from broker.reports.window import report_window
+    from broker.store import open_store
+
     settings = load_settings(config)
     store = open_store(settings.database_url)
     try:

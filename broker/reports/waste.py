@@ -101,11 +101,11 @@ class _Describer:
             others = all_clusters - z.clusters
             elsewhere = (all_up - z.minutes_up) / others if others else 0.0
             gpu_hours, cost = z.gpu_minutes / 60, z.cost
-            if others and elsewhere < avg:
-                advice = (f"clusters there took {avg:.0f} min to come up vs {elsewhere:.0f} min "
+            if others and slower(avg, elsewhere):
+                advice = (f"clusters there took {minutes(avg)} to come up vs {minutes(elsewhere)} "
                           f"elsewhere: prefer faster zones when prices are close")
             else:
-                advice = (f"{z.clusters} launch(es) took {avg:.0f} min each to come up: place queued jobs on "
+                advice = (f"{z.clusters} launch(es) took {minutes(avg)} each to come up: place queued jobs on "
                           f"running clusters instead of launching new ones")
             wastes.append(Waste("provisioning", f"zone {z.zone}", gpu_hours, cost,
                                 f"Provisioning in {z.zone} cost ${cost:,.2f} ({gpu_hours:.1f} GPU-h); {advice}."))
@@ -186,3 +186,20 @@ class _Describer:
 
 def _upper_first(text: str) -> str:
     return text[:1].upper() + text[1:]
+
+
+SLOWER_BY = 0.2  # a zone is called slower to come up when it took this share longer than the others, and
+SLOWER_BY_MIN = 0.5  # at least this many minutes longer: "3 min vs 3 min elsewhere" is no advice
+
+
+def slower(avg_min: float, elsewhere_min: float) -> bool:
+    """Whether clusters in a zone came up clearly slower than elsewhere (worth telling)."""
+    return avg_min - elsewhere_min >= max(SLOWER_BY * elsewhere_min, SLOWER_BY_MIN)
+
+
+def minutes(value: float) -> str:
+    """A time to come up: ``3 min 24 s`` under 10 minutes (whole minutes alone hide the difference), else ``42 min``."""
+    if value < 10:
+        whole, seconds = divmod(round(value * 60), 60)
+        return f"{whole} min {seconds:02d} s" if whole else f"{seconds} s"
+    return f"{value:.0f} min"

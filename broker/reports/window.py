@@ -30,7 +30,7 @@ class Window:
 
 def parse_window(since: str | None, start: str | None, end: str | None, now: datetime) -> Window:
     """``--since 7d`` back from ``--to`` (default now), or ``--from``/``--to`` as ISO dates or times (UTC)."""
-    from broker.spec.job import SpecError, parse_duration
+    from broker.spec.values import duration  # not broker.spec.job: a bad --since is refused without its imports
 
     _check_fields(since, start, end)
     if since and start:
@@ -40,9 +40,9 @@ def parse_window(since: str | None, start: str | None, end: str | None, now: dat
         begin = _parse_time(start, "--from")
     else:
         try:
-            begin = stop - parse_duration(since or "7d", "--since")
-        except SpecError as exc:
-            raise ReportError(str(exc).removeprefix("job file: ")) from exc
+            begin = stop - duration(since or "7d")
+        except ValueError as exc:
+            raise ReportError(f"--since: {exc}") from exc
     if begin >= stop:
         raise ReportError(f"--from {begin:%Y-%m-%d %H:%M} must be before --to {stop:%Y-%m-%d %H:%M}")
     return Window(begin, stop)

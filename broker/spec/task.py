@@ -57,17 +57,24 @@ def build_task(doc: LoadedYaml, source: str, now: datetime | None, offline: bool
         raise SpecError("required: the command the job runs on each node, e.g. `run: python train.py` "
                         "(or a `setup:` for a task that only sets its nodes up)", field="run",
                         line=doc.line_of(("run",)) or doc.line_of(("setup",)), source=source)
-    validate_task(task, doc, source)
+    # The broker's own checks first, SkyPilot's last: importing SkyPilot takes seconds, and a file the
+    # broker can refuse by itself is refused without it. A shape the broker's reading does not take is
+    # left to SkyPilot's schema, which says why in its own words.
     try:
         alternatives = resource_alternatives(task)
     except ResourceError as exc:
+        validate_task(task, doc, source)  # SkyPilot's message, where it has one, as before
         raise SpecError(str(exc), field=format_path(exc.path), line=doc.line_of(exc.path), source=source) from None
+    except (TypeError, ValueError, AttributeError, KeyError):
+        validate_task(task, doc, source)
+        raise
     for alt in alternatives:
         for request in alt.accelerators:
             if request.name.lower().startswith(_NOT_GPUS):
                 raise SpecError(f"{request.name} is not a GPU: the broker places GPUs and CPUs only "
                                 "(run TPU, Inferentia and Trainium tasks with SkyPilot directly)",
                                 field=format_path(request.path), line=doc.line_of(request.path), source=source)
+    validate_task(task, doc, source)
     # A fraction per node in a gang of several nodes (SkyPilot's job-queue examples: T4:0.5 on 2 nodes)
     # is one share of one GPU on each node, all of the same type: SkyPilot judged it above.
     warnings: tuple[str, ...] = ()

@@ -13,6 +13,7 @@ from broker.store.gpu import GpuRollupRow
 from broker.store.tables import AllocationRow, ClusterRow, JobRow, LedgerRow, PredictionRow, ProgressRow
 
 if TYPE_CHECKING:
+    from broker.status.progress import Span
     from broker.status.summary import Allocation, Cluster, Job, Prediction, Progress
 
 
@@ -59,6 +60,11 @@ class SessionSource:
         return self.s.scalar(select(ProgressRow).where(ProgressRow.job_id == job_id)
                              .order_by(ProgressRow.at.desc(), ProgressRow.id.desc()).limit(1))
 
+    def spans(self, job_id: str) -> list[Span]:
+        return [(a, b, c) for a, b, c in self.s.execute(
+            select(AllocationRow.started_at, AllocationRow.running_at, AllocationRow.ended_at)
+            .where(AllocationRow.job_id == job_id))]
+
     def last_prediction(self, job_id: str) -> Prediction | None:
         return self.s.scalar(select(PredictionRow).where(PredictionRow.job_id == job_id)
                              .order_by(PredictionRow.made_at.desc(), PredictionRow.id.desc()).limit(1))
@@ -72,6 +78,7 @@ class SessionSource:
                                    .order_by(JobRow.finished_at.desc()).limit(limit)))
 
 
-def job_summary(s: Session, job: JobRow, now: datetime | None = None) -> dict[str, Any]:
-    """The summary of a job read in a SQLAlchemy session."""
-    return summarise(SessionSource(s), job, now)
+def job_summary(s: Session, job: JobRow, now: datetime | None = None,
+                clock_now: datetime | None = None) -> dict[str, Any]:
+    """The summary of a job read in a SQLAlchemy session (``clock_now``: the broker's clock, for estimates)."""
+    return summarise(SessionSource(s), job, now, clock_now)

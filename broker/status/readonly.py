@@ -24,6 +24,7 @@ from broker.model import ACTIVE_STATES, LIVE_CLUSTER_STATES
 from broker.store.revision import head_revision
 
 if TYPE_CHECKING:
+    from broker.status.progress import Span
     from broker.status.summary import Allocation, Cluster, Job, Prediction, Progress
 
 _PREFIX = "sqlite:///"
@@ -161,6 +162,10 @@ class ReadOnlyStore:
         return cast("Progress | None", self._first(
             "progress_reports", "WHERE progress_reports.job_id = ? ORDER BY progress_reports.at DESC, "
             "progress_reports.id DESC LIMIT ? OFFSET ?", job_id, 1, 0))
+
+    def spans(self, job_id: str) -> list[Span]:
+        rows = self.conn.execute("SELECT started_at, running_at, ended_at FROM allocations WHERE job_id = ?", (job_id,))
+        return [(_utc(a), _utc(b) if b else None, _utc(c) if c else None) for a, b, c in rows]
 
     def last_prediction(self, job_id: str) -> Prediction | None:
         return cast("Prediction | None", self._first(

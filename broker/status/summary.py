@@ -10,9 +10,13 @@ from __future__ import annotations
 
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from broker.status.joblogs import log_files
+from broker.status.progress import job_progress
+
+if TYPE_CHECKING:
+    from broker.status.progress import Span
 
 EARLIER_JOBS = 20  # finished jobs of the same name and team whose predictions are scored
 
@@ -40,6 +44,8 @@ class Job(Protocol):
     def zones(self) -> list[str]: ...
     @property
     def work_lost_s(self) -> float: ...
+    @property
+    def work_s(self) -> float | None: ...
     @property
     def num_nodes(self) -> int: ...
     @property
@@ -124,23 +130,27 @@ class SummarySource(Protocol):
     def cluster(self, cluster_id: str) -> Cluster | None: ...
     def newest_cluster_up(self, job_id: str) -> Cluster | None: ...  # launched for the job, came up
     def last_progress(self, job_id: str) -> Progress | None: ...
+    def spans(self, job_id: str) -> list[Span]: ...  # every allocation's (started, running, ended)
     def last_prediction(self, job_id: str) -> Prediction | None: ...
     def predictions(self, job_id: str) -> list[Prediction]: ...
     def succeeded(self, name: str, team: str, limit: int) -> list[Job]: ...  # latest finished first
 
 
-def summaries(source: SummarySource, job_id: str | None, now: datetime | None = None) -> list[dict[str, Any]] | None:
+def summaries(source: SummarySource, job_id: str | None, now: datetime | None = None,
+              clock_now: datetime | None = None) -> list[dict[str, Any]] | None:
     """What ``status`` lists: the one job asked for (None when there is none), or every job, oldest first."""
     if job_id is None:
-        return [summarise(source, job, now) for job in source.jobs()]
+        return [summarise(source, job, now, clock_now) for job in source.jobs()]
     job = source.job(job_id)
-    return None if job is None else [summarise(source, job, now)]
+    return None if job is None else [summarise(source, job, now, clock_now)]
 
 
-def summarise(source: SummarySource, job: Job, now: datetime | None = None) -> dict[str, Any]:
+def summarise(source: SummarySource, job: Job, now: datetime | None = None,
+              clock_now: datetime | None = None) -> dict[str, Any]:
     """The fields ``status --json`` and ``launch --json`` print (documented in the README).
 
-    ``now`` (default: the wall clock) ends the wall time of a job still going.
+    ``now`` (default: the wall clock) ends the wall time of a job still going; ``clock_now`` (default
+    ``now``) is the broker's clock, the market's on a replay, against which a progress estimate runs.
     """
     cost, on_demand = source.costs(job.id)
     latest = source.last_allocation(job.id)
@@ -181,7 +191,7 @@ def summarise(source: SummarySource, job: Job, now: datetime | None = None) -> d
         "checkpoint_reason": job.checkpoint_reason,
         "cluster_teardown_reason": cluster.teardown_reason if cluster else None,
         "gpu": gpu_fields(*source.gpu(job.id)),
-        **_progress_fields(source, job, latest),
+        **_progress_fields(source, job, latest, clock_now or now or _utcnow()),
     }
 
 
@@ -194,13 +204,21 @@ def gpu_fields(measured_s: float, utilization_s: float, peak_memory_mb: float | 
             "measured_gpu_hours": round(measured_s / 3600.0, 4)}
 
 
-def _progress_fields(source: SummarySource, job: Job, latest: Allocation | None) -> dict[str, Any]:
+def _progress_fields(source: SummarySource, job: Job, latest: Allocation | None,
+                     clock_now: datetime) -> dict[str, Any]:
     """Progress, the latest predicted finish (market clock) and how far off earlier predictions were."""
     report = source.last_progress(job.id)
     predicted = source.last_prediction(job.id)
     own = _errors(source, job) if job.state == "SUCCEEDED" else []
+    figure = job_progress(job.state, (report.step, report.total) if report else None,
+                          job.work_s, job.work_lost_s,
+                          [] if report else source.spans(job.id), clock_now)
     return {
         "progress": {"step": report.step, "total": report.total} if report else None,
+        # The one figure every view shows (``broker.status.progress``): the job's report first, else the estimate.
+        "progress_share": None if figure.share is None else round(figure.share, 4),
+        "progress_source": figure.source,
+        "progress_text": figure.text(),
         "started_at": _iso((latest.running_at or latest.started_at) if latest else None),
         "predicted_finish": _iso(predicted.finish_at if predicted else None),
         "predicted_finish_low": _iso(predicted.low_at if predicted else None),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated
 from urllib.parse import parse_qs
@@ -12,11 +13,12 @@ from fastapi.staticfiles import StaticFiles
 
 from broker.clock import Clock
 from broker.errors import BrokerError
-from broker.reports.window import ReportError, ledger_now, report_window
+from broker.reports.window import ReportError, report_window
 from broker.store import Store
-from broker.web import clusters, jobs, market, overview, simulate
+from broker.web import clusters, jobs, market, market_gpu, overview, simulate
 from broker.web.html import e, page
 from broker.web.session import COOKIE, Viewer, current_viewer, viewer_of_token
+from broker.web.times import Times
 
 CHARTS = ("vendor/uPlot.iife.min.js", "dashboard.js")
 
@@ -74,6 +76,7 @@ Signed = Annotated[Viewer, Depends(_signed_in)]
 
 
 def mount_dashboard(app: FastAPI, store: Store, clock: Clock, home: Path) -> None:
+    times = Times(clock)  # every time shown on the wall clock, the replayed market's beside it
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
     app.add_exception_handler(SignedOut, _signed_out)
     app.state.dashboard_store = store
@@ -112,7 +115,7 @@ def mount_dashboard(app: FastAPI, store: Store, clock: Clock, home: Path) -> Non
         except ReportError as exc:
             return _problem(viewer, str(exc), 400)
         report = overview.build(store, viewer, window)
-        return HTMLResponse(page("Overview", overview.render(report, since, start, to), viewer, "/",
+        return HTMLResponse(page("Overview", overview.render(report, since, start, to, times), viewer, "/",
                                  scripts=CHARTS))
 
     def _filter(request: Request) -> jobs.JobFilter:
@@ -125,8 +128,8 @@ def mount_dashboard(app: FastAPI, store: Store, clock: Clock, home: Path) -> Non
             where = _filter(request)
         except ValueError as exc:
             return _problem(viewer, str(exc), 400)
-        rows, total = jobs.list_jobs(store, viewer, where)
-        return HTMLResponse(page("Jobs", jobs.render_list(rows, total, where, viewer), viewer, "/jobs"))
+        rows, total = jobs.list_jobs(store, viewer, where, clock.now())
+        return HTMLResponse(page("Jobs", jobs.render_list(rows, total, where, viewer, times), viewer, "/jobs"))
 
     @app.get("/jobs/rows", include_in_schema=False)
     def job_rows(request: Request, viewer: Signed) -> Response:
@@ -134,8 +137,8 @@ def mount_dashboard(app: FastAPI, store: Store, clock: Clock, home: Path) -> Non
             where = _filter(request)
         except ValueError as exc:
             return Response(str(exc), status_code=400)
-        rows, _ = jobs.list_jobs(store, viewer, where)
-        return HTMLResponse(jobs.job_rows_html(rows, where))
+        rows, _ = jobs.list_jobs(store, viewer, where, clock.now())
+        return HTMLResponse(jobs.job_rows_html(rows, where, times))
 
     @app.get("/jobs/{job_id}", include_in_schema=False)
     def job_page(job_id: str, viewer: Signed) -> Response:
@@ -144,7 +147,7 @@ def mount_dashboard(app: FastAPI, store: Store, clock: Clock, home: Path) -> Non
             view = jobs.load_job(store, viewer, job_id, now)
         except jobs.NotFound:
             return _problem(viewer, f"no job {job_id!r} that you can see", 404)
-        return HTMLResponse(page(f"Job {view.job.id}", jobs.render_job(view, home, now), viewer, "/jobs"))
+        return HTMLResponse(page(f"Job {view.job.id}", jobs.render_job(view, home, now, times), viewer, "/jobs"))
 
     @app.get("/jobs/{job_id}/live", include_in_schema=False)
     def job_live(job_id: str, viewer: Signed) -> Response:
@@ -153,24 +156,40 @@ def mount_dashboard(app: FastAPI, store: Store, clock: Clock, home: Path) -> Non
             view = jobs.load_job(store, viewer, job_id, now)
         except jobs.NotFound:
             return Response(f"no job {job_id!r} that you can see", status_code=404)
-        return HTMLResponse(jobs.job_live_html(view, now))
+        return HTMLResponse(jobs.job_live_html(view, now, times))
+
+    def _clusters(viewer: Viewer) -> str:
+        body = clusters.render(clusters.load_clusters(store, viewer), clock.now(), times)
+        return f'<div id="clusters" hx-get="/clusters/live" hx-trigger="every 5s" hx-swap="outerHTML">{body}</div>'
 
     @app.get("/clusters", include_in_schema=False)
     def clusters_page(viewer: Signed) -> Response:
-        body = clusters.render(clusters.load_clusters(store, viewer))
-        live = f'<div id="clusters" hx-get="/clusters/live" hx-trigger="every 5s" hx-swap="outerHTML">{body}</div>'
-        return HTMLResponse(page("Clusters", live, viewer, "/clusters"))
+        return HTMLResponse(page("Clusters", times.note() + _clusters(viewer), viewer, "/clusters"))
 
     @app.get("/clusters/live", include_in_schema=False)
     def clusters_live(viewer: Signed) -> Response:
-        body = clusters.render(clusters.load_clusters(store, viewer))
-        return HTMLResponse(f'<div id="clusters" hx-get="/clusters/live" hx-trigger="every 5s" '
-                            f'hx-swap="outerHTML">{body}</div>')
+        return HTMLResponse(_clusters(viewer))
 
     @app.get("/market", include_in_schema=False)
-    def market_page(viewer: Signed) -> Response:
-        body = market.render(market.load_market(store, viewer, ledger_now(store)))
-        return HTMLResponse(page("Market", body, viewer, "/market",
+    def market_page(request: Request, viewer: Signed) -> Response:
+        try:
+            where = market.MarketFilter.parse(request.query_params)
+        except market.MarketQueryError as exc:
+            return _problem(viewer, str(exc), 400)
+        data = market.load_market(store, viewer, datetime.now(UTC), where, clock.now())
+        data["times"] = times
+        return HTMLResponse(page("Market", market.render(data, where), viewer, "/market"))
+
+    @app.get("/market/gpu/{gpu}", include_in_schema=False)
+    def market_gpu_page(gpu: str, viewer: Signed) -> Response:
+        try:
+            name = market.MarketFilter.parse({"gpu": gpu}).gpu or ""
+        except market.MarketQueryError as exc:
+            return _problem(viewer, str(exc), 400)
+        data = market_gpu.load_gpu_type(store, name, datetime.now(UTC), clock.now())
+        if data is None:
+            return _problem(viewer, f"gpu: no quote for {name!r} in the last 7 days", 404)
+        return HTMLResponse(page(f"Market: {name}", market_gpu.render_gpu_type(data), viewer, "/market",
                                  scripts=CHARTS))
 
     @app.get("/simulate", include_in_schema=False)

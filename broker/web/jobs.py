@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -12,12 +12,15 @@ from sqlalchemy import func, select
 from broker.errors import UserError
 from broker.model import JobState
 from broker.reports.rightsizing import job_suggestions
+from broker.status.progress import UNKNOWN, JobProgress, Span, job_progress
 from broker.store import Store
 from broker.store.rollup import LedgerRollupRow
-from broker.store.tables import AllocationRow, ClusterRow, JobEventRow, JobRow, LedgerRow, NoticeRow
+from broker.store.tables import AllocationRow, ClusterRow, JobEventRow, JobRow, LedgerRow, NoticeRow, ProgressRow
 from broker.web.gpu_chart import gpu_svg, load_gpu
 from broker.web.html import STATE_COLOURS, e, money, query, table
 from broker.web.session import Viewer
+from broker.web.timeline import Lanes, timeline_svg
+from broker.web.times import Times
 from policies.rightsizing import Suggestion
 
 SORTS = {"submitted": JobRow.created_at, "name": JobRow.name, "team": JobRow.team, "state": JobRow.state,
@@ -56,27 +59,28 @@ class JobFilter:
         return cls(state.upper() if state else None, team or None, q or None, sort or "submitted", order != "asc")
 
 
-def progress_of(s: Any, job: JobRow, now: datetime,
-                spans: list[tuple[datetime, datetime | None, datetime | None]] | None = None,
-                ) -> tuple[float | None, datetime | None]:
-    """Share of the job's work done and kept, and when it would finish at that pace (None when unknown).
-
-    ``spans`` are the job's allocations as (started, running, ended), read here when not given.
-    """
-    if job.state == JobState.SUCCEEDED.value:
-        return 1.0, None
-    if not job.work_s:
-        return None, None
-    if spans is None:
-        spans = [tuple(r) for r in s.execute(select(AllocationRow.started_at, AllocationRow.running_at,  # type: ignore[misc]
-                                                    AllocationRow.ended_at).where(AllocationRow.job_id == job.id))]
-    done = sum(max(((end or now) - (running or start)).total_seconds(), 0.0) for start, running, end in spans)
-    done = min(max(done - job.work_lost_s, 0.0), job.work_s)
-    finish = now + timedelta(seconds=job.work_s - done) if job.state == JobState.RUNNING.value else None
-    return done / job.work_s, finish
+def latest_reports(s: Any, ids: list[str]) -> dict[str, tuple[int, int | None]]:
+    """Each job's last progress report (step, total), as ``broker status`` reads it: latest time, then latest id."""
+    if not ids:
+        return {}
+    newest = (select(ProgressRow.job_id, func.max(ProgressRow.at).label("at"))
+              .where(ProgressRow.job_id.in_(ids)).group_by(ProgressRow.job_id).subquery())
+    found: dict[str, tuple[int, tuple[int, int | None]]] = {}
+    for job_id, row_id, step, total in s.execute(
+            select(ProgressRow.job_id, ProgressRow.id, ProgressRow.step, ProgressRow.total)
+            .join(newest, (newest.c.job_id == ProgressRow.job_id) & (newest.c.at == ProgressRow.at))):
+        if job_id not in found or row_id > found[job_id][0]:
+            found[job_id] = (row_id, (int(step), None if total is None else int(total)))
+    return {job_id: report for job_id, (_, report) in found.items()}
 
 
-def list_jobs(store: Store, viewer: Viewer, where: JobFilter) -> tuple[list[dict[str, Any]], int]:
+def progress_of(job: JobRow, report: tuple[int, int | None] | None, spans: list[Span], now: datetime) -> JobProgress:
+    """The job's one progress figure (``broker.status.progress``): the same as ``broker status`` prints."""
+    return job_progress(job.state, report, job.work_s, job.work_lost_s, spans, now)
+
+
+def list_jobs(store: Store, viewer: Viewer, where: JobFilter, now: datetime) -> tuple[list[dict[str, Any]], int]:
+    """A page of the viewer's jobs; ``now`` is the broker's clock (progress and durations run on it)."""
     with store.transaction() as s:
         stmt = select(JobRow)
         if viewer.scope is not None:
@@ -111,20 +115,23 @@ def list_jobs(store: Store, viewer: Viewer, where: JobFilter) -> tuple[list[dict
                     .where(ClusterRow.job_id.in_(ids), ClusterRow.up_at.is_not(None))
                     .order_by(ClusterRow.created_at)):
                 places[str(job_id)] = (cloud, zone)
-        spans: dict[str, list[tuple[datetime, datetime | None, datetime | None]]] = {i: [] for i in ids}
+        spans: dict[str, list[Span]] = {i: [] for i in ids}
         if ids:
             for job_id, started, running, ended in s.execute(
                     select(AllocationRow.job_id, AllocationRow.started_at, AllocationRow.running_at,
                            AllocationRow.ended_at).where(AllocationRow.job_id.in_(ids))):
                 spans[job_id].append((started, running, ended))
-        now = datetime.now(UTC)
+        reports = latest_reports(s, ids)
         rows = []
         for job in jobs:
-            share, _ = progress_of(s, job, now, spans[job.id])
             rows.append({"id": job.id, "name": job.name, "team": job.team, "state": job.state,
                          "priority": job.priority, "where": "/".join(places.get(job.id, ())) or "-",
-                         "cost": float(costs.get(job.id) or 0.0), "progress": share,
-                         "submitted": job.created_at})
+                         "cost": float(costs.get(job.id) or 0.0),
+                         "progress": progress_of(job, reports.get(job.id), spans[job.id], now),
+                         "submitted": job.created_at,
+                         "duration": ((job.finished_at or now) - job.created_at).total_seconds(),
+                         "preemptions": job.preemptions, "migrations": job.migrations,
+                         "stage": (job.stage, job.pipeline_id) if job.stage else None})
     return rows, int(total)
 
 
@@ -132,24 +139,38 @@ def _state_badge(state: str) -> str:
     return f'<span class="state" style="background:{STATE_COLOURS.get(state, "#999")}">{e(state)}</span>'
 
 
-def job_rows_html(rows: list[dict[str, Any]], where: JobFilter) -> str:
+def progress_html(progress: JobProgress) -> str:
+    """The figure every view prints, with a bar when it has a share."""
+    bar = "" if progress.share is None else f'<progress max="1" value="{progress.share:.3f}"></progress> '
+    share = "" if progress.share is None else f"{progress.share:.4f}"
+    return (f'<span class="progress" data-source="{e(progress.source)}" data-share="{share}">'
+            f'{bar}{e(progress.text())}</span>')
+
+
+def job_rows_html(rows: list[dict[str, Any]], where: JobFilter, times: Times) -> str:
     params = query(state=where.state, team=where.team, q=where.q, sort=where.sort,
                    order="desc" if where.desc else "asc")
     body = []
     for r in rows:
-        progress = "-" if r["progress"] is None else (
-            f'<progress max="1" value="{r["progress"]:.3f}"></progress> {100 * r["progress"]:.0f}%')
+        stage = "-" if r["stage"] is None else f"{r['stage'][0]} of {e(r['stage'][1])}"
         body.append(f'<tr data-job="{e(r["id"])}"><td><a href="/jobs/{e(r["id"])}">{e(r["id"])}</a></td>'
                     f'<td>{e(r["name"])}</td><td>{e(r["team"])}</td>'
                     f'<td class="job-state">{_state_badge(r["state"])}</td>'
                     f'<td>{r["priority"]}</td><td>{e(r["where"])}</td><td>{e(money(r["cost"]))}</td>'
-                    f'<td>{progress}</td><td>{r["submitted"]:%Y-%m-%d %H:%M}</td></tr>')
-    empty = '<tr><td colspan="9" class="empty">No jobs match.</td></tr>' if not rows else ""
+                    f'<td class="job-progress">{progress_html(r["progress"])}</td>'
+                    f'<td>{r["preemptions"]} / {r["migrations"]}</td><td>{stage}</td>'
+                    f'<td>{e(times.span(r["duration"]))}</td><td>{times.at(r["submitted"])}</td></tr>')
+    empty = f'<tr><td colspan="{len(COLUMNS)}" class="empty">No jobs match.</td></tr>' if not rows else ""
     return (f'<tbody id="job-rows" hx-get="/jobs/rows{e(params)}" hx-trigger="every 2s" hx-swap="outerHTML">'
             f'{"".join(body)}{empty}</tbody>')
 
 
-def render_list(rows: list[dict[str, Any]], total: int, where: JobFilter, viewer: Viewer) -> str:
+COLUMNS = (("job", None), ("name", "name"), ("team", "team"), ("state", "state"), ("priority", "priority"),
+           ("where", None), ("cost", "cost"), ("progress", None), ("preemptions / migrations", None),
+           ("pipeline stage", None), ("duration", None), ("submitted", "submitted"))
+
+
+def render_list(rows: list[dict[str, Any]], total: int, where: JobFilter, viewer: Viewer, times: Times) -> str:
     states = "".join(f'<option{" selected" if s.value == where.state else ""}>{s.value}</option>' for s in JobState)
     team = (f'<label>team <input name="team" value="{e(where.team or "")}"></label>' if viewer.admin else "")
     form = (f'<form class="filters" method="get" action="/jobs"><label>state <select name="state">'
@@ -159,9 +180,7 @@ def render_list(rows: list[dict[str, Any]], total: int, where: JobFilter, viewer
             f'<input type="hidden" name="order" value="{"desc" if where.desc else "asc"}">'
             f'<button type="submit">Filter</button></form>')
     heads = []
-    for label, key in (("job", None), ("name", "name"), ("team", "team"), ("state", "state"),
-                       ("priority", "priority"), ("where", None), ("cost", "cost"), ("progress", None),
-                       ("submitted", "submitted")):
+    for label, key in COLUMNS:
         if key is None:
             heads.append(label)
             continue
@@ -171,22 +190,17 @@ def render_list(rows: list[dict[str, Any]], total: int, where: JobFilter, viewer
         heads.append(f'<a href="{e(href)}">{label}{arrow}</a>')
     head = "".join(f"<th>{h}</th>" for h in heads)
     shown = f"<p>{len(rows)} of {total} job(s){' (first ' + str(PAGE_SIZE) + ')' if total > PAGE_SIZE else ''}.</p>"
-    return f'{form}{shown}<table class="jobs"><thead><tr>{head}</tr></thead>{job_rows_html(rows, where)}</table>'
+    return (f'{form}{shown}{times.note()}<table class="jobs"><thead><tr>{head}</tr></thead>'
+            f'{job_rows_html(rows, where, times)}</table>')
 
 
 # --- one job ---------------------------------------------------------------------------------------
 
 
 @dataclass
-class JobView:
-    job: JobRow
-    events: list[JobEventRow]
-    allocations: list[tuple[AllocationRow, ClusterRow]]
-    notices: list[tuple[NoticeRow, str]]
-    prices: list[tuple[datetime, float]]  # (minute, USD per hour paid for the job's GPUs)
+class JobView(Lanes):
     ledger: list[tuple[str, str, str, float, float, float]]  # cluster, zone, usage, minutes billed, cost, on-demand
-    progress: float | None
-    finish: datetime | None
+    progress: JobProgress
     gpu: dict[tuple[int, str, int], list[tuple[datetime, float]]] = field(default_factory=dict)
     checkpoints: list[datetime] = field(default_factory=list)
     sizing: tuple[Suggestion, ...] = ()
@@ -217,11 +231,12 @@ def load_job(store: Store, viewer: Viewer, job_id: str, now: datetime) -> JobVie
             .where(LedgerRow.job_id == job_id)
             .group_by(LedgerRow.cluster_id, LedgerRow.zone, LedgerRow.usage)
             .order_by(func.min(LedgerRow.minute)))]
-        progress, finish = progress_of(s, job, now)
+        spans: list[Span] = [(a.started_at, a.running_at, a.ended_at) for a, _ in allocations]
+        progress = progress_of(job, latest_reports(s, [job_id]).get(job_id), spans, now)
         gpu, checkpoints = load_gpu(s, job_id)
         sizing = job_suggestions(s, job)
         s.expunge_all()
-    return JobView(job, events, allocations, notices, prices, ledger, progress, finish, gpu, checkpoints, sizing)
+    return JobView(job, events, allocations, notices, prices, ledger, progress, gpu, checkpoints, sizing)
 
 
 def log_tail(home: Path, job_id: str) -> str:
@@ -239,74 +254,28 @@ def log_tail(home: Path, job_id: str) -> str:
     return f"== {logs[-1].name} ==\n" + text
 
 
-def _x(at: datetime, start: datetime, span: float, width: float) -> float:
-    return 120 + width * max(min((at - start).total_seconds() / span, 1.0), 0.0)
+def _reason(job: JobRow) -> str:
+    """Why the job failed, was cancelled or waits: first on its page."""
+    if not job.reason:
+        return ""
+    kind = "error" if job.state == JobState.FAILED.value else "reason"
+    exit_code = f" (exit code {job.exit_code})" if job.exit_code is not None else ""
+    return f'<p class="{kind}" role="alert" data-reason>{e(job.state)}{exit_code}: {e(job.reason)}</p>'
 
 
-def timeline_svg(view: JobView, now: datetime) -> str:
-    """States, clusters (by zone) and the price paid on one time axis; notices and migrations marked."""
+def job_live_html(view: JobView, now: datetime, times: Times) -> str:
+    """The part of the job page that refreshes itself: why it failed, state, progress, timeline."""
     job = view.job
-    start = job.created_at
-    end = job.finished_at or max([now, *(ev.at for ev in view.events)])
-    span = max((end - start).total_seconds(), 1.0)
-    width, parts = 760.0, []
-    transitions = [ev for ev in view.events if ev.to_state]
-    for i, ev in enumerate(transitions):
-        until = transitions[i + 1].at if i + 1 < len(transitions) else end
-        x0, x1 = _x(ev.at, start, span, width), _x(until, start, span, width)
-        parts.append(f'<rect class="state-band" data-state="{e(ev.to_state)}" x="{x0:.1f}" y="20" '
-                     f'width="{max(x1 - x0, 1.5):.1f}" height="22" '
-                     f'fill="{STATE_COLOURS.get(ev.to_state or "", "#999")}">'
-                     f'<title>{e(ev.to_state)} from {ev.at:%H:%M:%S}</title></rect>')
-    parts.append('<text x="4" y="36" class="lane">state</text>')
-    for row, (alloc, cluster) in enumerate(view.allocations):
-        y = 52 + 26 * row
-        x0 = _x(alloc.started_at, start, span, width)
-        x1 = _x(alloc.ended_at or end, start, span, width)
-        parts.append(f'<rect class="cluster-band" data-zone="{e(cluster.zone)}" x="{x0:.1f}" y="{y}" '
-                     f'width="{max(x1 - x0, 1.5):.1f}" height="20" fill="#95a5a6"><title>{e(cluster.id)} '
-                     f'{e(cluster.cloud)}/{e(cluster.zone)} attempt {alloc.attempt}</title></rect>'
-                     f'<text x="4" y="{y + 15}" class="lane">{e(cluster.cloud)}/{e(cluster.zone)}</text>')
-    lanes_bottom = 52 + 26 * max(len(view.allocations), 1)
-    for notice, zone in view.notices:
-        x = _x(notice.received_at, start, span, width)
-        parts.append(f'<g class="marker notice" data-kind="{e(notice.kind)}"><line x1="{x:.1f}" x2="{x:.1f}" y1="14" '
-                     f'y2="{lanes_bottom}" stroke="#c0392b" stroke-width="2"/><text x="{x + 3:.1f}" y="12" '
-                     f'fill="#c0392b">{e(notice.kind)} notice ({e(zone)})</text></g>')
-    moves = [ev for ev in view.events if ev.kind == "moving" or ev.to_state == JobState.MIGRATING.value]
-    for ev in moves:
-        x = _x(ev.at, start, span, width)
-        target = (ev.detail or {}).get("to", "")
-        parts.append(f'<g class="marker migration"><line x1="{x:.1f}" x2="{x:.1f}" y1="14" y2="{lanes_bottom}" '
-                     f'stroke="#8e44ad" stroke-dasharray="4 2" stroke-width="2"/><title>migration {e(target)}</title>'
-                     f'<text x="{x + 3:.1f}" y="{lanes_bottom - 2}" fill="#8e44ad">migration</text></g>')
-    price_top, price_h = lanes_bottom + 10, 60
-    if view.prices:
-        top = max(p for _, p in view.prices) or 1.0
-        points = " ".join(f"{_x(m, start, span, width):.1f},{price_top + price_h - price_h * p / top:.1f}"
-                          for m, p in view.prices)
-        parts.append(f'<polyline class="price" points="{points}" fill="none" stroke="#2f6fdb" stroke-width="1.5"/>'
-                     f'<text x="4" y="{price_top + 14}" class="lane">$/h paid</text>'
-                     f'<text x="{width + 124:.0f}" y="{price_top + 10}" class="lane">${top:,.2f}/h</text>')
-    axis_y = price_top + price_h + 16
-    parts.append(f'<text x="120" y="{axis_y}" class="lane">{start:%Y-%m-%d %H:%M:%S}</text>'
-                 f'<text x="{width + 120:.0f}" y="{axis_y}" class="lane" text-anchor="end">'
-                 f'{end:%Y-%m-%d %H:%M:%S} UTC</text>')
-    return (f'<svg class="timeline" viewBox="0 0 {width + 200:.0f} {axis_y + 6}" width="100%" '
-            f'role="img" aria-label="job timeline">{"".join(parts)}</svg>')
-
-
-def job_live_html(view: JobView, now: datetime) -> str:
-    """The part of the job page that refreshes itself: state, progress, timeline."""
-    job = view.job
-    progress = "unknown (the job file gives no work estimate)" if view.progress is None else \
-        f'<progress max="1" value="{view.progress:.3f}"></progress> {100 * view.progress:.0f}%'
-    finish = f", predicted finish {view.finish:%Y-%m-%d %H:%M} UTC" if view.finish else ""
+    progress = ("unknown (no progress reported and the job file gives no work estimate)"
+                if view.progress.source == UNKNOWN else progress_html(view.progress))
+    finish = f", finish at this pace {times.at(view.progress.finish)}" if view.progress.finish else ""
     live = "" if job.finished_at else f' hx-get="/jobs/{e(job.id)}/live" hx-trigger="every 2s" hx-swap="outerHTML"'
-    return (f'<section id="job-live"{live}><p>State {_state_badge(job.state)} · attempt {job.attempt} · '
+    ran = times.span(((job.finished_at or now) - job.created_at).total_seconds())
+    return (f'<section id="job-live"{live}>{_reason(job)}<p>State {_state_badge(job.state)} · attempt {job.attempt} · '
             f'{job.preemptions} preemption(s) · {job.migrations} migration(s) · '
-            f'{job.work_lost_s / 3600:,.2f} h of work lost · zones: {e(", ".join(job.zones or []) or "-")}</p>'
-            f'<p>Progress: {progress}{finish}</p>{timeline_svg(view, now)}</section>')
+            f'{e(times.span(job.work_lost_s))} of work lost · zones: {e(", ".join(job.zones or []) or "-")}</p>'
+            f'<p>Submitted {times.at(job.created_at)} · {"took" if job.finished_at else "running for"} {e(ran)}</p>'
+            f'<p class="job-progress">Progress: {progress}{finish}</p>{timeline_svg(view, now, times)}</section>')
 
 
 def _gpu_chart(view: JobView, now: datetime) -> str:
@@ -325,16 +294,18 @@ def _sizing(view: JobView) -> str:
     return f'<h3>Right-sizing (from its measured GPUs; never applied)</h3><ul class="rightsizing">{items}</ul>'
 
 
-def render_job(view: JobView, home: Path, now: datetime) -> str:
+def render_job(view: JobView, home: Path, now: datetime, times: Times) -> str:
     job = view.job
     ledger_rows = [[e(c), e(z), e(u), f"{n:.1f}", e(money(cost)), e(money(od))]
                    for c, z, u, n, cost, od in view.ledger]
     total = sum(r[4] for r in view.ledger)
-    events = [[f"{ev.at:%Y-%m-%d %H:%M:%S}", e(ev.kind), e(ev.from_state or ""), e(ev.to_state or ""),
+    events = [[times.at(ev.at, seconds=True), e(ev.kind), e(ev.from_state or ""), e(ev.to_state or ""),
                e(", ".join(f"{k}={v}" for k, v in (ev.detail or {}).items())[:200])] for ev in view.events[-50:]]
     tail = log_tail(home, job.id)
+    stage = f" · stage {job.stage} of pipeline {e(job.pipeline_id)}" if job.stage else ""
     return (f'<p>{e(job.name)} · team {e(job.team)} · priority {job.priority} · {job.num_nodes} node(s) × '
-            f'{job.gpus_per_node} {e(job.accelerator or "GPU")}</p>{job_live_html(view, now)}'
+            f'{job.gpus_per_node} {e(job.accelerator or "GPU")}{stage}</p>{times.note()}'
+            f'{job_live_html(view, now, times)}'
             f'<h2>GPU utilisation (measured)</h2>{_gpu_chart(view, now)}{_sizing(view)}'
             f'<h2>Ledger ({e(money(total))})</h2>'
             + table(["cluster", "zone", "usage", "minutes", "cost", "on-demand"], ledger_rows)

@@ -11,6 +11,7 @@ from broker.reports.window import Window
 from broker.store import Store
 from broker.web.html import e, money, table
 from broker.web.session import Viewer
+from broker.web.times import Times
 
 SINCE_CHOICES = ("1d", "7d", "30d", "90d")
 SHOWN_GROUPS = ("team", "cloud", "gpu")
@@ -28,7 +29,8 @@ def _card(label: str, value: str, key: str) -> str:
 
 
 def daily_chart_data(report: Report) -> dict[str, object]:
-    """A bar per UTC day of the window per cloud (the report chart's colours) and the on-demand equivalent."""
+    """A bar per UTC day of the window, stacked by cloud (the report chart's colours), each framed by the
+    day's on-demand equivalent (a dashed outline: what the same hours would have cost on demand)."""
     from broker.reports.charts import cloud_colours, window_days
 
     days = [d.isoformat() for d in window_days(report)]
@@ -43,11 +45,21 @@ def daily_chart_data(report: Report) -> dict[str, object]:
             spend[point.cloud][i] += point.spend
             on_demand[i] += point.on_demand
     stamps = [int(datetime.fromisoformat(d).replace(tzinfo=UTC).timestamp()) + 43200 for d in days]
-    series: list[dict[str, object]] = [{"label": f"{c} spend", "colour": colours[c],
+    # The legend carries each series' total over the window (it does not follow the cursor).
+    series: list[dict[str, object]] = [{"label": f"{c} spend ({money(sum(spend[c]))})", "colour": colours[c],
                                         "values": [round(v, 4) for v in spend[c]], "bars": True} for c in clouds]
-    series.append({"label": "on-demand equivalent", "colour": "#222222", "values": [round(v, 4) for v in on_demand],
-                   "dash": True})
-    return {"x": stamps, "series": series, "ylabel": "USD per day", "stacked": True}
+    series.append({"label": f"on-demand equivalent ({money(sum(on_demand))})", "colour": "#222222",
+                   "values": [round(v, 4) for v in on_demand], "outline": True})
+    return {"x": stamps, "series": series, "ylabel": "USD per day", "stacked": True, "days": True,
+            "legend": "static"}
+
+
+def _wall_window(report: Report, times: Times) -> str:
+    """On a replay the window is on the market's clock (what the ledger bills): say when that was on the wall."""
+    if not times.replay:
+        return times.note()
+    return (f'{times.note()}<p class="window-wall">Window on the wall clock: {times.at(report.start)} to '
+            f'{times.at(report.end)}</p>')
 
 
 def chart_div(data: dict[str, object], title: str) -> str:
@@ -66,7 +78,7 @@ def shown_json(report: Report) -> dict[str, object]:
     return shown.to_dict()
 
 
-def render(report: Report, since: str | None, start: str | None, end: str | None) -> str:
+def render(report: Report, since: str | None, start: str | None, end: str | None, times: Times) -> str:
     t = report.totals
     chosen = since or ("" if start else "7d")
     choices = "".join(f'<option value="{c}"{" selected" if c == chosen else ""}>{c}</option>' for c in SINCE_CHOICES)
@@ -75,7 +87,7 @@ def render(report: Report, since: str | None, start: str | None, end: str | None
             f'<label>or from <input name="from" value="{e(start or "")}" placeholder="2026-03-02"></label>'
             f'<label>to <input name="to" value="{e(end or "")}" placeholder="now"></label>'
             f'<button type="submit">Show</button></form>'
-            f'<p class="window-text">{e(report.title)}</p>')
+            f'<p class="window-text">{e(report.title)}</p>{_wall_window(report, times)}')
     cards = "".join([
         _card("Spend", money(t.spend), "spend"),
         _card("On-demand would have cost", money(t.on_demand), "on_demand"),
@@ -95,13 +107,22 @@ def render(report: Report, since: str | None, start: str | None, end: str | None
         "<p>No idle GPU-hours in the window.</p>"
     groups = []
     for dimension, title in zip(SHOWN_GROUPS, ("By team", "By cloud", "By GPU type"), strict=True):
+        shown = report.groups.get(dimension, [])[:SHOWN_ROWS]
+        if dimension == "gpu":  # the report keys a CPU-only instance by its type: listed apart, not as a GPU
+            cpu = [g for g in shown if not g.figures.gpu_hours]
+            shown = [g for g in shown if g.figures.gpu_hours]
         rows = [[e(g.label), e(money(g.figures.spend)), e(money(g.figures.on_demand)),
                  f"{g.figures.saving_pct:.1f}%", f"{g.figures.gpu_hours:,.2f}", str(g.figures.preemptions)]
-                for g in report.groups.get(dimension, [])[:SHOWN_ROWS]]
-        groups.append(f"<section><h3>{title}</h3>"
-                      + table(["", "spend", "on-demand", "saved", "GPU-h", "preemptions"], rows) + "</section>")
-    chart = chart_div(daily_chart_data(report), "Daily spend by cloud (stacked) and its on-demand equivalent, USD") \
-        if report.daily else '<p class="empty">No ledger minutes in the window: nothing to chart.</p>'
+                for g in shown]
+        apart = ""
+        if dimension == "gpu" and cpu:
+            apart = ('<p class="cpu-only">CPU-only instances (no GPU-hours): '
+                     + ", ".join(f"{e(g.label)} {e(money(g.figures.spend))}" for g in cpu) + "</p>")
+        groups.append(f'<section data-group="{dimension}"><h3>{title}</h3>'
+                      + table(["", "spend", "on-demand", "saved", "GPU-h", "preemptions"], rows) + apart + "</section>")
+    chart = chart_div(daily_chart_data(report), "Spend per UTC day by cloud (stacked), framed by its on-demand "
+                      "equivalent (dashed), USD") if report.daily else \
+        '<p class="empty">No ledger minutes in the window: nothing to chart.</p>'
     wastes = "".join(f"<li>{e(w.suggestion)}</li>" for w in report.wastes[:5]) or "<li>none</li>"
     data = json.dumps(shown_json(report)).replace("</", "<\\/")
     return (f"{form}<div class=cards>{cards}</div>{chart}<h2>Idle GPU-hours by cause</h2>{idle}"

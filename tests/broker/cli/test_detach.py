@@ -39,9 +39,17 @@ def _wait(home: Path, job_id: str, states: set[str], timeout: float = 90) -> dic
 
 @pytest.mark.slow
 def test_detach_status_logs_cancel(broker_home: Path) -> None:
+    previous = subprocess.Popen([sys.executable, "-c", "pass"])  # a previous engine, long gone
+    previous.wait()
+    broker_home.mkdir(mode=0o700, parents=True, exist_ok=True)
+    (broker_home / "engine.lock").write_text(f"{previous.pid}\n")
     launched = _broker(broker_home, "launch", "examples/quickstart.yaml", "--detach", "--json")
     assert launched.returncode == 0, launched.stderr
     job_id = json.loads(launched.stdout)["job_id"]
+    # The lock names the engine just started, from the moment launch returns: never the dead one.
+    holder = int((broker_home / "engine.lock").read_text().split()[0])
+    assert holder != previous.pid
+    os.kill(holder, 0)  # alive: the pid to signal to stop it
     running = _wait(broker_home, job_id, {"RUNNING"})
     assert running["zone"] and running["price_per_hour"] > 0
     time.sleep(1.0)
@@ -60,4 +68,5 @@ def test_detach_status_logs_cancel(broker_home: Path) -> None:
         time.sleep(0.5)
     else:
         raise AssertionError(f"clusters still alive after cancel: {states}")
-    assert _broker(broker_home, "cancel", job_id).stdout.strip().endswith("CANCELLED")  # idempotent
+    again = _broker(broker_home, "cancel", job_id)  # it already ended: said so, and not a success
+    assert again.returncode == 1 and f"{job_id} had already ended (CANCELLED): nothing to cancel" in again.stderr

@@ -76,7 +76,9 @@ def test_remote_commands_print_what_embedded_ones_do(tmp_path: Path, replica: Re
     detached = out.split()[1].rstrip(";")
     assert code == 0 and out.startswith(f"submitted {detached}; follow it with `broker logs {detached} --follow`")
     assert _run(["cancel", detached, *server], capsys) == (0, f"{detached}: CANCELLED\n", "")
-    assert _run(["cancel", detached], capsys) == (0, f"{detached}: CANCELLED\n", "")
+    again = _run(["cancel", detached], capsys)  # it ended (cancelled): said so, and not a success
+    assert again[0] == 1 and again[1] == ""
+    assert f"{detached} had already ended (CANCELLED): nothing to cancel" in again[2]
 
     bad = tmp_path / "bad.yaml"
     bad.write_text("name: t\nresources:\n  accelerators: V100:1\n")

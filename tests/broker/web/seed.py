@@ -110,3 +110,33 @@ def seed_fleet(store: Store) -> dict[str, str]:
             book.record(cloud, [SpotQuote(cloud, zone[:-1], zone, itype, acc, gpn, round(spot * wobble, 3), od, at,
                                           available_nodes=3, capacity_score=7.0)], at=at)
     return {"alpha": "j-alpha-run", "alpha_done": "j-alpha-done", "beta": "j-beta-run"}
+
+
+GPU_TYPES = ("A100", "A100-80GB", "H100", "H200", "L4", "L40S", "A10G", "T4", "V100", "K80", "P100", "A10", "B200",
+             "MI300X", "RTX6000", "A40")
+CPU_TYPES = ("m7i.2xlarge", "c7i.4xlarge", "r7i.8xlarge", "n2-standard-8", "Standard_D8s_v5")
+
+
+def fill_price_book(store: Store, offers: int = 5000, at: datetime | None = None) -> int:
+    """A price book as three clouds' pollers fill it: ``offers`` quotes over GPU types and zones, a tenth
+    CPU-only (accelerator "", 0 GPUs), each its own offer; returns how many were recorded."""
+    at = at or NOW
+    book = PriceBook(store)
+    by_cloud: dict[str, list[SpotQuote]] = {"aws": [], "gcp": [], "azure": []}
+    clouds = list(by_cloud)
+    for i in range(offers):
+        cloud = clouds[i % 3]
+        region = f"{cloud}-region-{(i // 3) % 40}"
+        zone = f"{region}{'abcdef'[(i // 120) % 6]}"
+        if i % 10 == 9:
+            itype, acc, gpus = f"{CPU_TYPES[i % len(CPU_TYPES)]}-{i}", "", 0
+        else:
+            acc = GPU_TYPES[(i // 7) % len(GPU_TYPES)]
+            gpus = (1, 2, 4, 8)[i % 4]
+            itype = f"{acc.lower()}-{gpus}x-{i}"
+        base = 0.4 + 0.3 * (i % 11) + (0 if gpus == 0 else 1.1 * gpus)
+        by_cloud[cloud].append(SpotQuote(cloud, region, zone, itype, acc, gpus, round(base * 0.35, 4), round(base, 4),
+                                         at, available_nodes=i % 5, capacity_score=float(1 + i % 10)))
+    for cloud, quotes in by_cloud.items():
+        book.record(cloud, quotes, at=at)
+    return offers

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from tests.broker.web.conftest import Dashboard
@@ -88,7 +90,9 @@ def test_job_page_shows_timeline_ledger_and_markers(dashboard: Dashboard) -> Non
     html = dashboard.signed_in("alpha").get(f"/jobs/{dashboard.jobs['alpha']}").text
     assert 'class="marker notice"' in html and 'class="marker migration"' in html
     assert 'data-zone="us-central1-a"' in html and 'data-zone="us-east-1a"' in html
-    assert 'class="price"' in html and "Ledger ($" in html and "predicted finish" in html
+    assert 'class="price"' in html and "Ledger ($" in html and "finish at this pace" in html
+    assert html.count('class="price-axis"') == 3 and "$0.00</text>" in html  # the $/h line has an axis
+    assert 'class="legend timeline-legend"' in html and '<span class="legend-item" data-state="MIGRATING">' in html
 
 
 def test_job_page_counts_ledger_minutes_by_seconds_billed_not_by_rows(dashboard: Dashboard) -> None:
@@ -116,10 +120,16 @@ def test_clusters_page_draws_nvlink_groups_and_marks_holders(dashboard: Dashboar
     assert 'class="nvgroup"' in html  # p4d: eight A100s on one NVSwitch
 
 
-def test_market_page_charts_each_accelerator(dashboard: Dashboard) -> None:
-    html = dashboard.signed_in("alpha").get("/market").text
-    assert "A100: spot price per zone" in html and "us-east-1a" in html and "eastus-1" in html
+def test_market_page_has_a_row_per_gpu_type_and_a_page_charting_its_cheapest_zones(dashboard: Dashboard) -> None:
+    alpha = dashboard.signed_in("alpha")
+    html = alpha.get("/market").text
+    assert html.count('<tr data-gpu="A100">') == 1  # three offers, one row: the cheapest spot per GPU-hour
+    assert "aws/us-east-1a" in html  # 9.8 $ a node of 8 GPUs (1.23 a GPU) beats 1.5 $ for 1 at every wobble
     assert "preemption notice" not in html  # the notice is three days old: no zone is avoided now
+    assert 'href="/market/gpu/A100"' in html
+    gpu = alpha.get("/market/gpu/A100").text
+    assert "A100: spot price in its 3 cheapest zone(s) now" in gpu and "data-chart" in gpu
+    assert "us-east-1a" in gpu and "us-central1-a" in gpu and "eastus-1" in gpu
 
 
 @pytest.mark.slow
@@ -195,3 +205,159 @@ def test_a_finished_measured_job_s_page_says_what_would_have_fit(dashboard: Dash
     assert "<b>eval</b>" not in html  # the store's text is escaped
     running = dashboard.signed_in("alpha").get(f"/jobs/{dashboard.jobs['alpha']}").text
     assert 'class="gpu-chart"' in running and 'class="rightsizing"' not in running  # still running: no advice
+
+
+def _status_json(dashboard: Dashboard, db_url: str, job_id: str) -> dict[str, object]:
+    import json
+    import os
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "broker", "status", job_id, "--json"], capture_output=True, text=True,
+                          timeout=300, env={**os.environ, "BROKER_DB_URL": db_url,
+                                            "BROKER_HOME": str(dashboard.home)})
+    assert done.returncode == 0, done.stderr
+    result: dict[str, object] = json.loads(done.stdout)
+    return result
+
+
+def _shown_progress(html: str, job_id: str | None = None) -> str:
+    import re
+    from html import unescape
+
+    scope = html[html.index(f'<tr data-job="{job_id}"'):] if job_id else html
+    found = re.search(r'<span class="progress"[^>]*>(?:<progress[^>]*></progress> )?([^<]*)</span>', scope)
+    assert found, scope[:2000]
+    return unescape(found.group(1))
+
+
+def test_status_the_jobs_list_and_the_job_page_show_one_progress(dashboard: Dashboard, db_url: str) -> None:
+    from datetime import timedelta
+
+    from broker.store.tables import ProgressRow
+    from tests.broker.web.seed import NOW
+
+    job = dashboard.jobs["alpha"]
+    alpha = dashboard.signed_in("alpha")
+    # No report yet: all three show the estimate from its run time against broker.work, and say so.
+    before = _status_json(dashboard, db_url, job)
+    assert before["progress_source"] == "estimated"
+    assert _shown_progress(alpha.get("/jobs").text, job) == before["progress_text"]
+    assert _shown_progress(alpha.get(f"/jobs/{job}").text) == before["progress_text"]
+    # Its agent reports step 1141 of 3000: the job's own figure wins everywhere (the estimate says 74 %).
+    with dashboard.store.transaction() as s:
+        s.add(ProgressRow(job_id=job, attempt=2, step=200, total=3000, at=NOW - timedelta(minutes=5)))
+        s.add(ProgressRow(job_id=job, attempt=2, step=1141, total=3000, at=NOW))
+    after = _status_json(dashboard, db_url, job)
+    assert after["progress_text"] == "1141/3000 (38%, reported)" and after["progress_share"] == 0.3803
+    assert _shown_progress(alpha.get("/jobs").text, job) == after["progress_text"]
+    assert _shown_progress(alpha.get(f"/jobs/{job}").text) == after["progress_text"]
+    assert _shown_progress(alpha.get(f"/jobs/{job}/live").text) == after["progress_text"]
+
+
+def test_jobs_list_and_job_page_carry_the_operator_s_columns_and_the_failure_reason_first(
+        dashboard: Dashboard) -> None:
+    from datetime import timedelta
+
+    from broker.store.tables import JobRow
+    from tests.broker.web.seed import DAY0
+
+    with dashboard.store.transaction() as s:
+        s.add(JobRow(id="j-alpha-stage", name="prep", team="alpha", state="FAILED", priority=500, spec={},
+                     backend="local", num_nodes=1, gpus_per_node=1, accelerator="A100", checkpoint_dir="/c",
+                     created_at=DAY0, updated_at=DAY0, finished_at=DAY0 + timedelta(minutes=42), zones=[],
+                     pipeline_id="p-1234", stage=2, exit_code=3, reason="run exited 3: <script>x</script>"))
+    alpha = dashboard.signed_in("alpha")
+    listing = alpha.get("/jobs").text
+    for head in ("preemptions / migrations", "pipeline stage", "duration"):
+        assert f"<th>{head}</th>" in listing
+    row = listing[listing.index('<tr data-job="j-alpha-stage"'):]
+    row = row[:row.index("</tr>")]
+    assert "<td>2 of p-1234</td>" in row and "<td>42 min</td>" in row and "<td>0 / 0</td>" in row
+    run = listing[listing.index('<tr data-job="j-alpha-run"'):]
+    assert "<td>1 / 1</td>" in run[:run.index("</tr>")]
+    page = alpha.get("/jobs/j-alpha-stage").text
+    body = page[page.index("<main>"):]
+    assert body.index("data-reason") < body.index("State ") < body.index("svg")  # the reason comes first
+    assert "FAILED (exit code 3): run exited 3: &lt;script&gt;x&lt;/script&gt;" in body and "<script>x" not in body
+    assert "stage 2 of pipeline p-1234" in body
+
+
+def test_clusters_show_team_uptime_and_cost_so_far(dashboard: Dashboard) -> None:
+    import re
+
+    html = dashboard.signed_in("admin").get("/clusters").text
+    rows = dict(re.findall(r'<tr data-cluster-row="([^"]+)">(.*?)</tr>', html))
+    assert set(rows) == {"c-aws", "c-azure"}
+    # c-aws: 9.8 $/h, 4 of 8 GPUs held (half the node) plus the other half idle, two hours a day on days 1 and 2.
+    assert "<td>alpha</td>" in rows["c-aws"] and "<td data-cost>$39.20</td>" in rows["c-aws"]
+    assert "<td>beta</td>" in rows["c-azure"] and "<td data-cost>$12.00</td>" in rows["c-azure"]
+    assert re.search(r"<td data-uptime>2 d 2\d h</td>", rows["c-aws"])
+    assert "c-azure" not in dashboard.signed_in("alpha").get("/clusters").text
+
+
+def test_pages_on_a_replayed_market_show_wall_clock_times_with_the_market_s_beside(db_url: str,
+                                                                                  broker_home: Path) -> None:
+    from datetime import timedelta
+
+    from fastapi.testclient import TestClient
+
+    from broker.api.app import create_app
+    from broker.clock import AcceleratedClock
+    from broker.intake import Intake
+    from broker.store import open_store
+    from broker.tokens import create_api_token
+    from tests.broker.web.seed import DAY0, seed_fleet
+
+    store = open_store(db_url)
+    try:
+        seed_fleet(store)
+        token = create_api_token(store, "admin").token
+        # The replay began at DAY0 on the wall clock, 60x: DAY0 + 1 day of market is DAY0 + 24 min of wall.
+        clock = AcceleratedClock((DAY0 - timedelta(minutes=1)).timestamp(), 60.0)
+        client = TestClient(create_app(store, clock, Intake(broker_home, "local", None)))
+        client.post("/login", data={"token": token})
+        listing = client.get("/jobs").text
+        wall = DAY0 - timedelta(minutes=1) + timedelta(seconds=60 / 60)
+        assert f"{wall:%Y-%m-%d %H:%M}</time> <span class=\"market-time\" title=\"market clock\">(market " \
+               f"{DAY0:%Y-%m-%d %H:%M})</span>" in listing
+        assert "60× faster" in listing
+        page = client.get("/jobs/j-alpha-run").text
+        assert "(market " in page and "wall)" in page  # durations: market time and the wall time they took
+        assert "(market " in client.get("/").text  # the Overview says when its window was on the wall clock
+        # Zones avoided are judged on the market's clock: a notice 2 market hours old is over (the zone is
+        # avoided for 1 h), one 10 market minutes old is not; the wall clock is months behind either.
+        from broker.store.tables import NoticeRow
+
+        with store.transaction() as s:
+            s.add(NoticeRow(dedup_key="old", cluster_id="c-aws", node="node-0", kind="preemption",
+                            source="metadata", received_at=clock.now() - timedelta(hours=2), detail={}))
+        assert "preemption notice" not in client.get("/market").text
+        with store.transaction() as s:
+            s.add(NoticeRow(dedup_key="new", cluster_id="c-azure", node="node-0", kind="rebalance",
+                            source="metadata", received_at=clock.now() - timedelta(minutes=10), detail={}))
+        market = client.get("/market").text
+        assert "rebalance notice" in market and "azure/eastus-1" in market and "(market " in market
+    finally:
+        store.dispose()
+
+
+@pytest.mark.parametrize("params", [{"sort": "price;drop"}, {"order": "up"}, {"page": "0"}, {"page": "9" * 40},
+                                    {"page": "NaN"}, {"cloud": "x" * 500}, {"gpu": "A\x01100"},
+                                    {"kind": "tpu"}])
+def test_bad_market_queries_are_one_clear_400(dashboard: Dashboard, params: dict[str, str]) -> None:
+    response = dashboard.signed_in("admin").get("/market", params=params)
+    field = next(iter(params))
+    assert response.status_code == 400
+    assert f"{field}:" in response.text or f"query parameter '{field}'" in response.text
+
+
+def test_a_gpu_type_without_quotes_is_a_404_and_a_hostile_name_is_refused(dashboard: Dashboard) -> None:
+    admin = dashboard.signed_in("admin")
+    assert admin.get("/market/gpu/TPUv9").status_code == 404
+    assert "no quote for &#x27;TPUv9&#x27;" in admin.get("/market/gpu/TPUv9").text
+    assert admin.get("/market/gpu/" + "H" * 300).status_code == 400
+    # A lone surrogate's bytes in the query: read as a replacement character, matching nothing.
+    surrogate = admin.get("/market?region=%ED%A0%80")
+    assert surrogate.status_code in (200, 400) and "Traceback" not in surrogate.text
+    assert admin.get("/market/gpu/%3Cb%3E").status_code == 404 and "<b>" not in admin.get("/market/gpu/%3Cb%3E").text
