@@ -1,6 +1,6 @@
 """The engine on the SkyPilot backend decides on the price book and bills at its prices as they move.
 
-SkyPilot's SDK is the fake at its API server boundary; the market is the real price book over the
+SkyPilot's API server is the stand-in (``tests/skystandin``); the market is the real price book over the
 real store, fed as the pollers feed it; the clock runs at 60x so minutes pass in seconds.
 """
 
