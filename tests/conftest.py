@@ -6,10 +6,14 @@ import os
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
 from tests.leftovers import SESSION_MARK, reap_leftovers
+
+if TYPE_CHECKING:
+    from tests.skystandin.server import SkyStandIn
 
 SHARED = Path(__file__).resolve().parents[2] / "shared"
 TRACES = SHARED / "traces"
@@ -101,3 +105,13 @@ def shared_traces() -> Path:
     if not TRACES.is_dir():
         pytest.skip("the shared real traces are not beside the project")
     return TRACES
+
+
+@pytest.fixture
+def skypilot(tmp_path: Path) -> Iterator[SkyStandIn]:
+    """SkyPilot's API server and clouds, played in this process by ``tests/skystandin`` with nodes that
+    run nothing (a job runs until the test ends it); give the provisioner ``skypilot.sdk()``."""
+    from tests.skystandin.server import SkyStandIn
+
+    with SkyStandIn(tmp_path / "skypilot", launch_seconds=0.05, run_commands=False) as standin:
+        yield standin

@@ -25,7 +25,7 @@ from broker.tokens import SharedAgentTokens
 from policies import kinds
 from policies.selection import IDLE, Location, Plan, SelectionRequest
 from providers.trace import read_trace
-from tests.broker.backends.fake_sky import FakeSky
+from tests.skystandin.server import SkyStandIn
 
 JOB = """\
 name: parity
@@ -103,7 +103,7 @@ def test_engine_and_simulator_build_the_same_request_and_get_the_same_plan(broke
     assert len(set(answers)) >= 2  # the ticks compared include different decisions
 
 
-def test_on_the_price_book_the_engine_sees_the_past_the_simulator_sees(tmp_path: Path) -> None:
+def test_on_the_price_book_the_engine_sees_the_past_the_simulator_sees(tmp_path: Path, skypilot: SkyStandIn) -> None:
     """The price book fed a trace's ticks as polls: the engine's request on the SkyPilot backend's
     market carries the same per-zone history (prices, capacity) as the simulator's at that tick, and
     the policy answers the same."""
@@ -134,7 +134,7 @@ def test_on_the_price_book_the_engine_sees_the_past_the_simulator_sees(tmp_path:
         (sim_request,) = seen
         # A clock standing still at the tick (the policy's now on a live market is the clock's).
         clock = AcceleratedClock((trace.time_of(tick) + shift).timestamp(), 1e-12)
-        engine = Engine(store, clock, live, SkyPilotProvisioner(tmp_path, store_specs(store), sdk=FakeSky()),
+        engine = Engine(store, clock, live, SkyPilotProvisioner(tmp_path, store_specs(store), sdk=skypilot.sdk()),
                         EngineOptions(home=tmp_path, restart_overhead_s=720.0),
                         tokens=SharedAgentTokens(store, tmp_path))
         job_id = engine.submit(spec)

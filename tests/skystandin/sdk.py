@@ -1,7 +1,8 @@
 """The SkyPilot SDK calls the broker makes, answered by the stand-in API server (``server.py``).
 
 ``broker serve`` loads it through its ``skypilot_sdk`` setting (``tests.skystandin.sdk:sky``);
-the server's address is ``$BROKER_SKY_STANDIN_URL``. As in SkyPilot 0.14, every call returns a
+the server's address is ``$BROKER_SKY_STANDIN_URL``. A test in the server's own process takes
+one from ``SkyStandIn.sdk()``, which knows the address. As in SkyPilot 0.14, every call returns a
 ``RequestId`` at once and ``get`` waits for the result: ``sky.status`` as SkyPilot's own
 ``StatusResponse`` records, ``sky.queue`` as ``ClusterJobRecord``s, with SkyPilot's
 ``ClusterStatus`` and ``JobStatus``, and failures raised as the ``sky.exceptions`` class the real
@@ -37,14 +38,19 @@ class StandInSky:
     Task = StandInTask
     StatusRefreshMode = StatusRefreshMode
 
-    def __init__(self) -> None:
+    def __init__(self, url: str | None = None) -> None:
+        self._url = url
         self._client: httpx.Client | None = None
 
     @property
     def client(self) -> httpx.Client:
         if self._client is None:
-            self._client = httpx.Client(base_url=os.environ["BROKER_SKY_STANDIN_URL"], timeout=60)
+            self._client = httpx.Client(base_url=self._url or os.environ["BROKER_SKY_STANDIN_URL"], timeout=60)
         return self._client
+
+    def close(self) -> None:
+        if self._client is not None:
+            self._client.close()
 
     def _call(self, call: str, **args: Any) -> RequestId[Any]:
         try:
@@ -86,7 +92,7 @@ class StandInSky:
 
     def status(self, cluster_names: list[str] | None = None, refresh: Any = None,
                all_users: bool = False) -> RequestId[Any]:
-        return self._call("status")
+        return self._call("status", cluster_names=cluster_names)
 
     def queue(self, cluster_name: str, skip_finished: bool = False, all_users: bool = False) -> RequestId[Any]:
         return self._call("queue", cluster_name=cluster_name)

@@ -5,7 +5,9 @@ nothing here): it refuses a spot launch the trace has no capacity for, brings th
 a provisioning delay, serves each node's instance metadata in the AWS IMDSv2 format, posts the
 spot interruption notice two minutes (scaled by the clock) before the trace takes the capacity
 away, and then kills every process on the nodes. A ``terminate`` file in the directory (or
-SIGTERM) tears the cluster down.
+SIGTERM) tears the cluster down. An ``interrupt`` file asks for a spot interruption now, whatever
+the trace says, as AWS FIS's ``send-spot-instance-interruptions`` does: the notice at once, the
+nodes taken two minutes (scaled by the clock) later.
 """
 
 from __future__ import annotations
@@ -232,6 +234,8 @@ class ClusterHost:
             if (self.dir / "terminate").exists():
                 self.end("terminated on request")
                 return
+            if spot and self.metadata.notice is None and (self.dir / "interrupt").exists():
+                preempt_at, notice_at = now + timedelta(seconds=NOTICE_SECONDS), now
             if self.status["state"] == "PROVISIONING" and now >= up_at:
                 self.save(state="UP", up_wall=self.clock.to_wall(up_at),
                           node_ips=["127.0.0.1"] * self.nodes)

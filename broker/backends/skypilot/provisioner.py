@@ -299,6 +299,8 @@ class SkyPilotProvisioner:
             if phase in (RunPhase.FAILED, RunPhase.START_FAILED):
                 return RunStatus(RunPhase.LOST if self._gone(cluster) else phase, 1, "setup failed" if phase is
                                  RunPhase.START_FAILED else None)
+            if self._gone(cluster):  # running when its queue was last read; the nodes have gone since
+                return RunStatus(RunPhase.LOST)
             return RunStatus(phase)
         if self._gone(cluster):
             return RunStatus(RunPhase.LOST)

@@ -147,6 +147,30 @@ def test_when_the_zone_shrinks_the_youngest_cluster_is_preempted(broker_home: Pa
         _stop_all(provisioner, [older, younger])
 
 
+def test_an_interruption_asked_for_gives_the_notice_at_once_and_takes_the_nodes_after_it(
+        broker_home: Path, tmp_path: Path) -> None:
+    """Whatever the trace says (room in the zone for hours), an ``interrupt`` file is a spot interruption
+    now: the notice on the node's metadata service first, the nodes taken its two market minutes later."""
+    speed = 30.0  # the notice is 4 wall seconds
+    world = LocalWorld.begin(broker_home, str(_trace(tmp_path / "steady.csv", [2] * 600)), speed=speed)
+    provisioner = LocalProvisioner(broker_home, world, provision_seconds=0)
+    cluster = _cluster("c-interrupted")
+    provisioner.launch(cluster)
+    try:
+        _wait(lambda: provisioner.status(cluster).phase is ClusterPhase.UP)
+        status_file = provisioner.cluster_dir(cluster) / "status.json"
+        assert "notice_wall" not in json.loads(status_file.read_text())
+        (provisioner.cluster_dir(cluster) / "interrupt").touch()
+        _wait(lambda: provisioner.status(cluster).phase is ClusterPhase.TERMINATED, timeout=120)
+        assert "reclaimed" in (provisioner.status(cluster).reason or "")
+        status = json.loads(status_file.read_text())
+        notice, action, ended = status["notice_wall"], status["notice_action_wall"], status["ended_wall"]
+        assert notice < ended and action <= ended  # the nodes went at the time the notice named, not before
+        assert action - notice <= 120 / speed  # two market minutes of notice at most (IMDS rounds down)
+    finally:
+        _stop_all(provisioner, [cluster])
+
+
 def test_the_agent_refuses_a_token_file_others_can_read(tmp_path: Path) -> None:
     import subprocess
     import sys

@@ -1,4 +1,5 @@
-"""The SkyPilot provisioner under the real engine and store, with SkyPilot's SDK played by a fake."""
+"""The SkyPilot provisioner under the real engine and store, with SkyPilot's API server played by the
+stand-in (``tests/skystandin``), reached through its SDK."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from broker.store import Store, open_store
 from broker.store.tables import ClusterRow, JobEventRow, JobRow
 from broker.tokens import SharedAgentTokens
 from providers.base import OfferKey, SpotQuote
-from tests.broker.backends.fake_sky import FakeSky
+from tests.skystandin.server import SkyStandIn
 
 JOB = """\
 name: train
@@ -49,10 +50,10 @@ class StaticMarket(LiveQuotes):
         return next(q for q in QUOTES if q.key == key)
 
 
-def _engine(home: Path, store: Store, sky: FakeSky, launch_timeout_s: float = 60.0
+def _engine(home: Path, store: Store, sky: SkyStandIn, launch_timeout_s: float = 60.0
             ) -> tuple[Engine, SkyPilotProvisioner]:
     options = SkyPilotOptions(refresh_s=0.05, launch_timeout_s=launch_timeout_s)
-    provisioner = SkyPilotProvisioner(home, store_specs(store), options, sdk=sky)
+    provisioner = SkyPilotProvisioner(home, store_specs(store), options, sdk=sky.sdk())
     engine = Engine(store, WallClock(), StaticMarket(), provisioner,
                     EngineOptions(home=home, broker_url="http://broker.example:8080"),
                     tokens=SharedAgentTokens(store, home))
@@ -67,6 +68,14 @@ def _until(engine: Engine, done: Callable[[], bool], timeout: float = 10.0) -> N
             return
         time.sleep(0.02)
     raise AssertionError("condition not reached")
+
+
+def _wait(done: Callable[[], bool], timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not done():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached")
+        time.sleep(0.02)
 
 
 def _job_state(store: Store, job_id: str) -> str:
@@ -88,15 +97,16 @@ def store(tmp_path: Path) -> Store:
     return open_store(f"sqlite:///{tmp_path / 'broker.db'}")
 
 
-def test_launch_returns_at_once_and_the_gang_runs_under_the_agent(broker_home: Path, store: Store) -> None:
-    sky = FakeSky(launch_seconds=0.05)
-    sky.hang_launches = True  # the launch cannot finish until released: a step that waited on it would hang
+def test_launch_returns_at_once_and_the_gang_runs_under_the_agent(broker_home: Path, store: Store,
+                                                                   skypilot: SkyStandIn) -> None:
+    sky = skypilot
+    sky.hold()  # the launch cannot finish until released: a step that waited on it would hang
     engine, _ = _engine(broker_home, store, sky)
     job_id = engine.submit(parse_job_spec(JOB, offline=True))
     engine.step()  # the launch is a request id, not a wait
-    assert sky.count("launch") == 1
-    assert _job_state(store, job_id) == "PROVISIONING"
-    sky.hang_launches = False
+    _wait(lambda: sky.count("launch") == 1)  # asked for, and still held
+    assert _job_state(store, job_id) == "PROVISIONING" and not sky.clusters
+    sky.release()
     _until(engine, lambda: _job_state(store, job_id) == "RUNNING")
 
     launched = next(c for c in sky.clusters.values())
@@ -110,12 +120,12 @@ def test_launch_returns_at_once_and_the_gang_runs_under_the_agent(broker_home: P
 
     _until(engine, lambda: bool(launched.jobs))
     job = launched.jobs[0]
-    assert job["job_name"] == f"{job_id}-1"
-    run = job["task"]["run"]
+    assert job.name == f"{job_id}-1"
+    run = job.task["run"]
     assert "-m broker.agent --cloud auto" in run and '--node "$SKYPILOT_NODE_RANK"' in run
     assert "--broker-url http://broker.example:8080" in run and "--token" not in run
     # The agent reads its token from the secret's variable; it never appears on a command line.
-    assert job["task"]["secrets"]["BROKER_AGENT_TOKEN"] == engine.parts.tokens(f"{job_id}-c1")
+    assert job.task["secrets"]["BROKER_AGENT_TOKEN"] == engine.parts.tokens(f"{job_id}-c1")
     assert engine.parts.tokens(f"{job_id}-c1") not in run
     assert "export BROKER_CHECKPOINT_DIR=/broker-checkpoint/train\n" in run
 
@@ -127,12 +137,11 @@ def test_launch_returns_at_once_and_the_gang_runs_under_the_agent(broker_home: P
     _until(engine, lambda: _clusters(store)[0].state == "TERMINATED")
 
 
-def test_capacity_error_moves_to_the_next_offer_and_records_the_zone(broker_home: Path, store: Store) -> None:
-    from sky import exceptions
-
-    sky = FakeSky(launch_seconds=0.05)
-    sky.refuse_zones["us-east-1a"] = exceptions.ResourcesUnavailableError(
-        "Failed to acquire resources in all zones in us-east-1 for {AWS(p3.2xlarge)}. InsufficientInstanceCapacity")
+def test_capacity_error_moves_to_the_next_offer_and_records_the_zone(broker_home: Path, store: Store,
+                                                                     skypilot: SkyStandIn) -> None:
+    sky = skypilot
+    sky.refuse("us-east-1a", "ResourcesUnavailableError", "Failed to acquire resources in all zones in us-east-1 "
+               "for {AWS(p3.2xlarge)}. InsufficientInstanceCapacity")
     engine, _ = _engine(broker_home, store, sky)
     job_id = engine.submit(parse_job_spec(JOB, offline=True))
     _until(engine, lambda: _job_state(store, job_id) == "RUNNING")
@@ -146,11 +155,10 @@ def test_capacity_error_moves_to_the_next_offer_and_records_the_zone(broker_home
         assert failed.detail["capacity"] is True and failed.detail["zone"] == "us-east-1a"
 
 
-def test_other_launch_errors_fail_without_claiming_capacity(broker_home: Path, store: Store) -> None:
-    from sky import exceptions
-
-    sky = FakeSky(launch_seconds=0.05)
-    sky.refuse_zones["us-east-1a"] = exceptions.InvalidClusterNameError("Cluster name is invalid")
+def test_other_launch_errors_fail_without_claiming_capacity(broker_home: Path, store: Store,
+                                                            skypilot: SkyStandIn) -> None:
+    sky = skypilot
+    sky.refuse("us-east-1a", "InvalidClusterNameError", "Cluster name is invalid")
     engine, _ = _engine(broker_home, store, sky)
     job_id = engine.submit(parse_job_spec(JOB, offline=True))
     _until(engine, lambda: any(c.state == "FAILED" for c in _clusters(store)))
@@ -160,40 +168,47 @@ def test_other_launch_errors_fail_without_claiming_capacity(broker_home: Path, s
         assert failed.detail["capacity"] is False
 
 
-def test_a_launch_past_its_timeout_is_cancelled_and_fails(broker_home: Path, store: Store) -> None:
-    sky = FakeSky(launch_seconds=0.0)
-    sky.hang_launches = True
-    engine, _ = _engine(broker_home, store, sky, launch_timeout_s=0.3)
-    engine.submit(parse_job_spec(JOB, offline=True))
+def test_a_launch_past_its_timeout_is_cancelled_and_fails(broker_home: Path, store: Store,
+                                                          skypilot: SkyStandIn) -> None:
+    sky = skypilot
+    sky.launch_seconds = 0.0
+    sky.hold()
+    engine, _ = _engine(broker_home, store, sky, launch_timeout_s=1.0)
+    job_id = engine.submit(parse_job_spec(JOB, offline=True))
     _until(engine, lambda: any(c.state == "FAILED" for c in _clusters(store)))
     assert "took longer than" in (_clusters(store)[0].reason or "")
     _until(engine, lambda: sky.count("api_cancel") >= 1)
-    sky.hang_launches = False
+    sky.release()
+    first = f"broker-{job_id}-c1"
+    (launch,) = [r for r in sky.requests.values() if (r.call, r.cluster) == ("launch", first)]
+    _wait(launch.worked.is_set)
+    assert launch.error is not None and launch.error.kind == "RequestCancelled"
+    assert first not in sky.clusters  # the cancelled launch brought nothing up
 
 
-def test_a_preempted_gang_is_lost_and_replaced_elsewhere(broker_home: Path, store: Store) -> None:
-    sky = FakeSky(launch_seconds=0.05)
+def test_a_preempted_gang_is_lost_and_replaced_elsewhere(broker_home: Path, store: Store,
+                                                         skypilot: SkyStandIn) -> None:
+    sky = skypilot
     engine, _ = _engine(broker_home, store, sky)
     job_id = engine.submit(parse_job_spec(JOB, offline=True))
     _until(engine, lambda: _job_state(store, job_id) == "RUNNING" and bool(sky.clusters[f"broker-{job_id}-c1"].jobs))
-    sky.preempt(f"broker-{job_id}-c1")
+    sky.reclaim(f"broker-{job_id}-c1")
     _until(engine, lambda: len(_clusters(store)) == 2 and _clusters(store)[0].state == "TERMINATED")
     first, second = _clusters(store)
     assert first.state == "TERMINATED" and "reclaimed" in (first.reason or "")
     assert second.zone != first.zone
 
 
-def test_a_restarted_broker_adopts_its_clusters_and_tears_down_strays(broker_home: Path, store: Store) -> None:
-    sky = FakeSky(launch_seconds=0.05)
+def test_a_restarted_broker_adopts_its_clusters_and_tears_down_strays(broker_home: Path, store: Store,
+                                                                      skypilot: SkyStandIn) -> None:
+    sky = skypilot
     engine, _ = _engine(broker_home, store, sky)
     job_id = engine.submit(parse_job_spec(JOB, offline=True))
     name = f"broker-{job_id}-c1"
     _until(engine, lambda: name in sky.clusters and bool(sky.clusters[name].jobs))
     # Left running by a broker that lost its state, and a user's own cluster.
-    from tests.broker.backends.fake_sky import FakeCluster
-
-    sky.clusters["broker-j-gone-c1"] = FakeCluster("broker-j-gone-c1", status="UP", ever_up=True)
-    sky.clusters["my-dev-box"] = FakeCluster("my-dev-box", status="UP", ever_up=True)
+    sky.add_up_cluster("broker-j-gone-c1")
+    sky.add_up_cluster("my-dev-box")
 
     restarted, provisioner = _engine(broker_home, store, sky)  # a new process: no memory of requests
     assert provisioner.reconcile({c.id for c in _clusters(store)}, wait=5) == ["broker-j-gone-c1"]
@@ -204,11 +219,15 @@ def test_a_restarted_broker_adopts_its_clusters_and_tears_down_strays(broker_hom
     assert sky.count("exec") == 1 and sky.count("launch") == 1
 
 
-def test_a_restart_mid_launch_waits_on_the_same_request(broker_home: Path, store: Store) -> None:
-    sky = FakeSky(launch_seconds=1.0)
+def test_a_restart_mid_launch_waits_on_the_same_request(broker_home: Path, store: Store,
+                                                       skypilot: SkyStandIn) -> None:
+    sky = skypilot
+    sky.hold()  # the launch is still running when the broker restarts
     engine, _ = _engine(broker_home, store, sky)
     job_id = engine.submit(parse_job_spec(JOB, offline=True))
     _until(engine, lambda: bool(_clusters(store)) and "launch_request" in (_clusters(store)[0].handle or {}))
     restarted, _ = _engine(broker_home, store, sky)
+    restarted.step()
+    sky.release()
     _until(restarted, lambda: _job_state(store, job_id) == "RUNNING")
     assert sky.count("launch") == 1

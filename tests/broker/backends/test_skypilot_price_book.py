@@ -1,6 +1,6 @@
 """The engine on the SkyPilot backend decides on the price book and bills at its prices as they move.
 
-SkyPilot's SDK is the fake at its API server boundary; the market is the real price book over the
+SkyPilot's API server is the stand-in (``tests/skystandin``); the market is the real price book over the
 real store, fed as the pollers feed it; the clock runs at 60x so minutes pass in seconds.
 """
 
@@ -26,7 +26,7 @@ from broker.store import Store, open_store
 from broker.store.tables import ClusterRow, JobRow, LedgerRow
 from broker.tokens import SharedAgentTokens
 from providers.base import SpotQuote
-from tests.broker.backends.fake_sky import FakeSky
+from tests.skystandin.server import SkyStandIn
 
 JOB = "name: train\nnum_nodes: 2\nresources:\n  accelerators: V100:1\nrun: python train.py\n"
 
@@ -56,15 +56,15 @@ def clusters(store: Store) -> list[ClusterRow]:
         return rows
 
 
-def test_the_book_picks_the_zone_and_the_ledger_follows_its_price_changes(tmp_path: Path) -> None:
+def test_the_book_picks_the_zone_and_the_ledger_follows_its_price_changes(tmp_path: Path, skypilot: SkyStandIn) -> None:
     store = open_store(f"sqlite:///{tmp_path / 'broker.db'}")
     clock = AcceleratedClock.starting_now(60.0)
     book = PriceBook(store)
     start = clock.now()
     for cloud, listed in quotes(east=1.10, west=0.80, gcp=1.30, at=start).items():
         book.record(cloud, listed, at=start)
-    sky = FakeSky(launch_seconds=0.1)
-    provisioner = SkyPilotProvisioner(tmp_path, store_specs(store), SkyPilotOptions(refresh_s=0.05), sdk=sky)
+    sky = skypilot
+    provisioner = SkyPilotProvisioner(tmp_path, store_specs(store), SkyPilotOptions(refresh_s=0.05), sdk=sky.sdk())
     engine = Engine(store, clock, PriceBookMarket(book), provisioner,
                     EngineOptions(home=tmp_path, broker_url="http://broker.example:8080"),
                     tokens=SharedAgentTokens(store, tmp_path))
@@ -76,7 +76,8 @@ def test_the_book_picks_the_zone_and_the_ledger_follows_its_price_changes(tmp_pa
         changed = clock.now().replace(second=0, microsecond=0) + timedelta(minutes=2)
         for cloud, listed in quotes(east=1.60, west=1.20, gcp=1.70, at=changed).items():
             book.record(cloud, listed, at=changed)  # every zone dearer; us-west-2b still the cheapest
-        until(engine, lambda: clock.now() > changed + timedelta(minutes=3), timeout=60)
+        until(engine, lambda: clock.now() > changed + timedelta(minutes=3)
+              and any(c.jobs for c in sky.clusters.values()), timeout=60)
         sky.finish_jobs()
         until(engine, lambda: engine_done(store, job_id))
         with store.transaction() as s:
@@ -101,7 +102,7 @@ CPU_JOB = "name: etl\nresources:\n  cpus: 8+\n  memory: 32+\nrun: python etl.py\
 
 @pytest.mark.slow
 def test_a_cpu_task_goes_to_the_cheapest_spot_cpu_instance_the_pollers_quoted(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, skypilot: SkyStandIn) -> None:
     """The real AWS and GCP pollers, against the stand-in clouds in their wire formats, bring back
     the catalog's CPU-only types spot and on-demand; a `cpus: 8+ memory: 32+` task is launched on
     the cheapest spot one of them that holds it, as the task SkyPilot is handed says."""
@@ -144,8 +145,8 @@ def test_a_cpu_task_goes_to_the_cheapest_spot_cpu_instance_the_pollers_quoted(
     # smaller types are cheaper still: the shape decides, not the price alone
     assert any(not holds(q) and (q.spot_price or 0.0) < (cheapest.spot_price or 0.0) for q in cpu)
     clock = AcceleratedClock.starting_now(60.0)
-    sky = FakeSky(launch_seconds=0.1)
-    provisioner = SkyPilotProvisioner(tmp_path, store_specs(store), SkyPilotOptions(refresh_s=0.05), sdk=sky)
+    sky = skypilot
+    provisioner = SkyPilotProvisioner(tmp_path, store_specs(store), SkyPilotOptions(refresh_s=0.05), sdk=sky.sdk())
     engine = Engine(store, clock, PriceBookMarket(book), provisioner,
                     EngineOptions(home=tmp_path, broker_url="http://broker.example:8080"),
                     tokens=SharedAgentTokens(store, tmp_path))

@@ -1,5 +1,5 @@
 """A job's setup on SkyPilot: run ahead as an ``exec`` beside the running gang, or first in the run's
-``exec`` when the cluster was launched with another job's setup; SkyPilot's SDK played by a fake."""
+``exec`` when the cluster was launched with another job's setup; SkyPilot played by the stand-in."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from broker.backends.base import ClusterInfo, ClusterPhase, JobLaunch, RunPhase
 from broker.backends.skypilot.provisioner import SkyPilotOptions, SkyPilotProvisioner
 from broker.spec.job import JobSpec, parse_job_spec
 from policies.gang import GangPlacement
-from tests.broker.backends.fake_sky import FakeSky
+from tests.skystandin.server import SkyStandIn
 
 JOB = """\
 name: {name}
@@ -42,20 +42,22 @@ def _until(done: Callable[[], bool], timeout: float = 10.0) -> None:
     raise AssertionError("condition not reached")
 
 
-def _up(broker_home: Path, sky: FakeSky, launched_for: JobSpec) -> SkyPilotProvisioner:
-    provisioner = SkyPilotProvisioner(broker_home, lambda _: launched_for, SkyPilotOptions(refresh_s=0.02), sdk=sky)
+def _up(broker_home: Path, sky: SkyStandIn, launched_for: JobSpec) -> SkyPilotProvisioner:
+    provisioner = SkyPilotProvisioner(broker_home, lambda _: launched_for, SkyPilotOptions(refresh_s=0.02),
+                                      sdk=sky.sdk())
     provisioner.launch(CLUSTER)
     _until(lambda: provisioner.status(CLUSTER).phase is ClusterPhase.UP)
     return provisioner
 
 
-def _task(sky: FakeSky, name: str) -> dict[str, object]:
-    _until(lambda: any(j["job_name"] == name for c in sky.clusters.values() for j in c.jobs))
-    return next(j["task"] for c in sky.clusters.values() for j in c.jobs if j["job_name"] == name)
+def _task(sky: SkyStandIn, name: str) -> dict[str, object]:
+    _until(lambda: any(j.name == name for c in sky.clusters.values() for j in c.jobs))
+    return next(j.task for c in sky.clusters.values() for j in c.jobs if j.name == name)
 
 
-def test_an_early_setup_is_an_exec_asking_for_no_gpu_and_its_outcome_is_read(broker_home: Path) -> None:
-    sky = FakeSky(launch_seconds=0.05)
+def test_an_early_setup_is_an_exec_asking_for_no_gpu_and_its_outcome_is_read(broker_home: Path,
+                                                                              skypilot: SkyStandIn) -> None:
+    sky = skypilot
     provisioner = _up(broker_home, sky, _spec("a", "pip install a"))
     b = _spec("b", "pip install b")
     provisioner.prepare_job(CLUSTER, _launch(b, "j-b"))
@@ -71,17 +73,18 @@ def test_an_early_setup_is_an_exec_asking_for_no_gpu_and_its_outcome_is_read(bro
     assert sky.count("exec") == 1
 
 
-def test_a_stopped_early_setup_is_cancelled_in_the_clusters_queue(broker_home: Path) -> None:
-    sky = FakeSky(launch_seconds=0.05)
+def test_a_stopped_early_setup_is_cancelled_in_the_clusters_queue(broker_home: Path, skypilot: SkyStandIn) -> None:
+    sky = skypilot
     provisioner = _up(broker_home, sky, _spec("a", "pip install a"))
     provisioner.prepare_job(CLUSTER, _launch(_spec("b", "sleep 300"), "j-b"))
     _task(sky, "j-b-1-setup")
     provisioner.stop_prepare(CLUSTER, "j-b", 1)
-    _until(lambda: all(j["status"] == "CANCELLED" for c in sky.clusters.values() for j in c.jobs))
+    _until(lambda: all(j.status == "CANCELLED" for c in sky.clusters.values() for j in c.jobs))
 
 
-def test_the_run_carries_the_setup_only_when_neither_the_launch_nor_an_early_setup_ran_it(broker_home: Path) -> None:
-    sky = FakeSky(launch_seconds=0.05)
+def test_the_run_carries_the_setup_only_when_neither_the_launch_nor_an_early_setup_ran_it(
+        broker_home: Path, skypilot: SkyStandIn) -> None:
+    sky = skypilot
     a = _spec("a", "pip install a")
     provisioner = _up(broker_home, sky, a)
     provisioner.start_job(CLUSTER, _launch(a, "j-a"))  # the cluster's own job: its launch ran the setup

@@ -13,6 +13,7 @@ from broker.market.book import PriceBook
 from broker.market.price_market import CATALOG, PRICE_BOOK, PriceBookMarket, quote_age_s
 from broker.store import Store, open_store
 from providers.base import OfferKey, SpotQuote
+from tests.skystandin.server import SkyStandIn
 
 T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 EAST = OfferKey("aws", "us-east-1", "us-east-1a", "p3.2xlarge")
@@ -104,7 +105,8 @@ def test_an_unreadable_catalog_leaves_the_book_and_is_not_asked_again_at_once(st
     assert len(catalog.asked) == 1
 
 
-def test_a_decision_sees_each_zones_recent_past_from_the_book(store: Store, tmp_path: Path) -> None:
+def test_a_decision_sees_each_zones_recent_past_from_the_book(store: Store, tmp_path: Path,
+                                                              skypilot: SkyStandIn) -> None:
     """A day of polls: us-east-1a is the cheaper zone but its placement score has dropped below 4
     for 10 minutes of every 20; us-west-2b's (at 0.90) for 10 minutes of every 6 hours, three hours
     ago last. Now both score 9. The engine's request carries
@@ -118,7 +120,6 @@ def test_a_decision_sees_each_zones_recent_past_from_the_book(store: Store, tmp_
     from broker.tokens import SharedAgentTokens
     from policies import kinds
     from policies.selection import IDLE, Location
-    from tests.broker.backends.fake_sky import FakeSky
 
     now = datetime.now(UTC).replace(microsecond=0)
     book = PriceBook(store)
@@ -132,7 +133,7 @@ def test_a_decision_sees_each_zones_recent_past_from_the_book(store: Store, tmp_
 
     def first_choice(market: PriceBookMarket) -> tuple[str, object]:
         clock = AcceleratedClock(now.timestamp(), 1e-12)  # standing at ``now``
-        engine = Engine(store, clock, market, SkyPilotProvisioner(tmp_path, store_specs(store), sdk=FakeSky()),
+        engine = Engine(store, clock, market, SkyPilotProvisioner(tmp_path, store_specs(store), sdk=skypilot.sdk()),
                         EngineOptions(home=tmp_path), tokens=SharedAgentTokens(store, tmp_path))
         job_id = engine.submit(parse_job_spec(job_text, offline=True))
         with store.transaction() as s:

@@ -1,6 +1,6 @@
 """`broker serve` on the SkyPilot backend: the leader's engine launches through SkyPilot on the price book.
 
-In process, with SkyPilot's SDK played by the fake at its API server boundary, on SQLite and on
+In process, with SkyPilot's API server played by the stand-in (``tests/skystandin``), on SQLite and on
 PostgreSQL; the processes, failover and real agents are the end-to-end test's.
 """
 
@@ -23,7 +23,7 @@ from broker.spec.job import parse_job_spec
 from broker.store import Store, open_store
 from broker.store.tables import ClusterRow, JobRow
 from providers.base import SpotQuote
-from tests.broker.backends.fake_sky import FakeSky
+from tests.skystandin.server import SkyStandIn
 
 JOB = "name: train\nnum_nodes: 2\nresources:\n  accelerators: V100:1\nrun: python train.py\n"
 
@@ -43,7 +43,8 @@ def state(store: Store, job_id: str) -> str | None:
         return None if job is None else f"{job.state} ({job.reason})"
 
 
-def test_the_leader_launches_in_the_zone_the_price_book_made_cheapest(broker_home: Path, db_url: str) -> None:
+def test_the_leader_launches_in_the_zone_the_price_book_made_cheapest(broker_home: Path, db_url: str,
+                                                                      skypilot: SkyStandIn) -> None:
     store = open_store(db_url)
     now = datetime.now(UTC)
     PriceBook(store).record("aws", [
@@ -55,8 +56,8 @@ def test_the_leader_launches_in_the_zone_the_price_book_made_cheapest(broker_hom
     # policy may choose to wait for the cheaper zone's capacity to come back).
     settings = load_settings(backend="skypilot", serve_port=0, leader_check_seconds=1.0, poll_seconds=0.2,
                              db_url=db_url, selection_policy="cheapest_spot", price_poll_seconds={})
-    sky = FakeSky(launch_seconds=0.1)
-    service = Service(settings, store, sdk=sky)
+    sky = skypilot
+    service = Service(settings, store, sdk=sky.sdk())
     try:
         threading.Thread(target=service._renew, daemon=True).start()  # as run() does, without its signals
         service._campaign()
@@ -75,6 +76,7 @@ def test_the_leader_launches_in_the_zone_the_price_book_made_cheapest(broker_hom
             assert (cluster.zone, cluster.price_per_node_hour, cluster.spot) == ("us-west-2b", 0.85, True)
         (launched,) = sky.clusters.values()
         assert launched.task["resources"]["infra"] == "aws/us-west-2/us-west-2b"
+        wait(lambda: bool(launched.jobs), what=lambda: f"SkyPilot calls {sky.calls[-4:]}")  # the exec arrived
         sky.finish_jobs()
         wait(lambda: (state(store, job_id) or "").startswith("SUCCEEDED"),
              what=lambda: f"job {state(store, job_id)}, leading {service.leading}")
@@ -82,7 +84,8 @@ def test_the_leader_launches_in_the_zone_the_price_book_made_cheapest(broker_hom
         service.shutdown()
 
 
-def test_a_replica_takes_over_a_dead_leader_and_adopts_its_cluster(broker_home: Path, db_url: str) -> None:
+def test_a_replica_takes_over_a_dead_leader_and_adopts_its_cluster(broker_home: Path, db_url: str,
+                                                                    skypilot: SkyStandIn) -> None:
     """The leader stops dead (no renewal, no release: a SIGKILL or a frozen host); the other replica
     takes the lease when it runs out, finds the gang in SkyPilot's status and finishes the job."""
     store = open_store(db_url)
@@ -92,8 +95,8 @@ def test_a_replica_takes_over_a_dead_leader_and_adopts_its_cluster(broker_home: 
     ], at=now)
     settings = load_settings(backend="skypilot", serve_port=0, leader_check_seconds=1.0, poll_seconds=0.2,
                              db_url=db_url, selection_policy="cheapest_spot", price_poll_seconds={})
-    sky = FakeSky(launch_seconds=0.1)  # one SkyPilot API server, as both replicas would share
-    first, second = Service(settings, store, sdk=sky), Service(settings, open_store(db_url), sdk=sky)
+    sky = skypilot  # one SkyPilot API server, as both replicas share, each with its own client
+    first, second = Service(settings, store, sdk=sky.sdk()), Service(settings, open_store(db_url), sdk=sky.sdk())
     try:
         threading.Thread(target=first._renew, daemon=True).start()
         first._campaign()
@@ -111,6 +114,7 @@ def test_a_replica_takes_over_a_dead_leader_and_adopts_its_cluster(broker_home: 
             return second.leading
 
         wait(took_over, timeout=60)
+        wait(lambda: any(c.jobs for c in sky.clusters.values()), what=lambda: f"SkyPilot calls {sky.calls[-4:]}")
         sky.finish_jobs()
         wait(lambda: (state(store, job_id) or "").startswith("SUCCEEDED"),
              what=lambda: f"job {state(store, job_id)}, leading {second.leading}")
@@ -125,7 +129,8 @@ def test_an_unknown_backend_is_refused_naming_the_setting(broker_home: Path) -> 
         Service(load_settings(backend="nimbus", serve_port=0))
 
 
-def test_a_notice_moves_on_the_checkpoint_reported_after_it(broker_home: Path, db_url: str) -> None:
+def test_a_notice_moves_on_the_checkpoint_reported_after_it(broker_home: Path, db_url: str,
+                                                             skypilot: SkyStandIn) -> None:
     """The notice's own report names no checkpoint (a node path the notice API does not take, or a report
     lost); the checkpoint the agent reported after seeing the notice is enough to move, well before the
     notice runs out, and the job resumes from it."""
@@ -143,8 +148,7 @@ def test_a_notice_moves_on_the_checkpoint_reported_after_it(broker_home: Path, d
     ], at=now)
     settings = load_settings(backend="skypilot", serve_port=0, leader_check_seconds=1.0, poll_seconds=0.2,
                              db_url=db_url, selection_policy="cheapest_spot", price_poll_seconds={})
-    sky = FakeSky(launch_seconds=0.1)
-    service = Service(settings, store, sdk=sky)
+    service = Service(settings, store, sdk=skypilot.sdk())
     spec = JOB.replace("run:", "broker:\n  checkpoint:\n    dir: s3://bucket/train\nrun:")
     try:
         threading.Thread(target=service._renew, daemon=True).start()
