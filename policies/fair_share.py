@@ -1,0 +1,367 @@
+"""Fair share across teams: which queued gangs to admit now, and from whom to take borrowed GPUs back.
+
+Every policy is ``policy(request: FairShareRequest) -> FairShareDecision``, pure.
+
+``weighted_fair_share`` (the default):
+
+- **owed**: the fleet's GPUs are divided among the teams that have work (held or queued) by weight,
+  each first given its guaranteed quota (as far as its work needs it), never more than its work or
+  its limit, what one team cannot use going to the others (weighted max-min, "water filling"). A
+  team with a ``parent`` shares in its parent's part, divided among the parent's children the same
+  way; a parent's own jobs count as one more child of weight 1.
+- **order**: queued gangs are taken team by team, the team furthest below its share first: the
+  lower its standing, the mean of (GPUs held and admitted / GPUs owed) and (its recent usage,
+  decayed with a half-life, / the usage its share would have given it), so a team that was idle is
+  not punished for it; within a team, higher priority first, then the earlier submission.
+- **admit**: a gang that fits the free GPUs is admitted, even past its team's share (it borrows
+  what others leave unused), unless its team (or an ancestor) would pass its limit or its budget.
+- **reclaim**: a gang that does not fit, whose team would stay within its share, takes GPUs back
+  from the teams holding more than theirs (the most over first); the caller picks the borrowers'
+  gangs to checkpoint by the least work lost and requeues them.
+- gangs at or above ``exempt_priority`` (``inference``) are admitted whatever the shares: the
+  in-cluster preemption by priority still applies to them.
+
+``fifo`` (today's behaviour: priority, then submission, admitted while they fit) and
+``static_quota`` (each team a fixed part of the fleet, by quota or weight, no borrowing) are the
+baselines; budgets hold under every policy.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from policies.registry import Registry
+
+DEFAULT_WEIGHT = 1.0
+EPSILON = 1e-9
+
+
+@dataclass(frozen=True, slots=True)
+class Team:
+    name: str
+    weight: float = DEFAULT_WEIGHT
+    quota_gpus: int | None = None  # guaranteed, as far as its work needs it
+    limit_gpus: int | None = None  # never more, borrowed or not
+    parent: str | None = None
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.weight) and self.weight > 0):
+            raise ValueError(f"team {self.name!r}: weight must be a positive number, got {self.weight!r}")
+        for name, value in (("quota_gpus", self.quota_gpus), ("limit_gpus", self.limit_gpus)):
+            if value is not None and value < 0:
+                raise ValueError(f"team {self.name!r}: {name} must be >= 0, got {value!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class TeamUsage:
+    team: str
+    held_gpus: int  # GPUs its started gangs hold now (gangs already giving theirs back excluded)
+    decayed_gpu_s: float = 0.0  # GPU-seconds it used recently, each second weighted 2^(-age / half-life)
+    budget_left: float | None = None  # USD left of an enforced budget this period; None: none enforced
+
+
+@dataclass(frozen=True, slots=True)
+class QueuedGang:
+    job_id: str
+    team: str
+    gpus: int
+    priority: int
+    order: int  # submission order, lower first
+    predicted_cost: float = 0.0  # USD, at the prices being paid
+
+
+@dataclass(frozen=True, slots=True)
+class FairShareRequest:
+    capacity_gpus: int | None  # None: no limit on the fleet, so GPUs are never short
+    teams: tuple[Team, ...]
+    usage: tuple[TeamUsage, ...]
+    queued: tuple[QueuedGang, ...]
+    half_life_s: float = 3600.0
+    exempt_priority: int | None = 1000
+
+    def __post_init__(self) -> None:
+        if self.capacity_gpus is not None and self.capacity_gpus < 0:
+            raise ValueError(f"capacity_gpus must be >= 0, got {self.capacity_gpus!r}")
+        if not (math.isfinite(self.half_life_s) and self.half_life_s > 0):
+            raise ValueError(f"half_life_s must be a positive number, got {self.half_life_s!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class Reclaim:
+    job_id: str  # the owner's gang that waits for them
+    gpus: int  # GPUs to take back beyond those free
+    from_teams: tuple[str, ...]  # the borrowers, the most over their share first
+
+
+@dataclass(frozen=True, slots=True)
+class FairShareDecision:
+    admit: tuple[str, ...]
+    reclaims: tuple[Reclaim, ...] = ()
+    waits: tuple[tuple[str, str], ...] = ()  # (job id, why it waits)
+    owed: tuple[tuple[str, float], ...] = ()  # team -> GPUs its share is now
+
+    def reason_of(self, job_id: str) -> str | None:
+        return dict(self.waits).get(job_id)
+
+
+class FairSharePolicy(Protocol):
+    """Which queued gangs to admit now, which wait and why, and what to reclaim for whom."""
+
+    def __call__(self, request: FairShareRequest, /) -> FairShareDecision: ...
+
+
+FAIR_SHARE_POLICIES: Registry[FairSharePolicy] = Registry("fair_share")
+
+
+@dataclass
+class _Books:
+    """What the policy has given out so far in one decision."""
+
+    request: FairShareRequest
+    teams: dict[str, Team]
+    held: dict[str, int]
+    budget: dict[str, float | None]
+    free: float
+    admitted: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    admit: list[str] = field(default_factory=list)
+    waits: list[tuple[str, str]] = field(default_factory=list)
+    reclaims: list[Reclaim] = field(default_factory=list)
+
+    def ancestors(self, team: str) -> list[str]:
+        chain, seen = [team], {team}
+        while (parent := self.teams.get(chain[-1], Team(chain[-1])).parent) is not None and parent not in seen:
+            chain.append(parent)
+            seen.add(parent)
+        return chain
+
+    def subtree_total(self, team: str, of: dict[str, int]) -> int:
+        return sum(n for t, n in of.items() if team in self.ancestors(t))
+
+    def over_limit(self, gang: QueuedGang) -> str | None:
+        for team in self.ancestors(gang.team):
+            limit = self.teams.get(team, Team(team)).limit_gpus
+            if limit is None:
+                continue
+            total = self.subtree_total(team, self.held) + self.subtree_total(team, self.admitted) + gang.gpus
+            if total > limit:
+                return f"waiting: team {team} at its limit of {limit} GPUs"
+        return None
+
+    def over_budget(self, gang: QueuedGang) -> str | None:
+        left = self.budget.get(gang.team)
+        if left is None:
+            return None
+        if left <= 0 or gang.predicted_cost > left + EPSILON:
+            return (f"waiting: budget: team {gang.team} has ${max(left, 0.0):.2f} left this period, "
+                    f"the job is predicted to cost ${gang.predicted_cost:.2f}")
+        return None
+
+    def take(self, gang: QueuedGang) -> None:
+        self.admit.append(gang.job_id)
+        self.admitted[gang.team] += gang.gpus
+        self.free = max(self.free - gang.gpus, 0.0)
+        left = self.budget.get(gang.team)
+        if left is not None:
+            self.budget[gang.team] = left - gang.predicted_cost
+
+    def hold(self, gang: QueuedGang, why: str) -> None:
+        self.waits.append((gang.job_id, why))
+
+
+def _books(request: FairShareRequest) -> _Books:
+    teams = {t.name: t for t in request.teams}
+    held = {u.team: u.held_gpus for u in request.usage}
+    budget = {u.team: u.budget_left for u in request.usage}
+    capacity = math.inf if request.capacity_gpus is None else float(request.capacity_gpus)
+    return _Books(request, teams, held, budget, max(capacity - sum(held.values()), 0.0))
+
+
+def _queues(request: FairShareRequest) -> dict[str, list[QueuedGang]]:
+    queues: dict[str, list[QueuedGang]] = defaultdict(list)
+    for gang in sorted(request.queued, key=lambda g: (-g.priority, g.order, g.job_id)):
+        queues[gang.team].append(gang)
+    return queues
+
+
+def water_fill(capacity: float, claims: list[tuple[str, float, float, float]]) -> dict[str, float]:
+    """``capacity`` divided among ``(name, weight, floor, cap)`` claims: each its floor first (all scaled
+    down alike if the floors do not fit), then the rest by weight, none past its cap, what a capped
+    claim cannot take going to the others."""
+    given = {name: 0.0 for name, _, _, _ in claims}
+    floors = {name: min(floor, cap) for name, _, floor, cap in claims}
+    total_floor = sum(floors.values())
+    scale = 1.0 if total_floor <= capacity else capacity / total_floor
+    for name in given:
+        given[name] = floors[name] * scale
+    left = capacity - sum(given.values())
+    open_claims = [(n, w, c) for n, w, _, c in claims if given[n] < c - EPSILON]
+    while left > EPSILON and open_claims:
+        weights = sum(w for _, w, _ in open_claims)
+        step = min((c - given[n]) / w for n, w, c in open_claims)
+        step = min(step, left / weights)
+        for name, weight, _ in open_claims:
+            given[name] += step * weight
+        left -= step * weights
+        open_claims = [(n, w, c) for n, w, c in open_claims if given[n] < c - EPSILON]
+    return given
+
+
+def owed_shares(request: FairShareRequest) -> dict[str, float]:
+    """GPUs each team with work is owed now (teams without work are owed nothing: others borrow it)."""
+    teams = {t.name: t for t in request.teams}
+    demand: dict[str, float] = defaultdict(float)
+    for usage in request.usage:
+        demand[usage.team] += usage.held_gpus
+    for gang in request.queued:
+        demand[gang.team] += gang.gpus
+    children: dict[str | None, list[str]] = defaultdict(list)
+    for name, team in teams.items():
+        children[team.parent if team.parent in teams else None].append(name)
+    for name in demand:
+        if name not in teams:
+            children[None].append(name)
+
+    def subtree_demand(name: str) -> float:
+        return demand.get(name, 0.0) + sum(subtree_demand(c) for c in children.get(name, []))
+
+    owed: dict[str, float] = {}
+
+    def divide(capacity: float, parent: str | None) -> None:
+        members = list(children.get(parent, []))
+        claims: list[tuple[str, float, float, float]] = []
+        for name in members:
+            team = teams.get(name, Team(name))
+            want = subtree_demand(name)
+            if want <= 0:
+                continue
+            cap = want if team.limit_gpus is None else min(want, team.limit_gpus)
+            claims.append((name, team.weight, float(team.quota_gpus or 0), cap))
+        own = f"{parent}\0own" if parent is not None else None
+        if own is not None and demand.get(parent or "", 0.0) > 0:
+            claims.append((own, DEFAULT_WEIGHT, 0.0, demand[parent or ""]))
+        for name, given in water_fill(capacity, claims).items():
+            if name == own:
+                owed[parent or ""] = owed.get(parent or "", 0.0) + given
+                continue
+            if children.get(name):
+                divide(given, name)
+            else:
+                owed[name] = owed.get(name, 0.0) + given
+
+    total = float(request.capacity_gpus) if request.capacity_gpus is not None else sum(demand.values())
+    divide(total, None)
+    return owed
+
+
+def _standing(books: _Books, owed: dict[str, float], usage: dict[str, float], team: str) -> float:
+    """How far the team is from its share: 0 far below, 1 at it (lower goes first)."""
+    held = books.held.get(team, 0) + books.admitted[team]
+    mine = owed.get(team, 0.0)
+    by_held = held / mine if mine > EPSILON else math.inf
+    total_usage = sum(usage.values())
+    total_owed = sum(owed.values())
+    if total_usage <= EPSILON or total_owed <= EPSILON:
+        return by_held
+    by_usage = (usage.get(team, 0.0) / total_usage) / max(mine / total_owed, EPSILON)
+    return (by_held + by_usage) / 2 if math.isfinite(by_held) else math.inf
+
+
+@FAIR_SHARE_POLICIES.register("weighted_fair_share", default=True)
+def weighted_fair_share(request: FairShareRequest) -> FairShareDecision:
+    books = _books(request)
+    owed = owed_shares(request)
+    usage = {u.team: u.decayed_gpu_s for u in request.usage}
+    excess = {t: books.held.get(t, 0) - owed.get(t, 0.0) for t in books.held}
+    queues = _queues(request)
+    while queues:
+        team = min(queues, key=lambda t: (_standing(books, owed, usage, t), -queues[t][0].priority,
+                                          queues[t][0].order, t))
+        gang = queues[team].pop(0)
+        if not queues[team]:
+            del queues[team]
+        why = books.over_budget(gang) or books.over_limit(gang)
+        exempt = request.exempt_priority is not None and gang.priority >= request.exempt_priority
+        if why is not None:
+            books.hold(gang, why)
+        elif gang.gpus <= books.free + EPSILON or exempt:
+            books.take(gang)
+        else:
+            _reclaim_or_wait(books, owed, excess, gang)
+    return FairShareDecision(tuple(books.admit), tuple(books.reclaims), tuple(books.waits),
+                             tuple(sorted(owed.items())))
+
+
+def _reclaim_or_wait(books: _Books, owed: dict[str, float], excess: dict[str, float], gang: QueuedGang) -> None:
+    held = books.held.get(gang.team, 0) + books.admitted[gang.team]
+    mine = owed.get(gang.team, 0.0)
+    if held + gang.gpus > mine + EPSILON:
+        books.hold(gang, f"waiting: team {gang.team} over its share (holds {held} of {mine:g} GPUs owed)")
+        return
+    need = gang.gpus - math.floor(books.free + EPSILON)
+    borrowers = sorted((t for t, e in excess.items() if e >= 1 - EPSILON and t != gang.team),
+                       key=lambda t: (-excess[t], t))
+    if sum(math.floor(excess[t] + EPSILON) for t in borrowers) < need:
+        books.hold(gang, "waiting: for GPUs (every team is within its share)")
+        return
+    taken, left = [], need
+    for team in borrowers:
+        if left <= 0:
+            break
+        give = min(math.floor(excess[team] + EPSILON), left)
+        excess[team] -= give
+        left -= give
+        taken.append(team)
+    books.reclaims.append(Reclaim(gang.job_id, need, tuple(taken)))
+    books.hold(gang, f"waiting: reclaiming {need} GPU{'s' if need != 1 else ''} from team {', '.join(taken)}")
+    books.admitted[gang.team] += gang.gpus
+    books.free = 0.0
+
+
+@FAIR_SHARE_POLICIES.register("fifo")
+def fifo(request: FairShareRequest) -> FairShareDecision:
+    """Today's engine: priority, then submission, each admitted while it fits; budgets and limits hold."""
+    books = _books(request)
+    for gang in sorted(request.queued, key=lambda g: (-g.priority, g.order, g.job_id)):
+        why = books.over_budget(gang) or books.over_limit(gang)
+        if why is not None:
+            books.hold(gang, why)
+        elif gang.gpus <= books.free + EPSILON:
+            books.take(gang)
+        else:
+            books.hold(gang, "waiting: for GPUs")
+    return FairShareDecision(tuple(books.admit), (), tuple(books.waits))
+
+
+@FAIR_SHARE_POLICIES.register("static_quota")
+def static_quota(request: FairShareRequest) -> FairShareDecision:
+    """Each team a fixed part of the fleet (its quota, else by weight among the teams named or with
+    work), never more: nothing borrowed, so nothing reclaimed."""
+    books = _books(request)
+    names = sorted({t.name for t in request.teams} | {u.team for u in request.usage}
+                   | {g.team for g in request.queued})
+    capacity = request.capacity_gpus
+    fixed: dict[str, float] = {}
+    if capacity is not None:
+        unquoted = [n for n in names if books.teams.get(n, Team(n)).quota_gpus is None]
+        quoted = sum(books.teams[n].quota_gpus or 0 for n in names if n not in unquoted)
+        weights = sum(books.teams.get(n, Team(n)).weight for n in unquoted)
+        for n in names:
+            team = books.teams.get(n, Team(n))
+            fixed[n] = float(team.quota_gpus) if team.quota_gpus is not None else (
+                max(capacity - quoted, 0) * team.weight / weights)
+    for gang in sorted(request.queued, key=lambda g: (-g.priority, g.order, g.job_id)):
+        why = books.over_budget(gang) or books.over_limit(gang)
+        held = books.held.get(gang.team, 0) + books.admitted[gang.team]
+        if why is None and capacity is not None and held + gang.gpus > math.floor(fixed[gang.team] + EPSILON):
+            why = f"waiting: team {gang.team} at its fixed part of {math.floor(fixed[gang.team] + EPSILON)} GPUs"
+        if why is not None:
+            books.hold(gang, why)
+        elif gang.gpus <= books.free + EPSILON:
+            books.take(gang)
+        else:
+            books.hold(gang, "waiting: for GPUs")
+    return FairShareDecision(tuple(books.admit), (), tuple(books.waits),
+                             tuple(sorted(fixed.items())))
