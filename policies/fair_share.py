@@ -9,8 +9,9 @@ Every policy is ``policy(request: FairShareRequest) -> FairShareDecision``, pure
   its limit, what one team cannot use going to the others (weighted max-min, "water filling"). A
   team with a ``parent`` shares in its parent's part, divided among the parent's children the same
   way; a parent's own jobs count as one more child of weight 1.
-- **order**: queued gangs are taken team by team, the team furthest below its share first: the
-  lower its standing, the mean of (GPUs held and admitted / GPUs owed) and (its recent usage,
+- **order**: queued gangs are taken team by team: first the teams that stay within their share with
+  their next gang, then those that would borrow; among each, the team furthest below its share
+  first: the lower its standing, the mean of (GPUs held and admitted / GPUs owed) and (its recent usage,
   decayed with a half-life, / the usage its share would have given it), so a team that was idle is
   not punished for it; within a team, higher priority first, then the earlier submission.
 - **admit**: a gang that fits the free GPUs is admitted, even past its team's share (it borrows
@@ -126,6 +127,7 @@ class _Books:
     budget: dict[str, float | None]
     free: float
     admitted: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    given_back: dict[str, int] = field(default_factory=lambda: defaultdict(int))  # reclaimed from it
     admit: list[str] = field(default_factory=list)
     waits: list[tuple[str, str]] = field(default_factory=list)
     reclaims: list[Reclaim] = field(default_factory=list)
@@ -187,26 +189,29 @@ def _queues(request: FairShareRequest) -> dict[str, list[QueuedGang]]:
 
 
 def water_fill(capacity: float, claims: list[tuple[str, float, float, float]]) -> dict[str, float]:
-    """``capacity`` divided among ``(name, weight, floor, cap)`` claims: each its floor first (all scaled
-    down alike if the floors do not fit), then the rest by weight, none past its cap, what a capped
-    claim cannot take going to the others."""
-    given = {name: 0.0 for name, _, _, _ in claims}
-    floors = {name: min(floor, cap) for name, _, floor, cap in claims}
+    """``capacity`` divided among ``(name, weight, floor, cap)`` claims by weight, each given at least its
+    floor (floors past the capacity scaled down alike) and never past its cap, what a capped claim
+    cannot take going to the others: each gets ``min(cap, max(floor, weight * level))`` for the one
+    level that gives out the capacity (or everything the caps allow)."""
+    if not claims:
+        return {}
+    caps = {name: max(cap, 0.0) for name, _, _, cap in claims}
+    floors = {name: min(floor, caps[name]) for name, _, floor, _ in claims}
     total_floor = sum(floors.values())
-    scale = 1.0 if total_floor <= capacity else capacity / total_floor
-    for name in given:
-        given[name] = floors[name] * scale
-    left = capacity - sum(given.values())
-    open_claims = [(n, w, c) for n, w, _, c in claims if given[n] < c - EPSILON]
-    while left > EPSILON and open_claims:
-        weights = sum(w for _, w, _ in open_claims)
-        step = min((c - given[n]) / w for n, w, c in open_claims)
-        step = min(step, left / weights)
-        for name, weight, _ in open_claims:
-            given[name] += step * weight
-        left -= step * weights
-        open_claims = [(n, w, c) for n, w, c in open_claims if given[n] < c - EPSILON]
-    return given
+    if total_floor >= capacity:
+        scale = capacity / total_floor if total_floor > 0 else 0.0
+        return {name: floors[name] * scale for name in floors}
+    if sum(caps.values()) <= capacity:
+        return caps
+
+    def given(level: float) -> dict[str, float]:
+        return {name: min(caps[name], max(floors[name], weight * level)) for name, weight, _, _ in claims}
+
+    low, high = 0.0, capacity / min(weight for _, weight, _, _ in claims)
+    for _ in range(100):
+        mid = (low + high) / 2
+        low, high = (mid, high) if sum(given(mid).values()) < capacity else (low, mid)
+    return given(high)
 
 
 def owed_shares(request: FairShareRequest) -> dict[str, float]:
@@ -256,6 +261,11 @@ def owed_shares(request: FairShareRequest) -> dict[str, float]:
     return owed
 
 
+def _below_share(books: _Books, owed: dict[str, float], gang: QueuedGang) -> bool:
+    """Whether the team stays within its share with this gang: those teams go before any that would borrow."""
+    return books.held.get(gang.team, 0) + books.admitted[gang.team] + gang.gpus <= owed.get(gang.team, 0.0) + EPSILON
+
+
 def _standing(books: _Books, owed: dict[str, float], usage: dict[str, float], team: str) -> float:
     """How far the team is from its share: 0 far below, 1 at it (lower goes first)."""
     held = books.held.get(team, 0) + books.admitted[team]
@@ -274,10 +284,10 @@ def weighted_fair_share(request: FairShareRequest) -> FairShareDecision:
     books = _books(request)
     owed = owed_shares(request)
     usage = {u.team: u.decayed_gpu_s for u in request.usage}
-    excess = {t: books.held.get(t, 0) - owed.get(t, 0.0) for t in books.held}
     queues = _queues(request)
     while queues:
-        team = min(queues, key=lambda t: (_standing(books, owed, usage, t), -queues[t][0].priority,
+        team = min(queues, key=lambda t: (not _below_share(books, owed, queues[t][0]),
+                                          _standing(books, owed, usage, t), -queues[t][0].priority,
                                           queues[t][0].order, t))
         gang = queues[team].pop(0)
         if not queues[team]:
@@ -289,29 +299,33 @@ def weighted_fair_share(request: FairShareRequest) -> FairShareDecision:
         elif gang.gpus <= books.free + EPSILON or exempt:
             books.take(gang)
         else:
-            _reclaim_or_wait(books, owed, excess, gang)
+            _reclaim_or_wait(books, owed, gang)
     return FairShareDecision(tuple(books.admit), tuple(books.reclaims), tuple(books.waits),
                              tuple(sorted(owed.items())))
 
 
-def _reclaim_or_wait(books: _Books, owed: dict[str, float], excess: dict[str, float], gang: QueuedGang) -> None:
+def _reclaim_or_wait(books: _Books, owed: dict[str, float], gang: QueuedGang) -> None:
     held = books.held.get(gang.team, 0) + books.admitted[gang.team]
     mine = owed.get(gang.team, 0.0)
     if held + gang.gpus > mine + EPSILON:
         books.hold(gang, f"waiting: team {gang.team} over its share (holds {held} of {mine:g} GPUs owed)")
         return
     need = gang.gpus - math.floor(books.free + EPSILON)
-    borrowers = sorted((t for t, e in excess.items() if e >= 1 - EPSILON and t != gang.team),
-                       key=lambda t: (-excess[t], t))
-    if sum(math.floor(excess[t] + EPSILON) for t in borrowers) < need:
+    # What each other team holds past its share, in whole GPUs (a part of one counts: 4 GPUs among 3
+    # teams owe each 1.33, and the team holding 2 gives one back to the team holding none).
+    # Only running gangs give GPUs back, so only what a team held at the start counts.
+    spare = {t: math.ceil(held_gpus - books.given_back[t] - owed.get(t, 0.0) - EPSILON)
+             for t, held_gpus in books.held.items() if t != gang.team}
+    borrowers = sorted((t for t, n in spare.items() if n >= 1), key=lambda t: (-spare[t], t))
+    if sum(spare[t] for t in borrowers) < need:
         books.hold(gang, "waiting: for GPUs (every team is within its share)")
         return
     taken, left = [], need
     for team in borrowers:
         if left <= 0:
             break
-        give = min(math.floor(excess[team] + EPSILON), left)
-        excess[team] -= give
+        give = min(spare[team], left)
+        books.given_back[team] += give
         left -= give
         taken.append(team)
     books.reclaims.append(Reclaim(gang.job_id, need, tuple(taken)))

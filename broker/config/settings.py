@@ -107,8 +107,9 @@ class Settings(BaseSettings):
     budgets: BudgetSettings = Field(default_factory=BudgetSettings, description="team budgets and alerts")
 
     # --- fair share across teams: weights, quotas, limits, a hierarchy (docs/fair-share.md) ---
-    teams: Annotated[dict[str, TeamSettings], NoDecode] = Field(default_factory=dict, description="team -> {weight, quota_gpus, "
-                                           "limit_gpus, parent}; teams not named share a weight of 1")
+    teams: Annotated[dict[str, TeamSettings], NoDecode] = Field(
+        default_factory=dict, description="team -> {weight, quota_gpus, limit_gpus, parent}; teams not named share "
+                                          "a weight of 1")
     fair_share_policy: str | None = Field(None, description="weighted_fair_share (the default once a team is "
                                           "named), fifo or static_quota")
     fair_share_half_life_seconds: float = Field(3600.0, gt=0, le=365 * 86400.0,

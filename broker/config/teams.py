@@ -105,7 +105,8 @@ def check_teams(teams: dict[str, TeamSettings]) -> dict[str, TeamSettings]:
         check_team_name(name)
         quota = team.total_quota
         if quota is not None and team.limit_gpus is not None and quota > team.limit_gpus:
-            raise ValueError(f"{name}.quota_gpus: {quota} GPUs guaranteed is more than its limit_gpus {team.limit_gpus}")
+            raise ValueError(f"{name}.quota_gpus: {quota} GPUs guaranteed is more than its "
+                             f"limit_gpus {team.limit_gpus}")
         if team.parent is not None and team.parent not in teams:
             raise ValueError(f"{name}.parent: unknown team {team.parent[:60]!r}; a parent must be a named team")
     for name in teams:
