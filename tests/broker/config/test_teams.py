@@ -1,4 +1,4 @@
-"""Teams in the settings: read from the file and from BROKER_TEAMS, hostile values refused in one line naming the field."""
+"""Teams in the settings, from the file and BROKER_TEAMS; hostile values refused in one line naming the field."""
 
 from __future__ import annotations
 
