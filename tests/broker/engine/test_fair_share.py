@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select
 
-from broker.clock import Clock
 from broker.config.settings import load_settings
 from broker.config.teams import FairShareConfig
 from broker.engine import Engine
@@ -117,11 +116,18 @@ def test_a_team_gets_its_share_back_at_a_checkpoint_and_nothing_is_billed_twice(
     assert {r.team for r in ledger if r.job_id} == {"a", "b"}
 
 
-class _Fixed(Clock):
+class _Fixed:
+    """A clock stopped at one moment."""
+
+    speed = 1.0
+
     def __init__(self, now: datetime) -> None:
         self._now = now
 
     def now(self) -> datetime:
+        return self._now
+
+    def to_clock(self, wall_epoch: float) -> datetime:
         return self._now
 
 
