@@ -150,3 +150,11 @@ def fair_share_config(settings: Any) -> FairShareConfig | None:
         budget_period=budgets.period,
         budgets=tuple(sorted(budgets.teams.items())) if budgets.enforce else (),
     )
+
+
+def budget_refusal(settings: Any) -> dict[str, Any]:
+    """What the intake needs to refuse a job at submission when its team's enforced budget is spent."""
+    budgets = settings.budgets
+    if not (budgets.enforce and budgets.over_budget == "refuse" and budgets.teams):
+        return {}
+    return {"refused_over": tuple(sorted(budgets.teams.items())), "budget_period": budgets.period}

@@ -34,8 +34,11 @@ from broker.engine import machine, packing
 from broker.engine.checkpoints import current_allocation
 from broker.engine.notices import open_notice
 from broker.engine.parts import AfterCommit, Parts, cluster_info
+from broker.errors import UserError
 from broker.model import ACTIVE_STATES, CheckpointReason, ClusterState, JobState
 from broker.reports.build import period_start
+from broker.spec.job import JobSpec
+from broker.store import Store
 from broker.store.tables import AllocationRow, ClusterRow, JobRow, LedgerRow
 from policies import kinds
 from policies.fair_share import FairShareDecision, FairShareRequest, QueuedGang, Reclaim, TeamUsage
@@ -210,3 +213,36 @@ def _paid_price_per_gpu_hour(s: Session, since: datetime) -> float:
     cost, gpu_s = s.execute(select(func.sum(LedgerRow.cost), func.sum(LedgerRow.gpus * LedgerRow.seconds))
                             .where(LedgerRow.minute >= since, LedgerRow.job_id.is_not(None))).one()
     return float(cost or 0.0) / (float(gpu_s) / 3600) if gpu_s else 0.0
+
+
+class OverBudget(UserError):
+    """A job refused at submission: its team's enforced budget would not cover it (``over_budget: refuse``)."""
+
+    http_status = 403
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+def refuse_over_budget(store: Store, now: datetime, budgets: tuple[tuple[str, float], ...], period: str,
+                       tasks: tuple[JobSpec, ...]) -> None:
+    """Raise ``OverBudget`` when a task's predicted cost (its ``work`` at the price per GPU-hour paid this
+    period) would take its team past its budget for the period, counting the tasks before it."""
+    limits = dict(budgets)
+    if not any(task.broker.team in limits for task in tasks):
+        return
+    since = period_start(now, period)
+    with store.transaction() as s:
+        spent = spent_by_team(s, since)
+        price = _paid_price_per_gpu_hour(s, since)
+    for task in tasks:
+        team = task.broker.team
+        if team not in limits:
+            continue
+        work_s = task.broker.work.total_seconds() if task.broker.work else 0.0
+        cost = task.num_nodes * task.gpus_per_node * work_s / 3600 * price
+        left = limits[team] - spent.get(team, 0.0)
+        if left <= 0 or cost > left + 1e-9:
+            raise OverBudget(f"budget: team {team} has ${max(left, 0.0):.2f} left of its ${limits[team]:.2f} "
+                             f"{period}ly budget, and the job is predicted to cost ${cost:.2f}; refused")
+        spent[team] = spent.get(team, 0.0) + cost

@@ -192,3 +192,49 @@ def test_the_request_from_the_store(db_url: str, tmp_path: Path) -> None:
     decision = fair.policy(request)
     assert decision.reason_of("b-wait") == "waiting: budget: team b has $10.00 left this period, " \
                                            "the job is predicted to cost $16.00"
+
+
+def _spend(store_url: str, team: str, cost: float, at: datetime) -> None:
+    store = open_store(store_url)
+    with store.transaction() as s:
+        if s.get(ClusterRow, "c-old") is None:
+            s.add(ClusterRow(id="c-old", launch_key="c-old", job_id=None, backend="local", cloud="aws", region="r",
+                             zone="z", instance_type="p3.2xlarge", accelerator="V100", gpus_per_node=1, num_nodes=1,
+                             spot=True, price_per_node_hour=1.0, on_demand_price_per_node_hour=3.0, state="TERMINATED",
+                             token_hash="x", handle={}, created_at=at))
+            s.flush()
+        s.add(LedgerRow(cluster_id="c-old", minute=at, holder=f"job:j-{team}", job_id=f"j-{team}", team=team,
+                        usage="running", cloud="aws", region="r", zone="z", instance_type="p3.2xlarge",
+                        accelerator="V100", nodes=1, gpus=1.0, seconds=cost * 3600, spot=True, price_per_node_hour=1.0,
+                        on_demand_price_per_node_hour=3.0, cost=cost, on_demand_cost=cost * 3))
+    store.dispose()
+
+
+@pytest.mark.parametrize(("spent", "work", "refused"), [
+    (9.0, None, False), (10.0, None, True), (12.0, None, True), (6.0, "4h", False), (6.0, "5h", True),
+], ids=["under", "exactly-spent", "overspent", "work-just-fits", "work-past-it"])
+def test_an_enforced_budget_refuses_at_submission(db_url: str, tmp_path: Path, broker_home: Path,
+                                                  spent: float, work: str | None, refused: bool) -> None:
+    from broker.engine.fair_share import OverBudget
+
+    settings = load_settings(db_url=db_url, market=one_zone_market(tmp_path / "m.csv", 1),
+                             budgets={"teams": {"nlp": 10.0}, "enforce": True, "over_budget": "refuse"})
+    broker = assemble(settings, fresh_market=True)
+    try:
+        _spend(db_url, "nlp", spent, broker.clock.now() - timedelta(minutes=5))  # 1 USD per GPU-hour paid
+        text = JOB.format(name="j", team="nlp", workdir=EXAMPLES, steps=10) + (f"  work: {work}\n" if work else "")
+        spec = parse_job_spec(text, source=str(tmp_path / "j.yaml"))
+        other = parse_job_spec(JOB.format(name="k", team="vision", workdir=EXAMPLES, steps=10),
+                               source=str(tmp_path / "k.yaml"))
+        broker.submit(other)  # a team without a budget is never refused
+        if refused:
+            with pytest.raises(OverBudget, match=r"^budget: team nlp has \$[0-9.]+ left of its \$10.00 monthly "
+                                                 r"budget, and the job is predicted to cost \$[0-9.]+; refused$"):
+                broker.submit(spec)
+        else:
+            broker.submit(spec)
+        with broker.store.transaction() as s:
+            teams = sorted(j.team for j in s.scalars(select(JobRow)))
+    finally:
+        broker.close()
+    assert teams == (["vision"] if refused else ["nlp", "vision"])
