@@ -72,9 +72,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{r.policy:<22}{r.utilisation:>12.1%}{r.makespan_s / 3600:>11.1f}{r.mean_wait_s / 3600:>12.2f}"
               f"{percentile(waits, 0.95) / 3600:>11.2f}{r.worst_window_error:>13.1%}{r.unfinished:>11}")
     print()
-    print("share received / owed over the replay; worst one-hour window in which the team had work waiting\n"
-          "throughout: (entitled - received) / entitled, entitled being its share as its gangs can fill it (what it\n"
-          "holds plus its smallest waiting gangs that fit in what it is owed), of how many such windows")
+    print("share received / owed over the replay; worst one-hour window in which the team had, throughout, work\n"
+          "waiting and a share its gangs can fill: (entitled - received) / entitled, entitled being what it holds\n"
+          "plus its smallest waiting gangs that fit in what it is owed; of how many such windows")
     for r in results:
         cells = []
         for team in (t.name for t in PHILLY_TEAMS):

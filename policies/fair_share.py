@@ -308,7 +308,11 @@ def _reclaim_or_wait(books: _Books, owed: dict[str, float], gang: QueuedGang) ->
     held = books.held.get(gang.team, 0) + books.admitted[gang.team]
     mine = owed.get(gang.team, 0.0)
     if held + gang.gpus > mine + EPSILON:
-        books.hold(gang, f"waiting: team {gang.team} over its share (holds {held} of {mine:g} GPUs owed)")
+        if gang.gpus > mine + EPSILON:
+            books.hold(gang, f"waiting: its {gang.gpus} GPUs are more than team {gang.team}'s share of {mine:g}; "
+                             "it starts when that many are free")
+        else:
+            books.hold(gang, f"waiting: team {gang.team} over its share (holds {held} of {mine:g} GPUs owed)")
         return
     need = gang.gpus - math.floor(books.free + EPSILON)
     # What each other team holds past its share, in whole GPUs (a part of one counts: 4 GPUs among 3

@@ -56,8 +56,8 @@ class TeamFigures:
     reclaims: int = 0  # of its gangs, giving GPUs back
     reclaimed_gpu_s: float = 0.0  # GPU-seconds its gangs spent checkpointing and restarting for reclaims
     waits_s: list[float] = field(default_factory=list)
-    # (entitled - received) / entitled over the windows it had work waiting throughout, where entitled is its
-    # share as its gangs can fill it (what it holds, plus its smallest waiting gangs that fit in what it is owed)
+    # (entitled - received) / entitled over the windows in which, throughout, it had work waiting and a share its
+    # gangs can fill: entitled is what it holds plus its smallest waiting gangs that fit in what it is owed
     worst_window_error: float = 0.0
     windows: int = 0
 
@@ -128,8 +128,7 @@ def replay(jobs: list[TeamJob], teams: tuple[Team, ...], capacity: int, policy: 
                 holding.append(run)
         for reclaim in decision.reclaims:
             owner = runs[reclaim.job_id]
-            free = capacity - sum(r.job.gpus for r in holding)
-            victims = _victims(holding, set(reclaim.from_teams), owner.job.gpus - free, now, restart_s)
+            victims = _victims(holding, set(reclaim.from_teams), reclaim.gpus, now, restart_s)
             if victims is None:
                 continue
             for victim in victims:
@@ -155,7 +154,7 @@ def replay(jobs: list[TeamJob], teams: tuple[Team, ...], capacity: int, policy: 
             fig.borrowed_gpu_s += max(received - owed.get(team, 0.0), 0.0) * step_s
             window[team][0] += entitled.get(team, 0.0) * step_s
             window[team][1] += received * step_s
-            backlogged[team] = backlogged.get(team, True) and team in waiting_teams
+            backlogged[team] = backlogged.get(team, True) and team in waiting_teams and entitled.get(team, 0.0) > 0
         for run in holding:
             if run.running_since is not None and run.leaving_at is None and now >= run.running_since:
                 run.left_s -= step_s
