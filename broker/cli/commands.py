@@ -31,6 +31,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
                                   "high availability."),
     "dashboard": ("broker.cli.dashboard", "Open the dashboard on this machine's store; prints a sign-in token that "
                                           "is revoked when it stops."),
+    "teams": ("broker.cli.teams", "Each team's share owed and GPUs held now, borrowed, waiting jobs, recent usage, "
+                                  "budget left, reclaims."),
     "token": ("broker.cli.tokens", "API tokens for teams (the service's `Authorization: Bearer` tokens)."),
     "run-engine": ("broker.cli.engine", ""),
 }

@@ -92,26 +92,7 @@ class FairShare:
         return decision
 
     def request(self, s: Session, jobs: list[JobRow], now: datetime) -> FairShareRequest:
-        config = self.config
-        held: dict[str, int] = defaultdict(int)
-        queued: list[QueuedGang] = []
-        price = _paid_price_per_gpu_hour(s, period_start(now, config.budget_period)) if config.budgets else 0.0
-        for order, job in enumerate(sorted(jobs, key=lambda j: (j.created_at, j.id))):
-            gpus = job.num_nodes * job.gpus_per_node
-            if gpus <= 0:
-                continue
-            if job.state == JobState.PENDING.value:
-                cost = gpus * (job.work_s or 0.0) / 3600 * price
-                queued.append(QueuedGang(job.id, job.team, gpus, job.priority, order, cost))
-            elif not (job.state == JobState.CHECKPOINTING.value and job.preempted_by is not None):
-                held[job.team] += gpus
-        usage = _decayed_usage(s, now, config.half_life_s)
-        left = _budget_left(s, config, now)
-        teams = set(held) | set(usage) | set(left) | {g.team for g in queued}
-        return FairShareRequest(
-            capacity_gpus=config.capacity_gpus, teams=config.teams,
-            usage=tuple(TeamUsage(t, held.get(t, 0), usage.get(t, 0.0), left.get(t)) for t in sorted(teams)),
-            queued=tuple(queued), half_life_s=config.half_life_s, exempt_priority=config.exempt_priority)
+        return build_request(s, self.config, jobs, now)
 
     def _reclaim(self, s: Session, owner: JobRow, reclaim: Reclaim, jobs: dict[str, JobRow],
                  after: AfterCommit) -> bool:
@@ -172,6 +153,29 @@ class FairShare:
                     job.state == JobState.PROVISIONING.value and job.reason.startswith(RECLAIMING)) and not (
                     job.state == JobState.CHECKPOINTING.value and job.reason.startswith(RECLAIMED)):
                 job.reason = None
+
+
+def build_request(s: Session, config: FairShareConfig, jobs: list[JobRow], now: datetime) -> FairShareRequest:
+    """The policy's request from the store: ``jobs`` are the active ones."""
+    held: dict[str, int] = defaultdict(int)
+    queued: list[QueuedGang] = []
+    price = _paid_price_per_gpu_hour(s, period_start(now, config.budget_period)) if config.budgets else 0.0
+    for order, job in enumerate(sorted(jobs, key=lambda j: (j.created_at, j.id))):
+        gpus = job.num_nodes * job.gpus_per_node
+        if gpus <= 0:
+            continue
+        if job.state == JobState.PENDING.value:
+            cost = gpus * (job.work_s or 0.0) / 3600 * price
+            queued.append(QueuedGang(job.id, job.team, gpus, job.priority, order, cost))
+        elif not (job.state == JobState.CHECKPOINTING.value and job.preempted_by is not None):
+            held[job.team] += gpus
+    usage = _decayed_usage(s, now, config.half_life_s)
+    left = _budget_left(s, config, now)
+    teams = set(held) | set(usage) | set(left) | {g.team for g in queued}
+    return FairShareRequest(
+        capacity_gpus=config.capacity_gpus, teams=config.teams,
+        usage=tuple(TeamUsage(t, held.get(t, 0), usage.get(t, 0.0), left.get(t)) for t in sorted(teams)),
+        queued=tuple(queued), half_life_s=config.half_life_s, exempt_priority=config.exempt_priority)
 
 
 def _decayed_usage(s: Session, now: datetime, half_life_s: float) -> dict[str, float]:

@@ -3,6 +3,7 @@ request it builds from the store (held, decayed usage, budgets at prices paid) o
 
 from __future__ import annotations
 
+import json
 import math
 import time
 from collections import defaultdict
@@ -12,6 +13,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select
 
+from broker.cli import main
 from broker.config.settings import load_settings
 from broker.config.teams import FairShareConfig
 from broker.engine import Engine
@@ -53,15 +55,15 @@ def _rows(engine: Engine, *job_ids: str) -> list[JobRow]:
 
 @pytest.mark.slow
 def test_a_team_gets_its_share_back_at_a_checkpoint_and_nothing_is_billed_twice(
-        tmp_path: Path, broker_home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        tmp_path: Path, broker_home: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setenv("BROKER_TEAMS", '{"a": {"weight": 1}, "b": {"weight": 1}}')
-    settings = load_settings(market=one_zone_market(tmp_path / "m.csv", 1), speed=30.0, local_provision_seconds=60.0,
-                             max_gpus=4)
+    monkeypatch.setenv("BROKER_MAX_GPUS", "4")
+    settings = load_settings(market=one_zone_market(tmp_path / "m.csv", 1), speed=30.0, local_provision_seconds=60.0)
     broker = assemble(settings, fresh_market=True)
     engine = broker.start()
     try:
-        team_a = [_submit(engine, tmp_path, f"a{i}", "a", 600) for i in range(4)]
-        run_until(engine, lambda: all(r.state == "RUNNING" for r in _rows(engine, *team_a)))
+        team_a = [_submit(engine, tmp_path, f"a{i}", "a", 400) for i in range(4)]
+        run_until(engine, lambda: all(r.state == "RUNNING" for r in _rows(engine, *team_a)), timeout=600)
         time.sleep(1.0)  # let them make progress
         team_b = [_submit(engine, tmp_path, f"b{i}", "b", 40) for i in range(2)]
 
@@ -76,7 +78,7 @@ def test_a_team_gets_its_share_back_at_a_checkpoint_and_nothing_is_billed_twice(
 
         # Once they have checkpointed, they leave: PENDING with the reason, and b's gangs start on their GPUs
         # within two steps.
-        run_until(engine, lambda: all(r.state == "PENDING" for r in _rows(engine, *victims)))
+        run_until(engine, lambda: all(r.state == "PENDING" for r in _rows(engine, *victims)), timeout=600)
         steps = 0
         while not all(r.state == "RUNNING" for r in _rows(engine, *team_b)):
             engine.step()
@@ -86,7 +88,7 @@ def test_a_team_gets_its_share_back_at_a_checkpoint_and_nothing_is_billed_twice(
         assert [r.reason for r in _rows(engine, *victims)] == ["waiting: team a over its share (holds 2 of 2 GPUs "
                                                                "owed)"] * 2
         run_until(engine, lambda: all(r.state in ("SUCCEEDED", "FAILED") for r in _rows(engine, *team_a, *team_b)),
-                  timeout=300)
+                  timeout=900)
         for _ in range(3):
             engine.step()
             time.sleep(0.1)
@@ -102,11 +104,17 @@ def test_a_team_gets_its_share_back_at_a_checkpoint_and_nothing_is_billed_twice(
 
     assert {j.state for j in jobs.values()} == {"SUCCEEDED"}
     assert len(clusters) == 1
+    # What `broker teams` says afterwards: a gave two gangs' GPUs back, b took them.
+    main(["teams", "--json"])
+    said = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    lines = {line["team"]: line for line in said["teams"]}
+    assert (lines["a"]["reclaims_given"], lines["b"]["reclaims_taken"], lines["a"]["held_gpus"]) == (2, 2, 0)
+    assert said["capacity_gpus"] == 4
     assert any(e.to_state == "PROVISIONING" and sorted(e.detail.get("reclaiming", [])) for e in events)
     for victim in victims:
         assert jobs[victim].preemptions == 1 and jobs[victim].attempt == 2
         log = (broker_home / "logs" / victim / "attempt-2-node-0.log").read_text()
-        assert "resumed from step-" in log and "done: 600 steps" in log
+        assert "resumed from step-" in log and "done: 400 steps" in log
     assert all(j.reason is None for j in jobs.values())  # no stale "waiting" once they ran
     # Every minute of the cluster accounts for its 4 GPUs exactly once across holders: nothing billed twice.
     per_minute: dict[datetime, float] = defaultdict(float)
