@@ -57,7 +57,7 @@ def create_app(store: Store, clock: Clock, intake: Intake | None = None,
             app.include_router(teams_router(store, clock, fair_share, team))
         from broker.web.app import mount_dashboard
 
-        mount_dashboard(app, store, clock, intake.home)
+        mount_dashboard(app, store, clock, intake.home, fair_share)
     from broker.web.apidocs import mount_api_docs
 
     mount_api_docs(app)  # /docs: the reference, drawn on the server from /openapi.json

@@ -11,10 +11,11 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
 
 from broker.clock import Clock
+from broker.config.teams import FairShareConfig
 from broker.errors import BrokerError
 from broker.reports.window import ReportError, ledger_now, report_window
 from broker.store import Store
-from broker.web import clusters, jobs, market, overview, simulate
+from broker.web import clusters, jobs, market, overview, simulate, teams
 from broker.web.html import e, page
 from broker.web.session import COOKIE, Viewer, current_viewer, viewer_of_token
 
@@ -73,7 +74,8 @@ def _signed_in(request: Request) -> Viewer:
 Signed = Annotated[Viewer, Depends(_signed_in)]
 
 
-def mount_dashboard(app: FastAPI, store: Store, clock: Clock, home: Path) -> None:
+def mount_dashboard(app: FastAPI, store: Store, clock: Clock, home: Path,
+                    fair_share: FairShareConfig | None = None) -> None:
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
     app.add_exception_handler(SignedOut, _signed_out)
     app.state.dashboard_store = store
@@ -166,6 +168,15 @@ def mount_dashboard(app: FastAPI, store: Store, clock: Clock, home: Path) -> Non
         body = clusters.render(clusters.load_clusters(store, viewer))
         return HTMLResponse(f'<div id="clusters" hx-get="/clusters/live" hx-trigger="every 5s" '
                             f'hx-swap="outerHTML">{body}</div>')
+
+    @app.get("/teams", include_in_schema=False)
+    def teams_page(viewer: Signed) -> Response:
+        from broker.config.teams import FairShareConfig as Config
+        from broker.status.teams import team_lines
+
+        config = fair_share or Config(teams=())
+        body = teams.render(team_lines(store, config, clock.now()), viewer, config.capacity_gpus)
+        return HTMLResponse(page("Teams", body, viewer, "/teams"))
 
     @app.get("/market", include_in_schema=False)
     def market_page(viewer: Signed) -> Response:

@@ -306,7 +306,12 @@ def job_live_html(view: JobView, now: datetime) -> str:
     return (f'<section id="job-live"{live}><p>State {_state_badge(job.state)} · attempt {job.attempt} · '
             f'{job.preemptions} preemption(s) · {job.migrations} migration(s) · '
             f'{job.work_lost_s / 3600:,.2f} h of work lost · zones: {e(", ".join(job.zones or []) or "-")}</p>'
-            f'<p>Progress: {progress}{finish}</p>{timeline_svg(view, now)}</section>')
+            f'{_reason(job)}<p>Progress: {progress}{finish}</p>{timeline_svg(view, now)}</section>')
+
+
+def _reason(job: JobRow) -> str:
+    """Why it waits (its team's share, a budget, a reclaim) or why it ended, as the engine wrote it."""
+    return f'<p class="reason">Why: {e(job.reason)}</p>' if job.reason else ""
 
 
 def _gpu_chart(view: JobView, now: datetime) -> str:
