@@ -71,6 +71,7 @@ class ReplayResult:
     handovers_s: list[float]  # from a reclaim's request to the owner's gang starting
     lost_per_reclaim_s: list[float]  # seconds of a reclaimed gang's time not spent on its work
     unfinished: int
+    contended_utilisation: float = 0.0  # GPUs held / capacity, over the steps in which a gang waited
 
     @property
     def mean_wait_s(self) -> float:
@@ -94,6 +95,7 @@ def replay(jobs: list[TeamJob], teams: tuple[Team, ...], capacity: int, policy: 
     window: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])  # team -> [owed, received] GPU-s
     backlogged: dict[str, bool] = {}
     held_gpu_s = 0.0
+    contended = [0.0, 0.0]  # GPU-seconds held, and offered, while a gang waited
     first = min((j.submit_s for j in jobs), default=0.0)
     now = first
     decay = 0.5 ** (step_s / half_life_s)
@@ -123,7 +125,8 @@ def replay(jobs: list[TeamJob], teams: tuple[Team, ...], capacity: int, policy: 
         decision = policy(request)
         for job_id in decision.admit:
             run = runs[job_id]
-            if sum(r.job.gpus for r in holding) + run.job.gpus <= capacity:
+            # GPUs taken: an owner heading for reclaimed GPUs takes those its borrowers still hold, not more.
+            if sum(r.job.gpus for r in holding if r.waiting_for is None) + run.job.gpus <= capacity:
                 _start(run, now, restart_s)
                 holding.append(run)
         for reclaim in decision.reclaims:
@@ -144,6 +147,9 @@ def replay(jobs: list[TeamJob], teams: tuple[Team, ...], capacity: int, policy: 
         owed = owed_shares(request)
         in_use = sum(r.job.gpus for r in holding if r.running_since is not None)
         held_gpu_s += in_use * step_s
+        if queued:
+            contended[0] += in_use * step_s
+            contended[1] += capacity * step_s
         entitled = _entitled(held, queued, owed)
         waiting_teams = {r.job.team for r in queued}
         for team in set(owed) | set(held):
@@ -169,7 +175,8 @@ def replay(jobs: list[TeamJob], teams: tuple[Team, ...], capacity: int, policy: 
     ended = [r.ended_s for r in runs.values() if r.ended_s is not None]
     span = (max(ended) if ended else now) - first
     return ReplayResult(name, held_gpu_s / (capacity * span) if span > 0 else 0.0, span, dict(figures), handovers,
-                        lost, sum(r.ended_s is None for r in runs.values()))
+                        lost, sum(r.ended_s is None for r in runs.values()),
+                        contended[0] / contended[1] if contended[1] else 0.0)
 
 
 def _start(run: _Run, now: float, restart_s: float) -> None:
