@@ -23,6 +23,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
                                         "preemptions, deadlines."),
     "simulate-placement": ("broker.cli.placement", "Replay a job trace on a fixed cluster and compare placement "
                                                    "policies."),
+    "simulate-fairshare": ("broker.cli.fair_share", "Replay a multi-team job trace on a fleet under fair share, "
+                                                    "FIFO and static quotas; shares, waits, reclaims."),
     "show-topology": ("broker.cli.placement", "Print how the GPUs of an instance type are linked, its network and its "
                                               "placement level."),
     "report": ("broker.cli.report", "Spend, on-demand equivalent, savings, preemptions and idle GPU-hours by job, "
