@@ -246,3 +246,24 @@ def test_an_enforced_budget_refuses_at_submission(db_url: str, tmp_path: Path, b
     finally:
         broker.close()
     assert teams == (["vision"] if refused else ["nlp", "vision"])
+
+
+def test_a_team_over_its_enforced_budget_waits_while_another_starts(tmp_path: Path, broker_home: Path,
+                                                                    db_url: str) -> None:
+    settings = load_settings(db_url=db_url, market=one_zone_market(tmp_path / "m.csv", 1), speed=30.0,
+                             local_provision_seconds=60.0, max_gpus=4,
+                             budgets={"teams": {"a": 10.0}, "enforce": True, "over_budget": "wait"})
+    broker = assemble(settings, fresh_market=True)
+    engine = broker.start()
+    try:
+        _spend(db_url, "a", 10.0, engine.clock.now() - timedelta(minutes=5))  # spent to the cent
+        over = _submit(engine, tmp_path, "a0", "a", 10)
+        other = _submit(engine, tmp_path, "b0", "b", 10)
+        for _ in range(3):
+            engine.step()
+        held, started = _rows(engine, over, other)
+    finally:
+        broker.close()
+    assert held.state == "PENDING"
+    assert held.reason == "waiting: budget: team a has $0.00 left this period, the job is predicted to cost $0.00"
+    assert started.state in ("PROVISIONING", "RUNNING")
