@@ -29,6 +29,7 @@ baselines; budgets hold under every policy.
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -131,20 +132,26 @@ class _Books:
     admit: list[str] = field(default_factory=list)
     waits: list[tuple[str, str]] = field(default_factory=list)
     reclaims: list[Reclaim] = field(default_factory=list)
+    _ancestors: dict[str, list[str]] = field(default_factory=dict)
 
     def ancestors(self, team: str) -> list[str]:
-        chain, seen = [team], {team}
-        while (parent := self.teams.get(chain[-1], Team(chain[-1])).parent) is not None and parent not in seen:
-            chain.append(parent)
-            seen.add(parent)
-        return chain
+        """The team, its parent, the parent's parent... (cached: the same through one decision)."""
+        if team not in self._ancestors:
+            chain, seen = [team], {team}
+            while (known := self.teams.get(chain[-1])) is not None and (parent := known.parent) is not None \
+                    and parent not in seen:
+                chain.append(parent)
+                seen.add(parent)
+            self._ancestors[team] = chain
+        return self._ancestors[team]
 
     def subtree_total(self, team: str, of: dict[str, int]) -> int:
         return sum(n for t, n in of.items() if team in self.ancestors(t))
 
     def over_limit(self, gang: QueuedGang) -> str | None:
         for team in self.ancestors(gang.team):
-            limit = self.teams.get(team, Team(team)).limit_gpus
+            known = self.teams.get(team)
+            limit = known.limit_gpus if known is not None else None
             if limit is None:
                 continue
             total = self.subtree_total(team, self.held) + self.subtree_total(team, self.admitted) + gang.gpus
@@ -266,13 +273,14 @@ def _below_share(books: _Books, owed: dict[str, float], gang: QueuedGang) -> boo
     return books.held.get(gang.team, 0) + books.admitted[gang.team] + gang.gpus <= owed.get(gang.team, 0.0) + EPSILON
 
 
-def _standing(books: _Books, owed: dict[str, float], usage: dict[str, float], team: str) -> float:
-    """How far the team is from its share: 0 far below, 1 at it (lower goes first)."""
+def _standing(books: _Books, owed: dict[str, float], usage: dict[str, float], totals: tuple[float, float],
+              team: str) -> float:
+    """How far the team is from its share: 0 far below, 1 at it (lower goes first). ``totals``: all teams'
+    usage and GPUs owed, the same through one decision."""
     held = books.held.get(team, 0) + books.admitted[team]
     mine = owed.get(team, 0.0)
     by_held = held / mine if mine > EPSILON else math.inf
-    total_usage = sum(usage.values())
-    total_owed = sum(owed.values())
+    total_usage, total_owed = totals
     if total_usage <= EPSILON or total_owed <= EPSILON:
         return by_held
     by_usage = (usage.get(team, 0.0) / total_usage) / max(mine / total_owed, EPSILON)
@@ -284,14 +292,20 @@ def weighted_fair_share(request: FairShareRequest) -> FairShareDecision:
     books = _books(request)
     owed = owed_shares(request)
     usage = {u.team: u.decayed_gpu_s for u in request.usage}
+    totals = (sum(usage.values()), sum(owed.values()))
     queues = _queues(request)
-    while queues:
-        team = min(queues, key=lambda t: (not _below_share(books, owed, queues[t][0]),
-                                          _standing(books, owed, usage, t), -queues[t][0].priority,
-                                          queues[t][0].order, t))
+
+    def key(team: str) -> tuple[bool, float, int, int, str]:
+        head = queues[team][0]
+        return (not _below_share(books, owed, head), _standing(books, owed, usage, totals, team), -head.priority,
+                head.order, team)
+
+    # A team's place changes only when one of its own gangs is decided: a heap, each team in it once.
+    heap = [(key(team), team) for team in queues]
+    heapq.heapify(heap)
+    while heap:
+        _, team = heapq.heappop(heap)
         gang = queues[team].pop(0)
-        if not queues[team]:
-            del queues[team]
         why = books.over_budget(gang) or books.over_limit(gang)
         exempt = request.exempt_priority is not None and gang.priority >= request.exempt_priority
         if why is not None:
@@ -300,6 +314,8 @@ def weighted_fair_share(request: FairShareRequest) -> FairShareDecision:
             books.take(gang)
         else:
             _reclaim_or_wait(books, owed, gang)
+        if queues[team]:
+            heapq.heappush(heap, (key(team), team))
     return FairShareDecision(tuple(books.admit), tuple(books.reclaims), tuple(books.waits),
                              tuple(sorted(owed.items())))
 
