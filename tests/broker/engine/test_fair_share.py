@@ -67,10 +67,11 @@ def test_a_team_gets_its_share_back_at_a_checkpoint_and_nothing_is_billed_twice(
         time.sleep(1.0)  # let them make progress
         team_b = [_submit(engine, tmp_path, f"b{i}", "b", 40) for i in range(2)]
 
+        before = [(r.state, r.reason) for r in _rows(engine, *team_a)]
         engine.step()  # the fair-share step asks two of a's gangs to checkpoint for b's
         a_rows, b_rows = _rows(engine, *team_a), _rows(engine, *team_b)
         victims = [r.id for r in a_rows if r.state == "CHECKPOINTING"]
-        assert len(victims) == 2
+        assert len(victims) == 2, (before, [(r.state, r.reason) for r in (*a_rows, *b_rows)])
         assert all(r.reason and r.reason.startswith("reclaimed: team b takes back") for r in a_rows
                    if r.id in victims)
         assert [r.state for r in b_rows] == ["PROVISIONING", "PROVISIONING"]
