@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from broker.clock import Clock
-from broker.engine.fair_share import refuse_over_budget
 from broker.engine.feasibility import never_held
 from broker.engine.machine import submit_job, submit_pipeline
 from broker.spec.job import JobSpec, Pipeline, SpecError, market_offers, parse_job_file, parse_job_quoted
@@ -69,6 +68,8 @@ def submit(store: Store, clock: Clock, intake: Intake, job: JobSpec | Pipeline,
     if queued is not None:
         tasks = tuple(queued(task) for task in tasks)
     if intake.refused_over:
+        from broker.engine.fair_share import refuse_over_budget
+
         refuse_over_budget(store, clock.now(), intake.refused_over, intake.budget_period, tasks)
     if isinstance(job, Pipeline):
         return submit_pipeline(store, clock, dataclasses.replace(job, stages=tasks), intake.home, intake.backend)
