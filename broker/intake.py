@@ -31,6 +31,9 @@ class Intake:
     # Validate against the built-in catalog only (an air-gapped service: SkyPilot's cannot be fetched).
     offline: bool = False
     max_gpus: int | None = None  # GPUs the broker may hold: a gang bigger than this is refused
+    # Enforced budgets that refuse at submission (budgets.over_budget: refuse): (team, USD), and their period.
+    refused_over: tuple[tuple[str, float], ...] = ()
+    budget_period: str = "month"
 
 
 def read_job(text: str, source: str, intake: Intake, store: Store | None) -> JobSpec | Pipeline:
@@ -64,6 +67,10 @@ def submit(store: Store, clock: Clock, intake: Intake, job: JobSpec | Pipeline,
             raise problem
     if queued is not None:
         tasks = tuple(queued(task) for task in tasks)
+    if intake.refused_over:
+        from broker.engine.fair_share import refuse_over_budget
+
+        refuse_over_budget(store, clock.now(), intake.refused_over, intake.budget_period, tasks)
     if isinstance(job, Pipeline):
         return submit_pipeline(store, clock, dataclasses.replace(job, stages=tasks), intake.home, intake.backend)
     return [submit_job(store, clock, tasks[0], intake.home, intake.backend)]

@@ -23,6 +23,7 @@ from broker.backends.base import Provisioner
 from broker.backends.local.provisioner import LocalWorld
 from broker.clock import Clock, WallClock
 from broker.config.settings import Settings
+from broker.config.teams import budget_refusal
 from broker.engine import Engine, engine_options
 from broker.intake import Intake, submit
 from broker.market.book import Market
@@ -158,7 +159,7 @@ class Runtime:
     def intake(self) -> Intake:
         """What taking a job in needs of this broker: where it lives, its backend, what its market offers."""
         return Intake(self.settings.home, self.provisioner.name, self.offered(), offline=self.settings.offline_catalog,
-                      max_gpus=self.settings.max_gpus)
+                      max_gpus=self.settings.max_gpus, **budget_refusal(self.settings))
 
     def submit(self, job: JobSpec | Pipeline) -> list[str]:
         """``job`` stored PENDING once the market can hold it (``broker.intake.submit``); its job ids."""

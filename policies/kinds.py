@@ -18,6 +18,7 @@ import policies.sharing
 from policies.admission import ADMISSION_POLICIES, AdmissionPolicy
 from policies.checkpointing import CHECKPOINTING_POLICIES, CheckpointingPolicy
 from policies.eager import EAGER_POLICIES, EagerPolicy
+from policies.fair_share import FAIR_SHARE_POLICIES, FairSharePolicy
 from policies.placement import PLACEMENT_POLICIES, PlacementPolicy
 from policies.preemption import PREEMPTION_POLICIES, PreemptionPolicy
 from policies.registry import Registry, UnknownPolicy
@@ -35,9 +36,10 @@ admission = ADMISSION_POLICIES
 sharing = SHARING_POLICIES
 checkpointing = CHECKPOINTING_POLICIES
 eager = EAGER_POLICIES
+fair_share = FAIR_SHARE_POLICIES
 
 BY_KIND: dict[str, Registry[Any]] = {r.kind: r for r in (
-    selection, placement, preemption, admission, sharing, checkpointing, eager)}
+    selection, placement, preemption, admission, sharing, checkpointing, eager, fair_share)}
 KINDS: tuple[str, ...] = tuple(BY_KIND)
 
 
@@ -60,12 +62,13 @@ class Chosen:
     checkpointing: CheckpointingPolicy
     eager: EagerPolicy
     eager_name: str
+    fair_share: FairSharePolicy
 
 
 def choose(*, selection_name: str | None = None, placement_name: str | None = None,
            preemption_name: str | None = None, admission_name: str | None = None,
            sharing_name: str | None = None, checkpointing_name: str | None = None,
-           eager_name: str | None = None) -> Chosen:
+           eager_name: str | None = None, fair_share_name: str | None = None) -> Chosen:
     """The policies a live broker runs, by the names in its settings (None: the kind's default)."""
     return Chosen(
         selection=selection.get(selection_name, live=True),
@@ -76,4 +79,5 @@ def choose(*, selection_name: str | None = None, placement_name: str | None = No
         checkpointing=checkpointing.get(checkpointing_name, live=True),
         eager=eager.get(eager_name, live=True),
         eager_name=eager_name or eager.default_name() or "off",
+        fair_share=fair_share.get(fair_share_name, live=True),
     )

@@ -21,15 +21,18 @@ from broker.api.pipelines import pipelines_router
 from broker.api.prices import prices_router
 from broker.api.reports import reports_router
 from broker.api.serving import ConnectionLimits, server_config
+from broker.api.teams import teams_router
 from broker.api.validation import user_error_response, validation_error_response
 from broker.clock import Clock
+from broker.config.teams import FairShareConfig
 from broker.errors import user_errors
 from broker.intake import Intake
 from broker.store import Store
 
 
 def create_app(store: Store, clock: Clock, intake: Intake | None = None,
-               is_leader: Callable[[], bool] | None = None, limits: Limits | None = None) -> FastAPI:
+               is_leader: Callable[[], bool] | None = None, limits: Limits | None = None,
+               fair_share: FairShareConfig | None = None) -> FastAPI:
     """The notice API alone (the embedded broker), or with ``intake`` the whole service API."""
     app = FastAPI(title="spot broker", version="1", docs_url=None, redoc_url=None)
     app.add_exception_handler(RequestValidationError, validation_error_response)
@@ -49,10 +52,12 @@ def create_app(store: Store, clock: Clock, intake: Intake | None = None,
         app.include_router(pipelines_router(store, clock, intake, team))
         app.include_router(prices_router(store, team))
         app.include_router(reports_router(store, team))
-        install_metrics(app, store, is_leader, clock)
+        install_metrics(app, store, is_leader, clock, fair_share)
+        if fair_share is not None:
+            app.include_router(teams_router(store, clock, fair_share, team))
         from broker.web.app import mount_dashboard
 
-        mount_dashboard(app, store, clock, intake.home)
+        mount_dashboard(app, store, clock, intake.home, fair_share)
     from broker.web.apidocs import mount_api_docs
 
     mount_api_docs(app)  # /docs: the reference, drawn on the server from /openapi.json

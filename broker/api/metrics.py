@@ -20,6 +20,7 @@ from sqlalchemy import and_, func, inspect, select, text
 
 from broker.api.gpu_metrics import GpuCollector
 from broker.clock import Clock
+from broker.config.teams import FairShareConfig
 from broker.model import LIVE_CLUSTER_STATES, JobState, Usage
 from broker.store import Store
 from broker.store.tables import AllocationRow, ClusterRow, JobRow, LedgerRow, NoticeRow, PriceQuoteRow
@@ -112,10 +113,15 @@ def _age(now: datetime, then: datetime | None) -> float:
     return max((now - then).total_seconds(), 0.0)
 
 
-def install_metrics(app: FastAPI, store: Store, is_leader: Callable[[], bool] | None, clock: Clock) -> None:
+def install_metrics(app: FastAPI, store: Store, is_leader: Callable[[], bool] | None, clock: Clock,
+                    fair_share: FairShareConfig | None = None) -> None:
     registry = CollectorRegistry()
     registry.register(StoreCollector(store))
     registry.register(GpuCollector(store, clock))
+    if fair_share is not None:  # teams' shares, held and borrowed GPUs, budgets left (broker.api.teams)
+        from broker.api.teams import TeamCollector
+
+        registry.register(TeamCollector(store, clock, fair_share))
     latency = Histogram("broker_http_request_seconds", "API request latency", ["method", "route", "status"],
                         registry=registry)
     leader = Gauge("broker_leader", "1 when this replica holds the leader lock", registry=registry)

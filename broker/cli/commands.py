@@ -23,6 +23,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
                                         "preemptions, deadlines."),
     "simulate-placement": ("broker.cli.placement", "Replay a job trace on a fixed cluster and compare placement "
                                                    "policies."),
+    "simulate-fairshare": ("broker.cli.fair_share", "Replay a multi-team job trace on a fleet under fair share, "
+                                                    "FIFO and static quotas; shares, waits, reclaims."),
     "show-topology": ("broker.cli.placement", "Print how the GPUs of an instance type are linked, its network and its "
                                               "placement level."),
     "report": ("broker.cli.report", "Spend, on-demand equivalent, savings, preemptions and idle GPU-hours by job, "
@@ -31,6 +33,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
                                   "high availability."),
     "dashboard": ("broker.cli.dashboard", "Open the dashboard on this machine's store; prints a sign-in token that "
                                           "is revoked when it stops."),
+    "teams": ("broker.cli.teams", "Each team's share owed and GPUs held now, borrowed, waiting jobs, recent usage, "
+                                  "budget left, reclaims."),
     "token": ("broker.cli.tokens", "API tokens for teams (the service's `Authorization: Bearer` tokens)."),
     "run-engine": ("broker.cli.engine", ""),
 }

@@ -43,7 +43,10 @@ def dashboard(
         raise UsageError(f"--port: cannot listen on 127.0.0.1:{port}: {exc.strerror}") from None
     world = LocalWorld.load(settings.home)
     web = FastAPI(title="spot broker dashboard", docs_url=None, redoc_url=None, openapi_url=None)
-    mount_dashboard(web, store, world.clock if world is not None else WallClock(), settings.home)
+    from broker.config.teams import fair_share_config
+
+    mount_dashboard(web, store, world.clock if world is not None else WallClock(), settings.home,
+                    fair_share_config(settings))
     issued = create_api_token(store, ADMIN_TEAM)
     url = f"http://127.0.0.1:{sock.getsockname()[1]}/"
     err_console.print(f"dashboard at {url} (Ctrl-C stops it); sign in with this token, valid until it stops:",

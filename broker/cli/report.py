@@ -3,11 +3,19 @@
 from __future__ import annotations
 
 import sys
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from broker.cli.app import ConfigOption, UsageError, app
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from broker.config.settings import Settings
+    from broker.reports.shares import TeamShare
+    from broker.reports.window import Window
+    from broker.store import Store
 
 
 @app.command()
@@ -76,7 +84,7 @@ def report(
         else:
             assert window is not None
             built = build_report(store, window, team=team)
-            _print(built, output)
+            _print(built, output, _shares(store, settings, window, team) if output in ("table", "json") else None)
             results = deliver.deliver(store, settings, built, email=recipients, slack=slack) \
                 if recipients or slack else []
     finally:
@@ -98,7 +106,21 @@ def report(
         sys.exit(1)
 
 
-def _print(built: object, output: str) -> None:
+def _shares(store: Store, settings: Settings, window: Window, team: str | None) -> list[TeamShare] | None:
+    """The section per team under fair share, when teams are named (``broker.reports.shares``)."""
+    from broker.config.teams import fair_share_config
+
+    config = fair_share_config(settings)
+    if config is None or not config.teams:
+        return None
+    from broker.reports.shares import team_shares
+
+    budgets = tuple(sorted(settings.budgets.teams.items()))
+    lines = team_shares(store, window, config, budgets, settings.budgets.period)
+    return [line for line in lines if team is None or line.team == team]
+
+
+def _print(built: object, output: str, shares: list[TeamShare] | None = None) -> None:
     from broker.reports import render
     from broker.reports.model import Report
 
@@ -106,7 +128,32 @@ def _print(built: object, output: str) -> None:
     if output == "table":
         from broker.cli.app import make_console
 
-        render.print_table(built, make_console())
+        console = make_console()
+        render.print_table(built, console)
+        if shares is not None:
+            _print_shares(shares, console)
+        return
+    if output == "json" and shares is not None:
+        import json
+
+        sys.stdout.write(json.dumps({**built.to_dict(), "fair_share": [s.as_dict() for s in shares]}, indent=2)
+                         + "\n")
         return
     text = {"json": render.render_json, "csv": render.render_csv, "html": render.render_html}[output](built)
     sys.stdout.write(text if text.endswith("\n") else text + "\n")
+
+
+def _print_shares(shares: list[TeamShare], console: Console) -> None:
+    from rich.table import Table
+
+    from broker.cli.job_output import shown
+
+    table = Table(title="Fair share by team", header_style="bold")
+    for column in ("team", "GPU-hours", "share received", "share owed", "reclaims given", "taken",
+                   "work lost to reclaims h", "budget spent last by"):
+        table.add_column(column)
+    for line in shares:
+        table.add_row(shown(line.team), f"{line.gpu_hours:.2f}", f"{line.share_received:.1%}",
+                      f"{line.share_owed:.1%}", str(line.reclaims_given), str(line.reclaims_taken),
+                      f"{line.work_lost_hours:.2f}", shown(", ".join(line.budget_spent_by) or "-"))
+    console.print(table)

@@ -13,6 +13,7 @@ from pydantic import AliasChoices, Field, SecretStr, ValidationError, Validation
 from pydantic_settings import BaseSettings, NoDecode, PydanticBaseSettingsSource, SettingsConfigDict
 
 from broker.config.file import ConfigError, check_db_url, check_home, read_settings_file
+from broker.config.teams import TeamSettings, check_teams, teams_from_json
 from broker.reports.settings import BudgetSettings, ReportSchedule
 from broker.service.schedule_config import PolicySchedule
 from providers.base import PUBLIC_CLOUDS
@@ -104,6 +105,35 @@ class Settings(BaseSettings):
     delivery_max_wait_s: float = Field(300.0, ge=0, description="longest Slack Retry-After honoured")
     reports: list[ReportSchedule] = Field(default_factory=list, description="scheduled reports")
     budgets: BudgetSettings = Field(default_factory=BudgetSettings, description="team budgets and alerts")
+
+    # --- fair share across teams: weights, quotas, limits, a hierarchy (docs/fair-share.md) ---
+    teams: Annotated[dict[str, TeamSettings], NoDecode] = Field(
+        default_factory=dict, description="team -> {weight, quota_gpus, limit_gpus, parent}; teams not named share "
+                                          "a weight of 1")
+    fair_share_policy: str | None = Field(None, description="weighted_fair_share (the default once a team is "
+                                          "named), fifo or static_quota")
+    fair_share_half_life_seconds: float = Field(3600.0, gt=0, le=365 * 86400.0,
+                                                description="recent GPU usage counts half after this long")
+
+    @field_validator("teams", mode="before")
+    @classmethod
+    def _teams_from_json(cls, value: Any) -> Any:
+        return teams_from_json(value) if isinstance(value, str) else value
+
+    @field_validator("teams", mode="after")
+    @classmethod
+    def _teams_are_a_forest(cls, value: dict[str, TeamSettings]) -> dict[str, TeamSettings]:
+        return check_teams(value)
+
+    @field_validator("fair_share_policy")
+    @classmethod
+    def _known_fair_share_policy(cls, value: str | None) -> str | None:
+        from policies import kinds
+
+        try:
+            return kinds.fair_share.check(value)
+        except kinds.UnknownPolicy as exc:
+            raise ValueError(str(exc)) from None
 
     # --- prices: endpoints, credentials and regions of the price pollers (`broker prices`) ---
     # The AWS endpoints keep boto3's own environment names; all others are BROKER_*.

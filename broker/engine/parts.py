@@ -19,6 +19,7 @@ from sqlalchemy.orm import Session
 
 from broker.backends.base import ClusterInfo, JobLaunch, Provisioner
 from broker.clock import Clock
+from broker.config.teams import FairShareConfig, fair_share_config
 from broker.market.book import Market
 from broker.spec.job import JobSpec, job_spec_from_data
 from broker.store import Store
@@ -57,6 +58,8 @@ class EngineOptions:
     # Pass over the queued jobs that certainly wait (broker.engine.queue); False: the full decision for
     # every queued job on every pass (the reference the benchmark and the parity test compare against).
     queue_fast_path: bool = True
+    # Teams' shares of the fleet and enforced budgets (broker.engine.fair_share); None: no fair-share step.
+    fair_share: FairShareConfig | None = None
 
 
 def restart_overhead(settings: Settings) -> float:
@@ -74,7 +77,8 @@ def engine_options(settings: Settings, broker_url: str | None, **extra: Any) -> 
         max_gpus=settings.max_gpus, restart_overhead_s=restart_overhead(settings), broker_url=broker_url,
         eager_policy=settings.eager_policy, eager_lead_s=settings.eager_lead_seconds,
         pool_idle_s=settings.pool_idle_seconds, queue_max_gpus=tuple(sorted(settings.queue_max_gpus.items())),
-        start_retries=settings.start_retries, gpu_idle_below=settings.gpu_idle_below, **extra,
+        start_retries=settings.start_retries, gpu_idle_below=settings.gpu_idle_below,
+        fair_share=fair_share_config(settings), **extra,
     )
 
 

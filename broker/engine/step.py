@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from dataclasses import replace
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -17,6 +18,7 @@ from sqlalchemy.orm import Session
 from broker.backends.base import Provisioner
 from broker.clock import Clock
 from broker.engine import clusters, eager, forecast, gpu_attribution, metering, setup_ahead
+from broker.engine.fair_share import FairShare
 from broker.engine.jobs import JobStepper
 from broker.engine.parts import EngineOptions, Parts
 from broker.engine.planning import Planner
@@ -37,6 +39,10 @@ class Engine:
         self.jobs = JobStepper(self.parts, self.planner)
         self._shapes = Shapes(self.parts)
         self._lock = threading.Lock()
+        self.fair_share: FairShare | None = None
+        if options.fair_share is not None:
+            self.fair_share = FairShare(self.parts, options.fair_share)
+            self.parts.options = replace(options, admit=self.fair_share.gate(options.admit))
 
     @property
     def store(self) -> Store:
@@ -67,6 +73,9 @@ class Engine:
         """One pass over everything, in this order:
 
         1. sync every live cluster with the backend (up, failed, gone; relaunch one a crash left unlaunched);
+           then, with teams named, fair share: the queued gangs their teams' shares and budgets hold back
+           wait this step, and borrowed GPUs an owner's gang waits for are asked back at a checkpoint
+           (``broker.engine.fair_share``);
         2. move every active job on by at most one transition, highest priority first (a queued job that
            certainly waits is passed over: ``broker.engine.queue``);
         3. give up the reservations of jobs whose running job runs late when they could run elsewhere
@@ -80,6 +89,8 @@ class Engine:
         """
         with self._lock:
             clusters.sync(self.parts)
+            if self.fair_share is not None:
+                self.fair_share.step()
             self.advance_all(self.active_jobs())
             eager.give_up(self.parts, self.planner)
             eager.release_leaving(self.parts)

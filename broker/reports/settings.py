@@ -104,6 +104,10 @@ class BudgetSettings(BaseModel):
     thresholds: list[float] = Field(default_factory=lambda: [1.0], description="fractions of the budget")
     email: list[str] = Field(default_factory=list)
     slack: bool = False
+    # Hold a team to its budget: a job whose predicted cost would take its team past it is not started
+    # (running jobs are never stopped for money); over_budget: such a job waits, or is refused at submission.
+    enforce: bool = False
+    over_budget: Literal["wait", "refuse"] = "wait"
 
     @field_validator("email")
     @classmethod

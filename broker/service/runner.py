@@ -28,6 +28,7 @@ from broker.api.serving import server_config
 from broker.backends.fenced import FencedProvisioner
 from broker.backends.local.runtime import served_world
 from broker.config.settings import ConfigError, Settings
+from broker.config.teams import budget_refusal, fair_share_config
 from broker.engine import Engine
 from broker.intake import Intake
 from broker.runtime import assemble
@@ -67,8 +68,10 @@ class Service:
         self.url = f"http://{host}:{port}"
         self.public_url = settings.public_url or f"http://{'127.0.0.1' if host == '0.0.0.0' else host}:{port}"
         intake = Intake(settings.home, self.runtime.provisioner.name, self.runtime.offered(),
-                           offline=settings.offline_catalog, max_gpus=settings.max_gpus)
-        self.app = create_app(self.runtime.store, self.runtime.clock, intake, is_leader=lambda: self.leading)
+                           offline=settings.offline_catalog, max_gpus=settings.max_gpus,
+                           **budget_refusal(settings))
+        self.app = create_app(self.runtime.store, self.runtime.clock, intake, is_leader=lambda: self.leading,
+                              fair_share=fair_share_config(settings))
         self.server = uvicorn.Server(server_config(self.app, log_config=None, timeout_graceful_shutdown=5))
 
     @staticmethod

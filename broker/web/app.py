@@ -12,10 +12,11 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
 
 from broker.clock import Clock
+from broker.config.teams import FairShareConfig
 from broker.errors import BrokerError
 from broker.reports.window import ReportError, report_window
 from broker.store import Store
-from broker.web import clusters, jobs, market, market_gpu, overview, simulate
+from broker.web import clusters, jobs, market, market_gpu, overview, simulate, teams
 from broker.web.html import e, page
 from broker.web.session import COOKIE, Viewer, current_viewer, viewer_of_token
 from broker.web.times import Times
@@ -75,7 +76,8 @@ def _signed_in(request: Request) -> Viewer:
 Signed = Annotated[Viewer, Depends(_signed_in)]
 
 
-def mount_dashboard(app: FastAPI, store: Store, clock: Clock, home: Path) -> None:
+def mount_dashboard(app: FastAPI, store: Store, clock: Clock, home: Path,
+                    fair_share: FairShareConfig | None = None) -> None:
     times = Times(clock)  # every time shown on the wall clock, the replayed market's beside it
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
     app.add_exception_handler(SignedOut, _signed_out)
@@ -169,6 +171,15 @@ def mount_dashboard(app: FastAPI, store: Store, clock: Clock, home: Path) -> Non
     @app.get("/clusters/live", include_in_schema=False)
     def clusters_live(viewer: Signed) -> Response:
         return HTMLResponse(_clusters(viewer))
+
+    @app.get("/teams", include_in_schema=False)
+    def teams_page(viewer: Signed) -> Response:
+        from broker.config.teams import FairShareConfig as Config
+        from broker.status.teams import team_lines
+
+        config = fair_share or Config(teams=())
+        body = teams.render(team_lines(store, config, clock.now()), viewer, config.capacity_gpus)
+        return HTMLResponse(page("Teams", body, viewer, "/teams"))
 
     @app.get("/market", include_in_schema=False)
     def market_page(request: Request, viewer: Signed) -> Response:

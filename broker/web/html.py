@@ -7,7 +7,7 @@ from urllib.parse import urlencode
 
 from broker.web.session import Viewer
 
-NAV = (("/", "Overview"), ("/jobs", "Jobs"), ("/clusters", "Clusters"), ("/market", "Market"),
+NAV = (("/", "Overview"), ("/jobs", "Jobs"), ("/clusters", "Clusters"), ("/teams", "Teams"), ("/market", "Market"),
        ("/simulate", "Simulate"))
 CLOUD_COLOURS = {"aws": "#E69F00", "gcp": "#0072B2", "azure": "#009E73"}  # the report chart's
 FALLBACK_COLOURS = ("#8e44ad", "#c0392b", "#27ae60", "#7f8c8d")

@@ -258,9 +258,10 @@ def _reason(job: JobRow) -> str:
     """Why the job failed, was cancelled or waits: first on its page."""
     if not job.reason:
         return ""
-    kind = "error" if job.state == JobState.FAILED.value else "reason"
+    if job.state != JobState.FAILED.value:  # why it waits (its team's share, a budget, a reclaim) or ended
+        return f'<p class="reason" data-reason>Why: {e(job.reason)}</p>'
     exit_code = f" (exit code {job.exit_code})" if job.exit_code is not None else ""
-    return f'<p class="{kind}" role="alert" data-reason>{e(job.state)}{exit_code}: {e(job.reason)}</p>'
+    return f'<p class="error" role="alert" data-reason>{e(job.state)}{exit_code}: {e(job.reason)}</p>'
 
 
 def job_live_html(view: JobView, now: datetime, times: Times) -> str:

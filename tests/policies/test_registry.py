@@ -96,6 +96,7 @@ def test_every_built_in_name_is_registered_under_its_kind() -> None:
         "sharing": ["best_fit", "dot_product", "fgd", "first_fit", "gpu_clustering", "gpu_packing", "random"],
         "checkpointing": ["fixed_interval", "notice_only", "young_daly"],
         "eager": ["eager", "off"],
+        "fair_share": ["fifo", "static_quota", "weighted_fair_share"],
     }
 
 

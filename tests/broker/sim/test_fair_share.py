@@ -1,0 +1,67 @@
+"""The fair-share replay: a hand-made two-team trace, the Philly multi-team trace and its acceptance figures."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from broker.sim.fair_share import BURST_S, MAX_DURATION_S, PHILLY_TEAMS, TeamJob, philly_teams, replay
+from policies import kinds
+from policies.fair_share import Team, fifo, static_quota, weighted_fair_share
+
+TWO = (Team("a"), Team("b"))
+
+
+def _two_teams() -> list[TeamJob]:
+    # a fills the fleet with four long 1-GPU jobs; b comes ten minutes later with two short ones.
+    return [TeamJob("a", f"a{i}", 1, 0.0, 4 * 3600.0) for i in range(4)] + \
+           [TeamJob("b", f"b{i}", 1, 600.0, 1800.0) for i in range(2)]
+
+
+def test_the_owner_gets_its_share_back_at_a_checkpoint() -> None:
+    result = replay(_two_teams(), TWO, 4, weighted_fair_share, "fair", checkpoint_s=60.0, restart_s=60.0)
+    assert result.unfinished == 0
+    assert len(result.handovers_s) == 2 and max(result.handovers_s) == 60.0
+    assert result.lost_per_reclaim_s == [120.0, 120.0]
+    assert result.teams["a"].reclaims == 2
+    # b waited one step for the reclaim and the checkpoint only, not for a's jobs to end.
+    assert max(result.teams["b"].waits_s) <= 60.0 + 60.0
+    baseline = replay(_two_teams(), TWO, 4, fifo, "fifo")
+    assert baseline.handovers_s == [] and min(baseline.teams["b"].waits_s) >= 4 * 3600.0 - 600.0
+    # The borrower lost at most what the reclaims cost it; nothing runs twice.
+    assert result.makespan_s <= baseline.makespan_s + 2 * 120.0
+
+
+def test_a_static_quota_lends_nothing() -> None:
+    result = replay([TeamJob("a", f"a{i}", 1, 0.0, 3600.0) for i in range(4)], TWO, 4, static_quota, "static")
+    assert result.makespan_s >= 2 * 3600.0  # two at a time: b's half stays idle
+    assert result.utilisation == pytest.approx(0.5, abs=0.02)
+    fair = replay([TeamJob("a", f"a{i}", 1, 0.0, 3600.0) for i in range(4)], TWO, 4, weighted_fair_share, "fair")
+    assert fair.utilisation > 0.95
+
+
+def test_the_philly_teams_trace_follows_its_rule(shared_traces: Path) -> None:
+    jobs = philly_teams(shared_traces)
+    assert len(jobs) == 640 and {j.team for j in jobs} == {t.name for t in PHILLY_TEAMS}
+    assert max(j.duration_s for j in jobs) == MAX_DURATION_S
+    for team in ("speech", "rl"):
+        submits = sorted(j.submit_s for j in jobs if j.team == team)
+        bursts = [submits[0]]
+        for at in submits[1:]:
+            if at - bursts[-1] > BURST_S:
+                bursts.append(at)
+        assert len(bursts) <= 3
+    assert philly_teams(shared_traces) == jobs  # seeded
+    assert philly_teams(shared_traces, seed=7) != jobs
+
+
+@pytest.mark.slow
+def test_on_the_philly_teams_fair_share_keeps_shares_and_utilisation(shared_traces: Path) -> None:
+    jobs = philly_teams(shared_traces)
+    fair = replay(jobs, PHILLY_TEAMS, 128, kinds.fair_share.get("weighted_fair_share"), "fair")
+    baseline = replay(jobs, PHILLY_TEAMS, 128, kinds.fair_share.get("fifo"), "fifo")
+    assert fair.unfinished == baseline.unfinished == 0
+    assert fair.utilisation >= baseline.utilisation
+    assert fair.worst_window_error <= 0.10 < baseline.worst_window_error
+    assert max(fair.handovers_s) <= 60.0 + 60.0

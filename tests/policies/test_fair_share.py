@@ -1,0 +1,224 @@
+"""The fair-share policies on hand-made cases (weights, quotas, limits, borrowing, reclaim, decay, budgets)
+and, as properties, that no team below its share is starved and that the fleet is never over-admitted."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from policies import kinds
+from policies.fair_share import (
+    FairShareRequest,
+    QueuedGang,
+    Reclaim,
+    Team,
+    TeamUsage,
+    fifo,
+    owed_shares,
+    static_quota,
+    water_fill,
+    weighted_fair_share,
+)
+
+
+def gangs(team: str, count: int, gpus: int = 1, priority: int = 500, start: int = 0) -> tuple[QueuedGang, ...]:
+    return tuple(QueuedGang(f"{team}{i}", team, gpus, priority, start + i) for i in range(count))
+
+
+def test_registered_by_name_with_the_baselines() -> None:
+    assert kinds.fair_share.default_name() == "weighted_fair_share"
+    assert kinds.fair_share.get("fifo") is fifo and kinds.fair_share.get("static_quota") is static_quota
+    assert kinds.choose().fair_share is weighted_fair_share
+
+
+def test_water_fill_gives_floors_then_weights_and_passes_on_what_a_capped_claim_cannot_take() -> None:
+    given = water_fill(10, [("a", 1, 0, 100), ("b", 3, 0, 100)])
+    assert given == pytest.approx({"a": 2.5, "b": 7.5})
+    given = water_fill(10, [("a", 1, 0, 100), ("b", 3, 0, 2)])  # b wants only 2: a gets the rest
+    assert given == pytest.approx({"a": 8.0, "b": 2.0})
+    given = water_fill(10, [("a", 1, 6, 100), ("b", 1, 0, 100)])  # a's quota past its weighted half
+    assert given == pytest.approx({"a": 6.0, "b": 4.0})
+    given = water_fill(10, [("a", 1, 3, 100), ("b", 1, 0, 100)])  # a quota below the weighted share
+    assert given == pytest.approx({"a": 5.0, "b": 5.0})
+    given = water_fill(4, [("a", 1, 6, 100), ("b", 1, 2, 100)])  # quotas past the fleet: scaled alike
+    assert given == pytest.approx({"a": 3.0, "b": 1.0})
+
+
+def test_two_equal_teams_split_the_fleet_and_the_owner_reclaims_what_was_borrowed() -> None:
+    request = FairShareRequest(4, (Team("a"), Team("b")), (TeamUsage("a", 4, 4 * 3600.0),), gangs("b", 2, start=10))
+    decision = weighted_fair_share(request)
+    assert dict(decision.owed) == pytest.approx({"a": 2.0, "b": 2.0})
+    assert decision.admit == ()
+    assert decision.reclaims == (Reclaim("b0", 1, ("a",)), Reclaim("b1", 1, ("a",)))
+    assert decision.reason_of("b0") == "waiting: reclaiming 1 GPU from team a"
+
+    # FIFO and static quotas never take back: b waits for a's jobs to end.
+    assert fifo(request).reclaims == () and fifo(request).reason_of("b0") == "waiting: for GPUs"
+    assert static_quota(request).reclaims == ()
+
+
+def test_a_team_borrows_what_others_leave_unused_and_stops_at_its_limit() -> None:
+    request = FairShareRequest(8, (Team("a", limit_gpus=6), Team("b")), (), gangs("a", 8))
+    decision = weighted_fair_share(request)
+    assert decision.admit == tuple(f"a{i}" for i in range(6))  # b has no work: a borrows up to its limit
+    assert decision.reason_of("a6") == "waiting: team a at its limit of 6 GPUs"
+    # A static quota lends nothing: a gets its half.
+    assert static_quota(request).admit == tuple(f"a{i}" for i in range(4))
+
+
+def test_weights_decide_the_share_and_the_order() -> None:
+    teams = (Team("a", weight=3), Team("b", weight=1))
+    request = FairShareRequest(8, teams, (), gangs("a", 10) + gangs("b", 10, start=100))
+    decision = weighted_fair_share(request)
+    assert dict(decision.owed) == pytest.approx({"a": 6.0, "b": 2.0})
+    admitted = [j[0] for j in decision.admit]
+    assert admitted.count("a") == 6 and admitted.count("b") == 2
+    # FIFO: whoever came first takes everything.
+    assert [j[0] for j in fifo(request).admit] == ["a"] * 8
+
+
+def test_a_quota_is_guaranteed_beyond_the_weights() -> None:
+    teams = (Team("a"), Team("b", quota_gpus=6))
+    decision = weighted_fair_share(FairShareRequest(8, teams, (), gangs("a", 10) + gangs("b", 10, start=100)))
+    assert dict(decision.owed) == pytest.approx({"a": 2.0, "b": 6.0})
+    assert sum(j.startswith("b") for j in decision.admit) == 6
+
+
+def test_a_parent_share_is_divided_among_its_children() -> None:
+    teams = (Team("research", weight=1), Team("nlp", parent="research"), Team("vision", parent="research"),
+             Team("prod", weight=1))
+    queued = gangs("nlp", 8) + gangs("vision", 8, start=10) + gangs("prod", 8, start=20)
+    owed = owed_shares(FairShareRequest(8, teams, (), queued))
+    assert owed == pytest.approx({"nlp": 2.0, "vision": 2.0, "prod": 4.0})
+    # The parent's limit holds its children together.
+    limited = (Team("research", limit_gpus=3), Team("nlp", parent="research"), Team("vision", parent="research"))
+    decision = weighted_fair_share(FairShareRequest(8, limited, (), gangs("nlp", 4) + gangs("vision", 4, start=10)))
+    assert len(decision.admit) == 3
+    assert "team research at its limit of 3 GPUs" in (decision.reason_of("nlp3") or decision.reason_of("vision3") or "")
+
+
+def test_recent_usage_decides_between_teams_equally_far_from_their_share() -> None:
+    # Both hold nothing now; b used the fleet all morning, a was idle: a goes first and is not punished.
+    usage = (TeamUsage("a", 0, 0.0), TeamUsage("b", 0, 50_000.0))
+    request = FairShareRequest(1, (Team("a"), Team("b")), usage, gangs("b", 1) + gangs("a", 1, start=5))
+    assert weighted_fair_share(request).admit == ("a0",)
+    assert fifo(request).admit == ("b0",)
+
+
+def test_priority_orders_within_a_team_and_inference_is_admitted_whatever_the_share() -> None:
+    queued = (QueuedGang("low", "a", 1, 100, 0), QueuedGang("high", "a", 1, 500, 1),
+              QueuedGang("serve", "a", 1, 1000, 2))
+    request = FairShareRequest(2, (Team("a"), Team("b")), (TeamUsage("a", 1), TeamUsage("b", 1)), queued)
+    decision = weighted_fair_share(request)
+    assert "serve" in decision.admit and decision.admit[0] == "serve"
+    assert decision.reason_of("high") is not None and decision.reason_of("low") is not None
+
+
+def test_the_borrower_most_over_its_share_gives_back_first() -> None:
+    usage = (TeamUsage("a", 5), TeamUsage("b", 3), TeamUsage("c", 0))
+    queued = gangs("c", 2, gpus=2) + gangs("a", 1, start=9) + gangs("b", 1, start=9)
+    request = FairShareRequest(8, (Team("a"), Team("b"), Team("c")), usage, queued)
+    decision = weighted_fair_share(request)
+    # Each is owed 8/3: c's first gang takes 2 back from a (3 over), its second would put c over.
+    assert decision.reclaims == (Reclaim("c0", 2, ("a",)),)
+    assert decision.reason_of("c1") == "waiting: team c over its share (holds 2 of 2.66667 GPUs owed)"
+
+
+def test_fractional_shares_still_reclaim_for_a_team_holding_nothing() -> None:
+    usage = (TeamUsage("a", 2), TeamUsage("b", 2), TeamUsage("c", 0))
+    request = FairShareRequest(4, (), usage, gangs("a", 2) + gangs("b", 2, start=5) + gangs("c", 1, start=9))
+    decision = weighted_fair_share(request)
+    assert [r.job_id for r in decision.reclaims] == ["c0"]
+    # c wants one GPU: owed 1, and a and b 1.5 each; a and b each hold half a GPU past theirs.
+    assert decision.reclaims[0].from_teams in (("a",), ("b",))
+    assert decision.reason_of("a0") == "waiting: team a over its share (holds 2 of 1.5 GPUs owed)"
+
+
+@pytest.mark.parametrize(("left", "cost", "admitted"), [
+    (10.0, 9.99, True), (10.0, 10.0, True), (10.0, 10.01, False), (0.0, 0.0, False), (-3.0, 0.0, False),
+    (None, 1e9, True),
+], ids=["under", "exactly-at", "just-over", "spent", "overspent", "not-enforced"])
+def test_budgets_at_the_boundary(left: float | None, cost: float, admitted: bool) -> None:
+    gang = QueuedGang("j", "a", 1, 500, 0, predicted_cost=cost)
+    request = FairShareRequest(4, (), (TeamUsage("a", 0, budget_left=left),), (gang,))
+    for policy in (weighted_fair_share, fifo, static_quota):
+        decision = policy(request)
+        assert (decision.admit == ("j",)) is admitted
+        if not admitted:
+            assert (decision.reason_of("j") or "").startswith("waiting: budget: team a has $")
+
+
+def test_a_budget_counts_every_job_it_admits() -> None:
+    queued = tuple(QueuedGang(f"j{i}", "a", 1, 500, i, predicted_cost=4.0) for i in range(3))
+    decision = weighted_fair_share(FairShareRequest(None, (), (TeamUsage("a", 0, budget_left=10.0),), queued))
+    assert decision.admit == ("j0", "j1") and "budget" in (decision.reason_of("j2") or "")
+
+
+def test_unbounded_fleet_admits_all_within_limits() -> None:
+    queued = gangs("a", 3) + gangs("b", 3)
+    decision = weighted_fair_share(FairShareRequest(None, (Team("a", limit_gpus=2),), (), queued))
+    assert len(decision.admit) == 5
+
+
+@pytest.mark.parametrize("bad", [
+    lambda: Team("a", weight=-1), lambda: Team("a", weight=math.nan), lambda: Team("a", quota_gpus=-1),
+    lambda: FairShareRequest(-1, (), (), ()), lambda: FairShareRequest(1, (), (), (), half_life_s=math.inf),
+])
+def test_a_malformed_request_is_refused(bad: object) -> None:
+    with pytest.raises(ValueError):
+        bad()  # type: ignore[operator]
+
+
+TEAM_NAMES = ("a", "b", "c", "d")
+
+
+@st.composite
+def situations(draw: st.DrawFn) -> FairShareRequest:
+    capacity = draw(st.integers(1, 32))
+    teams = tuple(Team(n, weight=draw(st.sampled_from([0.5, 1.0, 2.0, 3.0]))) for n in TEAM_NAMES)
+    held_left = capacity
+    usage = []
+    for name in TEAM_NAMES:
+        held = draw(st.integers(0, held_left))
+        held_left -= held
+        usage.append(TeamUsage(name, held, draw(st.floats(0, 1e6))))
+    queued = []
+    for name in TEAM_NAMES:
+        for i in range(draw(st.integers(0, 6))):
+            priority, order = draw(st.sampled_from([100, 500])), draw(st.integers(0, 99))
+            queued.append(QueuedGang(f"{name}{i}", name, 1, priority, order))
+    return FairShareRequest(capacity, teams, tuple(usage), tuple(queued))
+
+
+@settings(max_examples=400, deadline=None)
+@given(situations())
+def test_no_team_below_its_share_is_starved(request: FairShareRequest) -> None:
+    decision = weighted_fair_share(request)
+    owed = dict(decision.owed)
+    held = {u.team: u.held_gpus for u in request.usage}
+    served = set(decision.admit) | {r.job_id for r in decision.reclaims}
+    for team in TEAM_NAMES:
+        mine = [g.job_id for g in request.queued if g.team == team]
+        if mine and held[team] + 1 <= owed.get(team, 0.0) + 1e-9:
+            assert served & set(mine), (team, decision)
+
+
+@settings(max_examples=400, deadline=None)
+@given(situations())
+def test_the_fleet_is_never_over_admitted_and_reclaims_only_take_from_teams_over_their_share(
+        request: FairShareRequest) -> None:
+    decision = weighted_fair_share(request)
+    queued = {g.job_id: g for g in request.queued}
+    held = {u.team: u.held_gpus for u in request.usage}
+    free = request.capacity_gpus - sum(held.values())  # type: ignore[operator]
+    assert sum(queued[j].gpus for j in decision.admit) <= free
+    owed = dict(decision.owed)
+    for reclaim in decision.reclaims:
+        assert all(held[t] > owed[t] for t in reclaim.from_teams)
+    for policy in (fifo, static_quota):
+        assert sum(queued[j].gpus for j in policy(request).admit) <= free
+    decided = set(decision.admit) | {j for j, _ in decision.waits}
+    assert decided == set(queued)
