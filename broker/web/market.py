@@ -17,7 +17,6 @@ from urllib.parse import quote as url_quote
 
 from sqlalchemy import func, select
 
-from broker.engine.cadence import PRIOR_SECONDS
 from broker.engine.planning import AVOID_ZONE_FOR
 from broker.model import ClusterState, TeardownReason
 from broker.store import Store
@@ -25,6 +24,7 @@ from broker.store.tables import ClusterRow, JobEventRow, JobRow, NoticeRow, Pric
 from broker.web.html import e, query, table
 from broker.web.session import Viewer
 from broker.web.times import Times, duration
+from policies.checkpointing import blended_hazard
 
 HISTORY = timedelta(days=7)
 BUCKETS = 168  # points per chart at most
@@ -121,8 +121,8 @@ class Hazard:
 
     @property
     def per_day(self) -> float:
-        """As the checkpoint cadence learns it (``engine/cadence.zone_hazard``): one prior preemption a day."""
-        return 86400 * (self.preemptions + 1) / (self.seconds + PRIOR_SECONDS)
+        """As the checkpoint cadence learns it (``engine/cadence.zone_hazard``), with its default prior."""
+        return 86400 * blended_hazard(self.preemptions, self.seconds)
 
     def text(self) -> str:
         if not self.seconds:
