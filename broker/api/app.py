@@ -5,6 +5,7 @@ from __future__ import annotations
 import socket
 import threading
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import uvicorn
 from fastapi import FastAPI
@@ -29,10 +30,13 @@ from broker.errors import user_errors
 from broker.intake import Intake
 from broker.store import Store
 
+if TYPE_CHECKING:
+    from broker.reports.settings import BudgetSettings
+
 
 def create_app(store: Store, clock: Clock, intake: Intake | None = None,
                is_leader: Callable[[], bool] | None = None, limits: Limits | None = None,
-               fair_share: FairShareConfig | None = None) -> FastAPI:
+               fair_share: FairShareConfig | None = None, budgets: BudgetSettings | None = None) -> FastAPI:
     """The notice API alone (the embedded broker), or with ``intake`` the whole service API."""
     app = FastAPI(title="spot broker", version="1", docs_url=None, redoc_url=None)
     app.add_exception_handler(RequestValidationError, validation_error_response)
@@ -52,7 +56,7 @@ def create_app(store: Store, clock: Clock, intake: Intake | None = None,
         app.include_router(pipelines_router(store, clock, intake, team))
         app.include_router(prices_router(store, team))
         app.include_router(reports_router(store, team))
-        install_metrics(app, store, is_leader, clock, fair_share)
+        install_metrics(app, store, is_leader, clock, fair_share, budgets)
         if fair_share is not None:
             app.include_router(teams_router(store, clock, fair_share, team))
         from broker.web.app import mount_dashboard

@@ -1,8 +1,14 @@
-"""``/metrics``: Prometheus figures read from the store at each scrape, so every replica agrees.
+"""``/metrics``: Prometheus figures read from the store at each scrape, and this replica's own.
 
 Job counts by state, GPUs of live clusters by what their latest metered minute was spent on
 (``running`` is allocated, the rest are idle causes), preemptions, migrations, spend and savings
-from the ledger, quotes in the price book, and this replica's request latencies and leadership.
+from the ledger by team and cloud, each team's budget and its spend this period, report
+deliveries, jobs ended in the last hour, quotes in the price book; and this replica's request
+latencies, leadership and last engine step.
+
+The store-derived families are the fleet's, not the replica's: only the leader exports them (a
+lone broker with no leader election always does), so ``sum()`` over every replica's scrape counts
+the fleet once. The replica's own families (latency, leadership, engine step) come from each.
 """
 
 from __future__ import annotations
@@ -10,7 +16,7 @@ from __future__ import annotations
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI, Request, Response
 from prometheus_client import CollectorRegistry, Gauge, Histogram, generate_latest
@@ -23,22 +29,61 @@ from broker.clock import Clock
 from broker.config.teams import FairShareConfig
 from broker.model import LIVE_CLUSTER_STATES, JobState, Usage
 from broker.store import Store
-from broker.store.tables import AllocationRow, ClusterRow, JobRow, LedgerRow, NoticeRow, PriceQuoteRow
+from broker.store.tables import (
+    AllocationRow,
+    ClusterRow,
+    JobRow,
+    LedgerRow,
+    NoticeRow,
+    PriceQuoteRow,
+    ReportDeliveryRow,
+)
+
+if TYPE_CHECKING:
+    from broker.reports.settings import BudgetSettings
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
+class EngineHeartbeat:
+    """When this process's engine last finished a step, for the alert on an engine that stopped."""
+
+    def __init__(self) -> None:
+        self._at = 0.0
+
+    def beat(self) -> None:
+        self._at = time.time()
+
+    def last(self) -> float:
+        return self._at
+
+
+engine_heartbeat = EngineHeartbeat()
+
+
+class LeaderOnly(Collector):
+    """Another collector's families, from the leader alone: the fleet counted once across replicas."""
+
+    def __init__(self, inner: Collector, is_leader: Callable[[], bool] | None) -> None:
+        self.inner, self.is_leader = inner, is_leader
+
+    def collect(self) -> Iterator[Metric]:
+        if self.is_leader is None or self.is_leader():
+            yield from self.inner.collect()
+
+
 class StoreCollector(Collector):
-    def __init__(self, store: Store) -> None:
-        self.store = store
+    def __init__(self, store: Store, clock: Clock, budgets: BudgetSettings | None = None) -> None:
+        self.store, self.clock, self.budgets = store, clock, budgets
 
     def collect(self) -> Iterator[Metric]:
         with self.store.transaction() as s:
             by_state = dict(s.execute(select(JobRow.state, func.count()).group_by(JobRow.state)).all())
             preemptions, migrations = s.execute(select(func.coalesce(func.sum(JobRow.preemptions), 0),
                                                        func.coalesce(func.sum(JobRow.migrations), 0))).one()
-            spend, on_demand = s.execute(select(func.coalesce(func.sum(LedgerRow.cost), 0.0),
-                                                func.coalesce(func.sum(LedgerRow.on_demand_cost), 0.0))).one()
+            money = s.execute(select(LedgerRow.team, LedgerRow.cloud, func.sum(LedgerRow.cost),
+                                     func.sum(LedgerRow.on_demand_cost))
+                              .group_by(LedgerRow.team, LedgerRow.cloud)).all()
             latest = (select(LedgerRow.cluster_id, func.max(LedgerRow.minute).label("minute"))
                       .join(ClusterRow, ClusterRow.id == LedgerRow.cluster_id)
                       .where(ClusterRow.state.in_(LIVE_CLUSTER_STATES))
@@ -51,6 +96,13 @@ class StoreCollector(Collector):
                 ClusterRow.state.in_(LIVE_CLUSTER_STATES)).group_by(ClusterRow.state)).all())
             quotes = self._quotes(s)
             ages = self._ages(s)
+            budgets = self._budgets(s)
+            deliveries = dict(s.execute(select(ReportDeliveryRow.status, func.count())
+                                        .group_by(ReportDeliveryRow.status)).all())
+            hour_ago = self.clock.now() - timedelta(hours=1)
+            ended = dict(s.execute(select(JobRow.state, func.count()).where(
+                JobRow.finished_at >= hour_ago, JobRow.state.in_([st.value for st in JobState if st.terminal]))
+                .group_by(JobRow.state)).all())
         jobs = GaugeMetricFamily("broker_jobs", "Jobs by state", labels=["state"])
         for state in JobState:
             jobs.add_metric([state.value], float(by_state.get(state.value, 0)))
@@ -66,9 +118,27 @@ class StoreCollector(Collector):
         yield gauge
         yield CounterMetricFamily("broker_preemptions", "Preemptions jobs met", value=float(preemptions))
         yield CounterMetricFamily("broker_migrations", "Migrations to a new cluster", value=float(migrations))
-        yield CounterMetricFamily("broker_spend_dollars", "USD paid, from the ledger", value=float(spend))
-        yield CounterMetricFamily("broker_savings_dollars", "USD saved against on-demand, from the ledger",
-                                  value=float(on_demand) - float(spend))
+        spend = CounterMetricFamily("broker_spend_dollars", "USD paid, from the ledger, by the team that held "
+                                    "the GPUs (empty: idle) and cloud", labels=["team", "cloud"])
+        savings = CounterMetricFamily("broker_savings_dollars", "USD saved against on-demand, from the ledger, "
+                                      "by team and cloud", labels=["team", "cloud"])
+        for team, cloud, cost, on_demand in money:
+            spend.add_metric([team or "", cloud], float(cost or 0.0))
+            savings.add_metric([team or "", cloud], float(on_demand or 0.0) - float(cost or 0.0))
+        yield spend
+        yield savings
+        yield from budgets
+        sent = GaugeMetricFamily("broker_report_deliveries", "Report and budget-alert sends by status "
+                                 "(failed: given up after retries)", labels=["status"])
+        for status in ("pending", "sent", "failed"):
+            sent.add_metric([status], float(deliveries.get(status, 0)))
+        yield sent
+        finished = GaugeMetricFamily("broker_jobs_ended_last_hour", "Jobs that ended in the last hour, by state",
+                                     labels=["state"])
+        for state in JobState:
+            if state.terminal:
+                finished.add_metric([state.value], float(ended.get(state.value, 0)))
+        yield finished
         seen = GaugeMetricFamily("broker_price_quotes", "Quotes in the price book by cloud", labels=["cloud"])
         for cloud, count in sorted(quotes.items()):
             seen.add_metric([cloud], float(count))
@@ -100,6 +170,30 @@ class StoreCollector(Collector):
                                         "(or wait so far) of notices in the last hour", value=slowest)
         return [stuck, prices, replacement]
 
+    def _budgets(self, s: Any) -> list[Metric]:
+        """Each budgeted team's budget, the seconds its period lasts and its spend so far this period."""
+        budget = GaugeMetricFamily("broker_team_budget_dollars", "A team's budget in USD per period (settings)",
+                                   labels=["team"])
+        period = GaugeMetricFamily("broker_team_budget_period_seconds", "Seconds in the budget's period",
+                                   labels=["team"])
+        spent = GaugeMetricFamily("broker_team_period_spend_dollars", "USD a budgeted team spent this period, "
+                                  "from the ledger", labels=["team"])
+        if self.budgets is None or not self.budgets.teams:
+            return []
+        from broker.reports.build import period_start
+
+        now = self.clock.now()
+        start = period_start(now, self.budgets.period)
+        seconds = {"day": 86400.0, "week": 7 * 86400.0, "month": 30 * 86400.0}[self.budgets.period]
+        teams = sorted(self.budgets.teams)
+        so_far = dict(s.execute(select(LedgerRow.team, func.sum(LedgerRow.cost)).where(
+            LedgerRow.minute >= start, LedgerRow.team.in_(teams)).group_by(LedgerRow.team)).all())
+        for team in teams:
+            budget.add_metric([team], float(self.budgets.teams[team]))
+            period.add_metric([team], seconds)
+            spent.add_metric([team], float(so_far.get(team) or 0.0))
+        return [budget, period, spent]
+
     def _quotes(self, s: Any) -> dict[str, int]:
         if not inspect(s.get_bind()).has_table("price_quotes"):
             return {}
@@ -114,18 +208,21 @@ def _age(now: datetime, then: datetime | None) -> float:
 
 
 def install_metrics(app: FastAPI, store: Store, is_leader: Callable[[], bool] | None, clock: Clock,
-                    fair_share: FairShareConfig | None = None) -> None:
+                    fair_share: FairShareConfig | None = None, budgets: BudgetSettings | None = None) -> None:
     registry = CollectorRegistry()
-    registry.register(StoreCollector(store))
-    registry.register(GpuCollector(store, clock))
+    registry.register(LeaderOnly(StoreCollector(store, clock, budgets), is_leader))
+    registry.register(LeaderOnly(GpuCollector(store, clock), is_leader))
     if fair_share is not None:  # teams' shares, held and borrowed GPUs, budgets left (broker.api.teams)
         from broker.api.teams import TeamCollector
 
-        registry.register(TeamCollector(store, clock, fair_share))
+        registry.register(LeaderOnly(TeamCollector(store, clock, fair_share), is_leader))
     latency = Histogram("broker_http_request_seconds", "API request latency", ["method", "route", "status"],
                         registry=registry)
     leader = Gauge("broker_leader", "1 when this replica holds the leader lock", registry=registry)
     leader.set_function(lambda: 1.0 if is_leader is not None and is_leader() else 0.0)
+    stepped = Gauge("broker_engine_last_step_timestamp_seconds", "Unix time this replica's engine last "
+                    "finished a step (0: it has not stepped; only the leader steps)", registry=registry)
+    stepped.set_function(engine_heartbeat.last)
 
     @app.middleware("http")
     async def time_requests(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:

@@ -71,7 +71,7 @@ class Service:
                            offline=settings.offline_catalog, max_gpus=settings.max_gpus,
                            **budget_refusal(settings))
         self.app = create_app(self.runtime.store, self.runtime.clock, intake, is_leader=lambda: self.leading,
-                              fair_share=fair_share_config(settings))
+                              fair_share=fair_share_config(settings), budgets=settings.budgets)
         self.server = uvicorn.Server(server_config(self.app, log_config=None, timeout_graceful_shutdown=5))
 
     @staticmethod

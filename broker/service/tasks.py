@@ -81,6 +81,9 @@ def engine_step() -> None:
     def step(service: Leader) -> None:
         if service.engine is not None:
             service.engine.step()
+            from broker.api.metrics import engine_heartbeat
+
+            engine_heartbeat.beat()
 
     _as_leader(step)
 

@@ -92,8 +92,8 @@ def test_metrics_count_jobs_gpus_and_money_from_the_store(api: Api) -> None:
     assert _metric(body, 'broker_gpus{usage="provisioning"}') == 0
     assert _metric(body, "broker_preemptions_total") == 2
     assert _metric(body, "broker_migrations_total") == 1
-    assert _metric(body, "broker_spend_dollars_total") == pytest.approx(2 / 30)
-    assert _metric(body, "broker_savings_dollars_total") == pytest.approx(4 / 30)
+    assert _metric(body, 'broker_spend_dollars_total{cloud="aws",team="alpha"}') == pytest.approx(2 / 30)
+    assert _metric(body, 'broker_savings_dollars_total{cloud="aws",team="alpha"}') == pytest.approx(4 / 30)
     assert 'broker_http_request_seconds_count{method="POST",route="/v1/jobs",status="201"} 2.0' in body
     assert "bkr_" not in body
 
