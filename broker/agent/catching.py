@@ -5,6 +5,9 @@ whose default action terminates would kill it, turning a recoverable preemption 
 agent asks here before it sends one. A process catches signal N when bit N-1 of the ``SigCgt``
 mask in ``/proc/<pid>/status`` is set; an ignored signal (a wrapper shell's ``trap ''``, inherited
 by the processes it starts) is in ``SigIgn`` instead and does not count: sending it would be lost.
+
+``python -m broker.agent.catching PGID_FILE SIGNAL`` sends one signal that way, for a request that
+comes from outside the agent (the broker's periodic checkpoint request on a SkyPilot node).
 """
 
 from __future__ import annotations
@@ -12,12 +15,15 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import sys
 
 # Signals whose default action is not to terminate the process (signal(7)): they are sent as they are.
 HARMLESS_BY_DEFAULT = frozenset({
     signal.SIGCHLD, signal.SIGCONT, signal.SIGURG, signal.SIGWINCH,
     signal.SIGSTOP, signal.SIGTSTP, signal.SIGTTIN, signal.SIGTTOU,
 })
+
+PID_MAX_LIMIT = 1 << 22  # the most a pid (and so a process group id) can be on Linux
 
 
 def terminates_by_default(signum: signal.Signals) -> bool:
@@ -82,3 +88,35 @@ def may_send(pgid: int, signum: signal.Signals) -> bool:
     with contextlib.suppress(OSError):
         return group_catches(pgid, signum) is not False
     return True
+
+
+def main(argv: list[str]) -> int:
+    """Send SIGNAL to the process group named in PGID_FILE, unless nothing there catches it yet."""
+    if len(argv) != 2:
+        print("usage: python -m broker.agent.catching PGID_FILE SIGNAL", file=sys.stderr)
+        return 2
+    try:
+        with open(argv[0], "rb") as handle:
+            text = handle.read(65)
+        pgid = int(text.strip()) if len(text) <= 64 else 0
+        if not 1 < pgid <= PID_MAX_LIMIT:
+            raise ValueError
+    except (OSError, ValueError):
+        print(f"{argv[0]!r}: expected a process group id", file=sys.stderr)
+        return 2
+    name = argv[1].upper()
+    try:
+        signum = signal.Signals[name if name.startswith("SIG") else f"SIG{name}"]
+    except KeyError:
+        print(f"signal: expected a signal name such as SIGUSR1, got {argv[1][:40]!r}", file=sys.stderr)
+        return 2
+    if not may_send(pgid, signum):
+        print(f"no process of group {pgid} catches {signum.name} yet: not signalled")
+        return 0
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, signum)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

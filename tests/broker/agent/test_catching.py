@@ -90,3 +90,24 @@ def test_a_group_with_no_process_keeps_the_old_behaviour() -> None:
 def test_which_signals_terminate_by_default() -> None:
     assert terminates_by_default(signal.SIGUSR1) and terminates_by_default(signal.SIGTERM)
     assert not terminates_by_default(signal.SIGCHLD) and not terminates_by_default(signal.SIGCONT)
+
+
+@pytest.mark.parametrize(("content", "arg"), [
+    (b"garbage", "SIGUSR1"), (b"12\x0034", "SIGUSR1"), (b"9" * 100_000, "SIGUSR1"), (b"-5", "SIGUSR1"),
+    (b"1", "SIGUSR1"), (b"", "SIGUSR1"), (b"\xed\xa0\x80", "SIGUSR1"), (b"12345", "SIGNOPE"), (b"12345", "\udc80"),
+])
+def test_the_command_refuses_hostile_input_in_one_line(tmp_path: Path, content: bytes, arg: str) -> None:
+    pgid_file = tmp_path / "pgid"
+    pgid_file.write_bytes(content)
+    done = subprocess.run([sys.executable, "-m", "broker.agent.catching", str(pgid_file), arg],
+                          capture_output=True, timeout=60)
+    assert done.returncode == 2
+    lines = done.stderr.decode(errors="replace").strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in lines[0]
+    assert "process group id" in lines[0] or "signal name" in lines[0]
+
+
+def test_the_command_refuses_a_missing_file(tmp_path: Path) -> None:
+    done = subprocess.run([sys.executable, "-m", "broker.agent.catching", str(tmp_path / "none"), "SIGUSR1"],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "expected a process group id" in done.stderr
