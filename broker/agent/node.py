@@ -4,6 +4,8 @@ The job runs in its own process group. On a notice the agent sends the checkpoin
 group at once (whether or not the broker answers), waits for the job to mark a checkpoint complete,
 and reports the notice to the broker twice: as soon as it is seen (so the replacement starts) and
 again with the checkpoint when it is complete. Reports retry until the notice's deadline.
+A job none of whose processes catches the signal yet (still importing its framework) is not sent
+it, since its default action would kill the job: the agent sends it once a handler is in place.
 
 Whatever the reason, every new complete checkpoint the job marks is reported too
 (``POST /v1/checkpoints``): the broker decides moves and resumes from what agents report, so a
@@ -27,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from broker.agent import mps
+from broker.agent.catching import may_send
 from broker.agent.checkpoint import CheckpointMark, latest_checkpoint
 from broker.agent.gpu import job_pids, open_reader
 from broker.agent.gpu_sampling import REPORT_EVERY_S, SAMPLE_EVERY_S, GpuReporter, GpuSampler
@@ -42,6 +45,8 @@ log = logging.getLogger("broker.agent")
 DEADLINE_MARGIN_SECONDS = 1.0
 DEFAULT_WAIT_SECONDS = 120.0
 LAST_CALL_MIN_SECONDS = 0.5
+# While a notice waits for the job to install its checkpoint handler, look this often.
+HANDLER_WAIT_SECONDS = 0.2
 
 
 @dataclass
@@ -276,11 +281,9 @@ class Agent:
                              seen + DEFAULT_WAIT_SECONDS), daemon=True).start()
             return
         before = latest_checkpoint(self.checkpoint_dir)
-        assert self.child is not None
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.child.pid, self.options.checkpoint_signal)
-        signaled = time.time()
-        self.events.write("signaled", signal=self.options.checkpoint_signal.name, delay_s=signaled - seen)
+        signaled = self._send_checkpoint_signal("notice")
+        if signaled is not None:
+            self.events.write("signaled", signal=self.options.checkpoint_signal.name, delay_s=signaled - seen)
         deadline = notice.action_time.timestamp() if notice.action_time else seen + DEFAULT_WAIT_SECONDS
         for target, args in ((self.reporter.report, (self._payload(notice, seen, signaled, None), deadline)),
                              (self._checkpoint_and_report, (notice, seen, signaled, before, deadline))):
@@ -288,16 +291,50 @@ class Agent:
             thread.start()
             self.pending.append((thread, deadline))
 
-    def _checkpoint_and_report(self, notice: NodeNotice, seen: float, signaled: float,
+    def _send_checkpoint_signal(self, reason: str) -> float | None:
+        """Send the checkpoint signal to the job's group; None when no process there catches it yet.
+
+        The signal's default action would kill a job still importing its framework (or be lost on
+        processes that inherited a wrapper shell's ``trap ''``): it waits for the handler instead.
+        """
+        assert self.child is not None
+        signum = self.options.checkpoint_signal
+        if not may_send(self.child.pid, signum):
+            self.events.write("handler_missing", signal=signum.name, reason=reason)
+            return None
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.child.pid, signum)
+        return time.time()
+
+    def _signal_when_handled(self, seen: float, until: float) -> float | None:
+        """Send the notice's signal as soon as the job catches it; None if it never does in time."""
+        assert self.child is not None
+        signum = self.options.checkpoint_signal
+        while time.time() < until and self.child.poll() is None:
+            time.sleep(min(HANDLER_WAIT_SECONDS, max(until - time.time(), 0.0)))
+            if may_send(self.child.pid, signum):
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self.child.pid, signum)
+                signaled = time.time()
+                self.events.write("signaled", signal=signum.name, delay_s=signaled - seen, deferred=True)
+                return signaled
+        return None
+
+    def _checkpoint_and_report(self, notice: NodeNotice, seen: float, signaled: float | None,
                                before: CheckpointMark | None, deadline: float) -> None:
         if self._checkpoints(notice, seen, signaled, before, deadline) and self.reader is not None:
             # The checkpoint is safe: let the cloud go ahead (Azure evicts at once instead of at NotBefore).
             self.reader.acknowledge(notice)
             self.events.write("acknowledged", kind=notice.kind)
 
-    def _checkpoints(self, notice: NodeNotice, seen: float, signaled: float,
+    def _checkpoints(self, notice: NodeNotice, seen: float, signaled: float | None,
                      before: CheckpointMark | None, deadline: float) -> bool:
         """The checkpoint on the notice and the last call before its deadline; False if none came."""
+        if signaled is None:
+            signaled = self._signal_when_handled(seen, deadline - DEADLINE_MARGIN_SECONDS)
+            if signaled is None:
+                self.events.write("checkpoint_missing", reason="the job never installed its checkpoint handler")
+                return False
         mark = self._wait_for_checkpoint(before, deadline - DEADLINE_MARGIN_SECONDS)
         if mark is None:
             self.events.write("checkpoint_missing")
@@ -314,9 +351,9 @@ class Agent:
             time.sleep(min(0.05, max(last_call - time.time(), 0.0)))
         if self.child is None or self.child.poll() is not None:
             return True
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.child.pid, self.options.checkpoint_signal)
-        again = time.time()
+        again = self._send_checkpoint_signal("last_call")
+        if again is None:
+            return True
         final = self._wait_for_checkpoint(mark, deadline - 0.05)
         if final is not None:
             self.events.write("checkpoint_complete", path=final.path, after_s=final.written_at - again, last=True)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import shlex
 import signal
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
+from broker.agent.catching import may_send
 from broker.backends.base import (
     ClusterInfo,
     ClusterPhase,
@@ -33,6 +35,8 @@ from broker.clock import AcceleratedClock
 from broker.store.private import private_directory, private_opener
 from providers.local import LocalMarket
 from providers.trace import MarketTrace, read_trace
+
+log = logging.getLogger("broker.backends.local")
 
 
 @dataclass(frozen=True)
@@ -362,9 +366,15 @@ class LocalProvisioner:
     def signal_job(self, cluster: ClusterInfo, job_id: str, attempt: int, signal_name: str) -> None:
         number = signal.Signals[signal_name if signal_name.startswith("SIG") else f"SIG{signal_name}"]
         for _, job_group in self._run_groups(cluster, job_id, attempt):
-            if job_group is not None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(job_group, number)
+            if job_group is None:
+                continue
+            if not may_send(job_group, number):
+                # Not started far enough to catch it: its default action would kill the job. The
+                # broker asks again at its next interval.
+                log.info("job %s-%s has no %s handler yet: not signalled", job_id, attempt, number.name)
+                continue
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(job_group, number)
 
     def stop_job(self, cluster: ClusterInfo, job_id: str, attempt: int) -> None:
         for agent, job_group in self._run_groups(cluster, job_id, attempt):

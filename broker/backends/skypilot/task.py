@@ -224,8 +224,10 @@ def run_status_file(job_id: str, attempt: int) -> str:
 def signal_task(cluster: ClusterInfo, job_id: str, attempt: int, signal_name: str) -> dict[str, Any]:
     """A task that sends one attempt's job processes a signal on every node (in-cluster preemption)."""
     pgid = f"{run_status_file(job_id, attempt)}.pgid"
+    # Through the agent's own check: a job that does not catch the signal yet would be killed by it.
     return {"name": f"signal-{job_name(job_id, attempt)}", "num_nodes": cluster.num_nodes,
-            "run": f'[ -f {pgid} ] && kill -{signal_name.removeprefix("SIG")} -- "-$(cat {pgid})" || true'}
+            "run": f"[ -f {pgid} ] && {AGENT_VENV}/bin/python -m broker.agent.catching {pgid} "
+                   f"{shlex.quote(signal_name)} || true"}
 
 
 def _visible_devices(launch: JobLaunch) -> str:

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import multiprocessing
 import os
 import signal
 import stat
+import sys
 import threading
 import time
 from datetime import UTC, datetime, timedelta
@@ -389,5 +391,45 @@ def test_a_gang_whose_broker_died_before_its_last_node_launched_is_given_up_and_
         provisioner.stop_job(cluster, "j-gang", 1)  # the half that runs is stopped: a gang runs whole or not
         _wait(lambda: not _group_alive(group), timeout=10)
         assert [p.name for p in run.glob("node-*")] == ["node-0"]
+    finally:
+        _stop_all(provisioner, [cluster])
+
+
+SLOW_HANDLER = """
+import signal, sys, time
+from pathlib import Path
+d = Path(sys.argv[1])
+(d / "ready").write_text("")
+while not (d / "go").exists():  # still importing its framework: no handler yet
+    time.sleep(0.02)
+signal.signal(signal.SIGUSR1, lambda *_: (d / "got").write_text(""))
+(d / "handled").write_text("")
+while not (d / "got").exists():
+    time.sleep(0.02)
+"""
+
+
+def test_a_checkpoint_request_waits_for_the_jobs_handler(provisioner: LocalProvisioner, tmp_path: Path,
+                                                        caplog: pytest.LogCaptureFixture) -> None:
+    script = tmp_path / "job.py"
+    script.write_text(SLOW_HANDLER)
+    spec = parse_job_spec("name: slow\nresources:\n  accelerators: V100:1\nrun: 'true'\n", offline=True)
+    spec = dataclasses.replace(spec, run=f"{sys.executable} {script} {tmp_path}")
+    cluster = _cluster("c-slow")
+    provisioner.launch(cluster)
+    try:
+        _wait(lambda: provisioner.status(cluster).phase is ClusterPhase.UP)
+        launch = JobLaunch("j-slow", 1, spec, GangPlacement(cluster.id, ((0, (0,)),)), str(tmp_path / "ckpt"), None,
+                           None, str(tmp_path / "logs"))
+        provisioner.start_job(cluster, launch)
+        _wait(lambda: (tmp_path / "ready").exists())
+        with caplog.at_level(logging.INFO, logger="broker.backends.local"):
+            provisioner.signal_job(cluster, "j-slow", 1, "SIGUSR1")
+        assert "job j-slow-1 has no SIGUSR1 handler yet: not signalled" in caplog.messages
+        (tmp_path / "go").write_text("")
+        _wait(lambda: (tmp_path / "handled").exists())
+        provisioner.signal_job(cluster, "j-slow", 1, "SIGUSR1")
+        _wait(lambda: provisioner.run_status(cluster, "j-slow", 1).phase is RunPhase.SUCCEEDED)
+        assert (tmp_path / "got").exists()
     finally:
         _stop_all(provisioner, [cluster])

@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,7 @@ from broker.backends.skypilot.task import (
     job_task,
     node_checkpoint_dir,
     node_resume_path,
+    signal_task,
     split_bucket,
 )
 from broker.spec.job import parse_job_spec
@@ -161,3 +163,46 @@ def test_a_fraction_per_node_of_a_gang_asks_skypilot_for_it_on_every_node() -> N
     import sky
 
     sky.Task.from_yaml_config({k: v for k, v in task.items() if k != "secrets"})  # SkyPilot takes it as it is
+
+
+HANDLER = """
+import signal, sys, time
+from pathlib import Path
+signal.signal(signal.SIGUSR1, lambda *_: Path(sys.argv[1]).write_text("got"))
+Path(sys.argv[1]).write_text("ready")
+while Path(sys.argv[1]).read_text() != "got":
+    time.sleep(0.02)
+"""
+
+
+def test_the_signal_task_sends_only_to_a_job_that_catches_it(tmp_path: Path) -> None:
+    cluster = ClusterInfo("j-1-c1", "aws", "us-east-1", "us-east-1a", "p3.8xlarge", 1, 1, True)
+    run = signal_task(cluster, "j-1", 1, "SIGUSR1")["run"]
+    home = tmp_path / "home"
+    venv = home / ".broker-agent" / "bin"
+    venv.mkdir(parents=True)
+    (venv / "python").symlink_to(sys.executable)
+    (home / ".broker-agent" / "runs").mkdir()
+    pgid_file = home / ".broker-agent" / "runs" / "j-1-1.pgid"
+    env = {**os.environ, "HOME": str(home), "PYTHONPATH": str(REPO)}
+    script, state = tmp_path / "handler.py", tmp_path / "state"
+    script.write_text(HANDLER)
+    no_handler = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    handler = subprocess.Popen([sys.executable, str(script), str(state)], start_new_session=True)
+    try:
+        pgid_file.write_text(str(no_handler.pid))
+        done = subprocess.run(["bash", "-c", run], env=env, capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        assert "catches SIGUSR1 yet: not signalled" in done.stdout
+        assert no_handler.poll() is None  # the default action would have killed it
+        until = time.time() + 60
+        while not (state.exists() and state.read_text()) and time.time() < until:
+            time.sleep(0.05)
+        pgid_file.write_text(str(handler.pid))
+        done = subprocess.run(["bash", "-c", run], env=env, capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        assert handler.wait(timeout=60) == 0 and state.read_text() == "got"
+    finally:
+        for process in (no_handler, handler):
+            process.kill()
+            process.wait(timeout=30)
