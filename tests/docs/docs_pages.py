@@ -144,13 +144,13 @@ def ids(text: str) -> list[str]:
 def shape_mismatch(shown: list[str], printed: str) -> str | None:
     """None when what was printed has the shape shown; else what differs.
 
-    Each line shown must appear in the output, in order; lines of ``...`` stand for any lines. Where
-    the page shows no ``...``, the output has no other lines either.
+    Each line shown must appear in the output, in order; a line with ``...`` or ``…`` in it stands for
+    any lines. Where the page shows none, the output has no other lines either.
     """
     wanted = [shape(line) for line in shown if line.strip()]
     got = [shape(line) for line in printed.splitlines() if line.strip()]
-    elided = any(w in ELLIPSIS for w in wanted)
-    wanted = [w for w in wanted if w not in ELLIPSIS]
+    elided = any(mark in w for w in wanted for mark in ELLIPSIS)
+    wanted = [w for w in wanted if not any(mark in w for mark in ELLIPSIS)]
     position = 0
     for line in wanted:
         try:
