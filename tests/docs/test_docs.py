@@ -106,21 +106,21 @@ def _runnable_pages() -> list[Path]:
 
 
 def _env(home: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("BROKER_") or k == "BROKER_TEST_POSTGRES"}
-    env.pop("BROKER_TEST_POSTGRES", None)
-    env.update(BROKER_HOME=str(home), PATH=f"{BIN}{os.pathsep}{env.get('PATH', '')}", NO_COLOR="1",
+    """A new user's environment: an empty HOME (so the broker home is ~/.broker), no BROKER_* settings."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BROKER_")}
+    env.update(HOME=str(home), PATH=f"{BIN}{os.pathsep}{env.get('PATH', '')}", NO_COLOR="1",
                PYTHONDONTWRITEBYTECODE="1")
     return env
 
 
 def _apply_export(command: str, env: dict[str, str]) -> bool:
     """``export A=B C=D``: the page's later commands see them (each command runs in its own shell)."""
-    words = shlex.split(command)
+    words = shlex.split(command.split(" #")[0])
     if not words or words[0] != "export":
         return False
     for word in words[1:]:
         name, _, value = word.partition("=")
-        env[name] = os.path.expanduser(value).replace("~", env["HOME"]) if value.startswith("~") else value
+        env[name] = env["HOME"] + value[1:] if value.startswith("~/") else value
     return True
 
 
@@ -136,7 +136,7 @@ def _run_console(block: Block, env: dict[str, str], id_map: dict[str, str], last
         else:
             done = subprocess.run(["bash", "-c", line], cwd=ROOT, env=env, stdout=subprocess.PIPE,
                                   stderr=subprocess.STDOUT, text=True, timeout=RUN_TIMEOUT_S)
-            printed, rc = done.stdout.replace(env["BROKER_HOME"], "/home/me/.broker"), done.returncode
+            printed, rc = done.stdout.replace(env["HOME"], "/home/me"), done.returncode  # the pages' HOME
         last_rc[0] = rc
         problem = shape_mismatch(command.shown, printed)
         assert problem is None, f"{block.where}: $ {command.line}\n{problem}"
@@ -165,9 +165,9 @@ def _run_python(snippets: list[tuple[Block, Block | None]], env: dict[str, str],
 @pytest.mark.slow
 @pytest.mark.parametrize("page", _runnable_pages(), ids=_page_id)
 def test_the_marked_commands_and_snippets_of_a_page_run_as_shown(page: Path, tmp_path: Path) -> None:
-    home = tmp_path / "broker-home"
+    home = tmp_path / "home"  # a new user's empty HOME: nothing from this machine's ~/.sky or ~/.broker
+    home.mkdir()
     env = _env(home)
-    env["HOME"] = str(tmp_path)  # a new user's empty HOME: nothing from this machine's ~/.sky or ~/.broker
     found = blocks(page)
     snippets: list[tuple[Block, Block | None]] = []
     id_map: dict[str, str] = {}
@@ -186,5 +186,5 @@ def test_the_marked_commands_and_snippets_of_a_page_run_as_shown(page: Path, tmp
         if snippets:
             _run_python(snippets, env, tmp_path)
     finally:
-        for cluster in (home / "local" / "clusters").glob("*/"):
+        for cluster in home.glob(".broker*/local/clusters/*/"):
             (cluster / "terminate").touch()
