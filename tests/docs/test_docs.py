@@ -5,10 +5,12 @@ page is checked as soon as it exists."""
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import re
 import shlex
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -30,6 +32,7 @@ from tests.docs.docs_pages import (
 
 BIN = Path(sys.executable).parent
 TRACES = ROOT.parent / "shared" / "traces"
+EXPORT_OUTPUT = re.compile(r"^export (\w+)=\$\((.+)\)$")
 FAILED_JOB = re.compile(r"^j-[0-9a-f]{8} .*: (FAILED|CANCELLED)$")
 RUN_TIMEOUT_S = 600
 
@@ -113,6 +116,18 @@ def _env(home: Path) -> dict[str, str]:
     return env
 
 
+def _export_output(command: str, env: dict[str, str]) -> str | None:
+    """``export NAME=$(COMMAND)``: runs COMMAND, keeps its output in NAME; returns what it printed on stderr."""
+    found = EXPORT_OUTPUT.match(command.split(" #")[0].strip())
+    if not found:
+        return None
+    done = subprocess.run(["bash", "-c", found.group(2)], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=RUN_TIMEOUT_S)
+    assert done.returncode == 0, f"$ {command}\n{done.stderr[-2000:]}"
+    env[found.group(1)] = done.stdout.strip()
+    return done.stderr
+
+
 def _apply_export(command: str, env: dict[str, str]) -> bool:
     """``export A=B C=D``: the page's later commands see them (each command runs in its own shell)."""
     words = shlex.split(command.split(" #")[0])
@@ -124,14 +139,23 @@ def _apply_export(command: str, env: dict[str, str]) -> bool:
     return True
 
 
-def _run_console(block: Block, env: dict[str, str], id_map: dict[str, str], last_rc: list[int]) -> None:
+def _run_console(block: Block, env: dict[str, str], id_map: dict[str, str], last_rc: list[int],
+                 background: list[subprocess.Popen[bytes]]) -> None:
     for command in commands(block):
         line = command.line
         for shown_id, real_id in id_map.items():
             line = line.replace(shown_id, real_id)
-        if _apply_export(line, env):
+        bare = line.split(" #")[0].strip()
+        if bare.endswith("&") and not bare.endswith("&&"):  # a service the page's later commands talk to
+            background.append(subprocess.Popen(["bash", "-c", f"exec {bare[:-1]}"], cwd=ROOT, env=env,
+                                               stdin=subprocess.DEVNULL, start_new_session=True))
             continue
-        if line.split("#")[0].strip() == "echo $?":
+        exported = _export_output(line, env)
+        if exported is not None:
+            printed, rc = exported, 0
+        elif _apply_export(line, env):
+            continue
+        elif bare == "echo $?":
             printed, rc = f"{last_rc[0]}\n", 0
         else:
             done = subprocess.run(["bash", "-c", line], cwd=ROOT, env=env, stdout=subprocess.PIPE,
@@ -145,6 +169,18 @@ def _run_console(block: Block, env: dict[str, str], id_map: dict[str, str], last
         assert (rc != 0) == expects_error, f"{block.where}: $ {command.line} exited {rc}\n{printed[-2000:]}"
         for shown_id, real_id in zip(ids("\n".join(command.shown)), ids(printed), strict=False):
             id_map.setdefault(shown_id, real_id)
+
+
+def _stop(process: subprocess.Popen[bytes]) -> None:
+    """A service the page started, with whatever it started in its session."""
+    for sig, wait in ((signal.SIGTERM, 30), (signal.SIGKILL, 10)):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, sig)
+        try:
+            process.wait(timeout=wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue
 
 
 def _run_python(snippets: list[tuple[Block, Block | None]], env: dict[str, str], tmp: Path) -> None:
@@ -170,6 +206,7 @@ def test_the_marked_commands_and_snippets_of_a_page_run_as_shown(page: Path, tmp
     env = _env(home)
     found = blocks(page)
     snippets: list[tuple[Block, Block | None]] = []
+    background: list[subprocess.Popen[bytes]] = []
     id_map: dict[str, str] = {}
     last_rc = [0]
     try:
@@ -182,9 +219,11 @@ def test_the_marked_commands_and_snippets_of_a_page_run_as_shown(page: Path, tmp
             elif "../shared/" in block.text and not TRACES.is_dir():
                 continue  # the real traces beside the project: shown with them, checked where they are
             else:
-                _run_console(block, env, id_map, last_rc)
+                _run_console(block, env, id_map, last_rc, background)
         if snippets:
             _run_python(snippets, env, tmp_path)
     finally:
+        for process in background:
+            _stop(process)
         for cluster in home.glob(".broker*/local/clusters/*/"):
             (cluster / "terminate").touch()
