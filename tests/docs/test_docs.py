@@ -160,7 +160,9 @@ def _run_console(block: Block, env: dict[str, str], id_map: dict[str, str], last
         else:
             done = subprocess.run(["bash", "-c", line], cwd=ROOT, env=env, stdout=subprocess.PIPE,
                                   stderr=subprocess.STDOUT, text=True, timeout=RUN_TIMEOUT_S)
-            printed, rc = done.stdout.replace(env["HOME"], "/home/me"), done.returncode  # the pages' HOME
+            # the pages' HOME and checkout
+            printed = done.stdout.replace(str(ROOT), "/home/me/spot-broker").replace(env["HOME"], "/home/me")
+            rc = done.returncode
         last_rc[0] = rc
         problem = shape_mismatch(command.shown, printed)
         assert problem is None, f"{block.where}: $ {command.line}\n{problem}"
