@@ -90,6 +90,17 @@ def test_every_command_of_the_readme_is_run_or_says_why_not() -> None:
     assert run == shown, f"{run} of the README's {shown} commands are run by a test"
 
 
+def test_nine_in_ten_commands_the_docs_show_are_run_by_a_test() -> None:
+    """Marked ``run`` (here) or ``tested:`` (by the tests named); the rest say why they are not."""
+    shown = run = 0
+    for page in pages():
+        for block in blocks(page):
+            shown += shown_commands(block)
+            if block.mark == "run" or (block.mark or "").startswith("tested: "):
+                run += shown_commands(block)
+    assert run >= 0.9 * shown, f"{run} of the {shown} commands the docs show are run by a test"
+
+
 @pytest.mark.slow
 def test_the_site_builds_strictly(tmp_path: Path) -> None:
     done = subprocess.run([str(BIN / "mkdocs"), "build", "--strict", "--site-dir", str(tmp_path / "site")],
