@@ -101,6 +101,8 @@ def _commands(group: Any, ctx: Any, path: str) -> Iterator[tuple[str, Any]]:
         if command is None or command.hidden:
             continue
         if hasattr(command, "list_commands"):
+            if command.params:  # a group that is a command itself too (`broker prices`)
+                yield f"{path} {name}", command
             yield from _commands(command, type(ctx)(command, parent=ctx, info_name=name), f"{path} {name}")
         else:
             yield f"{path} {name}", command
