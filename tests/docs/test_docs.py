@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from tests.docs.docs_pages import (
     EXAMPLE_PATH,
@@ -49,6 +50,31 @@ def test_every_example_a_page_names_is_a_file_in_the_repository() -> None:
                 if not (ROOT / path).exists():
                     missing.append(f"{_page_id(page)}:{n}: {path}")
     assert not missing, "examples the docs name but the repository lacks:\n" + "\n".join(missing)
+
+
+def test_a_block_that_names_its_example_file_shows_that_file() -> None:
+    """A block opening with ``# examples/PATH`` shows the file: the same YAML data, or the same text."""
+    checked = 0
+    for page in pages():
+        for block in blocks(page):
+            first = block.text.lstrip().split("\n", 1)[0]
+            if not first.startswith("# examples/"):
+                continue
+            path = ROOT / first[2:].split()[0]
+            assert path.is_file(), f"{block.where}: {path}"
+            if path.suffix == ".yaml":
+                assert yaml.safe_load(block.text) == yaml.safe_load(path.read_text()), block.where
+            else:
+                assert block.text.split("\n", 1)[1].strip() == path.read_text().strip(), block.where
+            checked += 1
+    assert checked >= 4
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "examples" / "settings").glob("*.yaml")), ids=lambda p: p.name)
+def test_every_example_settings_file_is_read_by_the_settings_model(path: Path) -> None:
+    from broker.config.settings import load_settings
+
+    load_settings(path)
 
 
 def test_every_check_mark_marks_a_block() -> None:
