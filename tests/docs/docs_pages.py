@@ -141,22 +141,27 @@ def ids(text: str) -> list[str]:
     return seen
 
 
+def _line_pattern(line: str) -> re.Pattern[str]:
+    """A shaped line as a pattern: ``...`` or ``…`` inside it stands for any text."""
+    return re.compile(".*".join(re.escape(part) for part in re.split(r"\.\.\.|…", line)))
+
+
 def shape_mismatch(shown: list[str], printed: str) -> str | None:
     """None when what was printed has the shape shown; else what differs.
 
-    Each line shown must appear in the output, in order; a line with ``...`` or ``…`` in it stands for
-    any lines. Where the page shows none, the output has no other lines either.
+    Each line shown must appear in the output, in order; a line of ``...`` or ``…`` alone stands for
+    any lines, and inside a line for any text. Where the page shows no such line, the output has no
+    other lines either.
     """
     wanted = [shape(line) for line in shown if line.strip()]
     got = [shape(line) for line in printed.splitlines() if line.strip()]
-    elided = any(mark in w for w in wanted for mark in ELLIPSIS)
-    wanted = [w for w in wanted if not any(mark in w for mark in ELLIPSIS)]
+    elided = any(w in ELLIPSIS for w in wanted)
+    patterns = [_line_pattern(w) for w in wanted if w not in ELLIPSIS]
     position = 0
-    for line in wanted:
-        try:
-            position = got.index(line, position) + 1
-        except ValueError:
-            return f"line not printed: {line!r}\nprinted:\n" + "\n".join(got[:60])
-    if not elided and len(got) != len(wanted):
-        return f"printed {len(got)} line(s), the page shows {len(wanted)}:\n" + "\n".join(got[:60])
+    for pattern in patterns:
+        position = next((i + 1 for i in range(position, len(got)) if pattern.fullmatch(got[i])), -1)
+        if position < 0:
+            return f"line not printed: {pattern.pattern!r}\nprinted:\n" + "\n".join(got[:60])
+    if not elided and len(got) != len(patterns):
+        return f"printed {len(got)} line(s), the page shows {len(patterns)}:\n" + "\n".join(got[:60])
     return None
