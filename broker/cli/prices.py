@@ -17,11 +17,16 @@ DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$")
 UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 
 
-def parse_duration(text: str, option: str) -> timedelta:
-    match = DURATION.match(text)
-    if not match or float(match.group(1)) <= 0:
-        raise UsageError(f"{option}: expected a duration like 7d, 12h, 30m or 90s, got {text!r}")
-    return timedelta(seconds=float(match.group(1)) * UNIT_SECONDS[match.group(2)])
+MAX_DURATION = timedelta(days=3660)
+
+
+def parse_duration(text: str, option: str, longest: timedelta = MAX_DURATION) -> timedelta:
+    match = DURATION.match(text[:64])
+    seconds = float(match.group(1)) * UNIT_SECONDS[match.group(2)] if match else 0.0
+    if not 0 < seconds <= longest.total_seconds():  # a 400-digit number is inf, and too long
+        raise UsageError(f"{option}: expected a duration like 7d, 12h, 30m or 90s, at most "
+                         f"{longest.days} days, got {text[:80]!r}")
+    return timedelta(seconds=seconds)
 
 
 def parse_clouds(text: str | None) -> tuple[str, ...]:
