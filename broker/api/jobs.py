@@ -22,7 +22,7 @@ from sqlalchemy.exc import IntegrityError
 
 from broker.api.idempotency import REPLAYED_HEADER, earlier, idempotency_key, remember, request_digest
 from broker.api.limits import out_of_time
-from broker.api.validation import Text, body_schema, json_body
+from broker.api.validation import PlainLine, Text, body_schema, json_body
 from broker.clock import Clock
 from broker.engine.machine import Within, cancel_job
 from broker.intake import Intake, market_problem, read_job
@@ -39,7 +39,7 @@ log = logging.getLogger(__name__)
 
 class JobSubmission(BaseModel):
     spec: Text = Field(min_length=1, max_length=1_000_000, description="the job file's text (YAML)")
-    source: Text | None = Field(None, max_length=4096,
+    source: PlainLine | None = Field(None, max_length=4096,
                                 description="the job file's path; a relative workdir is resolved against it")
 
 

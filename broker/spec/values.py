@@ -21,6 +21,7 @@ MAX_DURATION_S = 100 * 365 * 86400.0  # a century: anything longer is a typo, an
 MAX_PRIORITY = 1_000_000
 MAX_NAME_CHARS = 200  # the store's job-name column
 MAX_TEAM_CHARS = 100  # the store's team column
+TEAM_NAME = re.compile(r"[A-Za-z0-9_.-]+")  # as ``broker.tokens.TEAM_PATTERN``
 MAX_PATH_CHARS = 4096  # PATH_MAX on Linux: a longer checkpoint dir can never be created
 
 
@@ -146,10 +147,14 @@ def checkpoint_dir(value: Any) -> str:
 
 
 def team(value: Any) -> str:
+    """A team as API tokens name one: letters, digits, '.', '_' and '-' (so no markup, escape or
+    control character reaches a terminal, page or report from it)."""
     if not isinstance(value, str) or not value.strip():
         raise ValueError(f"expected a team name (a non-empty string), got {value!r}")
     if len(value.strip()) > MAX_TEAM_CHARS:
         raise ValueError(f"expected a team name of at most {MAX_TEAM_CHARS} characters, got {len(value.strip())}")
+    if not TEAM_NAME.fullmatch(value.strip()):
+        raise ValueError(f"expected a team name of letters, digits, '.', '_' or '-', got {value.strip()[:40]!r}")
     return value.strip()
 
 
