@@ -18,6 +18,8 @@ UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 
 
 MAX_DURATION = timedelta(days=3660)
+MAX_PRICE_PER_GPU_HOUR = 100_000.0
+MAX_GPUS_PER_NODE = 1024
 
 
 def parse_duration(text: str, option: str, longest: timedelta = MAX_DURATION) -> timedelta:
@@ -86,10 +88,12 @@ def prices(
     clouds = parse_clouds(cloud)
     if spot and on_demand:
         raise UsageError("--spot and --on-demand: choose one")
-    if min_gpus is not None and min_gpus < 1:
-        raise UsageError(f"--min-gpus: expected a whole number of GPUs of at least 1, got {min_gpus}")
-    if max_price is not None and max_price <= 0:
-        raise UsageError(f"--max-price: expected a positive USD price per GPU-hour, got {max_price:g}")
+    if min_gpus is not None and not 1 <= min_gpus <= MAX_GPUS_PER_NODE:
+        raise UsageError(f"--min-gpus: expected a whole number of GPUs from 1 to {MAX_GPUS_PER_NODE}, "
+                         f"got {str(min_gpus)[:20]}")
+    if max_price is not None and not 0 < max_price <= MAX_PRICE_PER_GPU_HOUR:  # NaN fails both
+        raise UsageError(f"--max-price: expected a positive USD price per GPU-hour up to "
+                         f"{MAX_PRICE_PER_GPU_HOUR:g}, got {max_price:g}")
     window = parse_duration(since, "--since")
     tick_span = parse_duration(tick, "--tick")
     if export_trace is not None and not (export_trace.name.endswith(".csv") or export_trace.name.endswith(".csv.gz")):

@@ -30,12 +30,15 @@ def report(
     from broker.reports.settings import check_emails
     from broker.reports.window import ReportError, report_window
     from broker.store import open_store
+    from broker.tokens import TEAM_PATTERN
 
     if as_json:
         if output not in ("table", "json"):
             raise UsageError(f"--json and --format {output[:40]}: choose one")
         output = "json"
-    if resend is not None and not resend.isdigit():
+    if team is not None and not TEAM_PATTERN.match(team):
+        raise UsageError(f"--team: expected letters, digits, '.', '_' or '-' (1-100 characters), got {team[:40]!r}")
+    if resend is not None and not (resend.isascii() and resend.isdigit() and len(resend) <= 18):
         raise UsageError(f"--resend: expected a delivery id (a number), got {resend!r}")
     if output not in render.FORMATS:
         raise UsageError(f"--format: expected one of {', '.join(render.FORMATS)}, got {output!r}")
