@@ -123,3 +123,32 @@ def test_retries_racing_each_other_store_one_job(api: Api) -> None:
     assert len(answers) == 8 and {status for status, _ in answers} == {201}
     assert len({job_id for _, job_id in answers}) == 1
     assert _count(api) == 1
+
+
+def test_fuzzed_keys_are_a_job_once_or_a_400_naming_the_header(api: Api) -> None:
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    @settings(max_examples=40, deadline=None, derandomize=True,
+              suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+    @given(key=st.one_of(st.text(alphabet=st.characters(min_codepoint=1, max_codepoint=255), max_size=300),
+                         st.sampled_from(["\x00", "a" * 255, "a" * 256, "\ud800", "\r\n"])))
+    def send(key: str) -> None:
+        try:
+            raw = key.encode("latin-1")
+        except UnicodeEncodeError:
+            raw = key.encode("utf-8", "surrogatepass")
+        if b"\r" in raw or b"\n" in raw or b"\x00" in raw:
+            return  # no HTTP client sends these in a header; the server's parser refuses them itself
+        before = _count(api)
+        answers = [api.client.post("/v1/jobs", json={"spec": JOB}, headers={**api.alpha, "Idempotency-Key": raw})
+                   for _ in range(2)]  # type: ignore[dict-item]
+        codes = {answer.status_code for answer in answers}
+        assert codes in ({201}, {400}), [a.text for a in answers]
+        if codes == {400}:
+            assert all("Idempotency-Key" in a.json()["detail"] for a in answers)
+            assert _count(api) == before
+        else:
+            assert answers[0].json()["job_id"] == answers[1].json()["job_id"] and _count(api) == before + 1
+
+    send()
