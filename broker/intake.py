@@ -15,7 +15,7 @@ from pathlib import Path
 
 from broker.clock import Clock
 from broker.engine.feasibility import never_held
-from broker.engine.machine import submit_job, submit_pipeline
+from broker.engine.machine import Within, submit_job, submit_pipeline
 from broker.spec.job import JobSpec, Pipeline, SpecError, market_offers, parse_job_file, parse_job_quoted
 from broker.store import Store
 
@@ -54,12 +54,13 @@ def market_problem(spec: JobSpec, intake: Intake) -> SpecError | None:
 
 
 def submit(store: Store, clock: Clock, intake: Intake, job: JobSpec | Pipeline,
-           queued: Callable[[JobSpec], JobSpec] | None = None) -> list[str]:
+           queued: Callable[[JobSpec], JobSpec] | None = None, within: Within | None = None) -> list[str]:
     """Store ``job`` PENDING once the market can hold every task of it; their job ids, in stage order.
 
     A pipeline's stages are stored in one transaction, and nothing is stored when one is refused:
     the SpecError of the first refused task is raised. ``queued`` gives each task as it is queued
-    (the API sets the token's team and its queue's priority).
+    (the API sets the token's team and its queue's priority); ``within`` is stored with the jobs, in
+    their transaction (the API's idempotency key).
     """
     tasks = job.stages if isinstance(job, Pipeline) else (job,)
     for task in tasks:
@@ -72,5 +73,6 @@ def submit(store: Store, clock: Clock, intake: Intake, job: JobSpec | Pipeline,
 
         refuse_over_budget(store, clock.now(), intake.refused_over, intake.budget_period, tasks)
     if isinstance(job, Pipeline):
-        return submit_pipeline(store, clock, dataclasses.replace(job, stages=tasks), intake.home, intake.backend)
-    return [submit_job(store, clock, tasks[0], intake.home, intake.backend)]
+        return submit_pipeline(store, clock, dataclasses.replace(job, stages=tasks), intake.home, intake.backend,
+                               within)
+    return [submit_job(store, clock, tasks[0], intake.home, intake.backend, within)]

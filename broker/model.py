@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import enum
+import re
 
 from broker.errors import BrokerError
+
+# A team's name wherever one is given (tokens, job files, flags): no markup, escape or control
+# character reaches a terminal, page or report from it.
+TEAM_PATTERN = re.compile(r"^[A-Za-z0-9_.-]{1,100}$")
 
 
 class JobState(enum.StrEnum):

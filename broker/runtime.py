@@ -123,6 +123,10 @@ class Backend(Protocol):
     def beside_engine(self, store: Store, settings: Settings) -> list[Stoppable]:
         """What an embedded engine starts beside itself; each is stopped on ``close``."""
 
+    def recover(self, store: Store) -> list[str]:
+        """What the agents of an engine that was killed could not report, taken in by the next one;
+        the ids of the jobs that gained a checkpoint."""
+
 
 @dataclass
 class Runtime:
@@ -183,6 +187,7 @@ class Runtime:
         host, port = self.backend.api_address(self.settings)
         self._server = BackgroundServer(create_app(self.store, self.clock), host, port).start()
         engine = self.engine(self.backend.agents_url(self.settings, self._server.url))
+        self.backend.recover(self.store)
         self._beside = self.backend.beside_engine(self.store, self.settings)
         return engine
 

@@ -9,20 +9,19 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import re
 import secrets
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 
+from broker.model import TEAM_PATTERN
 from broker.store import Store
 from broker.store.tables import ApiTokenRow, BrokerSecretRow
 
 TOKEN_PREFIX = "bkr_"
-TEAM_PATTERN = re.compile(r"^[A-Za-z0-9_.-]{1,100}$")
 AGENT_KEY = "agent_token_key"
 
 
@@ -37,21 +36,35 @@ class IssuedToken:
     token: str  # the secret: printed once, never stored
 
 
-def create_api_token(store: Store, team: str) -> IssuedToken:
+def create_api_token(store: Store, team: str, expires_in: timedelta | None = None) -> IssuedToken:
+    """A new token for ``team``; with ``expires_in`` it is refused, like a revoked one, from then on."""
     if not TEAM_PATTERN.match(team):
         raise ValueError(f"--team: expected letters, digits, '.', '_' or '-' (1-100 characters), got {team!r}")
     token = TOKEN_PREFIX + secrets.token_urlsafe(32)
     token_id = f"tok-{secrets.token_hex(4)}"
+    now = datetime.now(UTC)
     with store.transaction() as s:
-        s.add(ApiTokenRow(id=token_id, team=team, token_hash=token_digest(token), created_at=datetime.now(UTC)))
+        s.add(ApiTokenRow(id=token_id, team=team, token_hash=token_digest(token), created_at=now,
+                          expires_at=now + expires_in if expires_in is not None else None))
     return IssuedToken(token_id, team, token)
 
 
+def extend_api_token(store: Store, token_id: str, expires_in: timedelta) -> None:
+    """Move an expiring token's end to ``expires_in`` from now (``broker dashboard`` keeps its own alive
+    this way while it runs, so a dashboard killed with SIGKILL leaves its token valid minutes at most)."""
+    with store.transaction() as s:
+        row = s.get(ApiTokenRow, token_id)
+        if row is not None and row.revoked_at is None:
+            row.expires_at = datetime.now(UTC) + expires_in
+
+
 def team_of_token(store: Store, token: str) -> str | None:
-    """The team a valid, unrevoked API token belongs to."""
+    """The team a valid token belongs to: neither revoked nor expired."""
     with store.transaction() as s:
         row = s.scalar(select(ApiTokenRow).where(ApiTokenRow.token_hash == token_digest(token)))
     if row is None or row.revoked_at is not None:
+        return None
+    if row.expires_at is not None and row.expires_at <= datetime.now(UTC):
         return None
     return row.team
 

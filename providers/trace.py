@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from providers.base import OfferKey, ProviderInputError, SpotQuote
+from providers.bounded import capped_lines
 
 COLUMNS: tuple[str, ...] = (
     "time",
@@ -60,9 +61,15 @@ def signal_values(quote: Any) -> tuple[float, ...]:
 
 # The most GPUs per node or nodes per zone a row may name (int64 arrays hold them).
 MAX_COUNT = 1_000_000
+# Rows and characters (after decompression) of a trace: the largest published one has about 181,000
+# rows and 15 MB; these bound the memory a trace can ask for before the arrays are sized.
+MAX_ROWS = 2_000_000
+MAX_TRACE_CHARS = 512 * 1024 * 1024
+# Prices, per node-hour: above this is a broken row (1e308 made every cost infinite).
+MAX_PRICE = 100_000.0
 # Ticks times zones of the dense arrays (about 25 bytes each): a trace with a stray far-off
 # timestamp would otherwise ask for terabytes.
-MAX_CELLS = 50_000_000
+MAX_CELLS = 10_000_000
 
 
 class TraceError(ProviderInputError, ValueError):
@@ -204,7 +211,7 @@ def read_trace(path: str | Path) -> MarketTrace:
         raise TraceError(f"{path}: a directory, not a market trace")
     try:
         with _open_text(path) as handle:
-            return parse_trace(handle, source=str(path))
+            return parse_trace(capped_lines(handle, str(path), TraceError, MAX_TRACE_CHARS), source=str(path))
     except gzip.BadGzipFile:
         raise TraceError(f"{path}: named .gz but not gzip data; expected a gzipped CSV market trace") from None
     except (EOFError, zlib.error):
@@ -237,9 +244,12 @@ def parse_trace(lines: Iterable[str], source: str = "<trace>") -> MarketTrace:
     times: dict[datetime, int] = {}
     cells: list[tuple[int, int, float, float, int]] = []
     signal_cells: list[tuple[float, ...]] = []
+    line_of: dict[tuple[int, int], int] = {}  # (tick, zone) -> the line that gave it
     for lineno, row in enumerate(reader, start=2):
         if not row or all(not c.strip() for c in row):
             continue
+        if len(cells) >= MAX_ROWS:
+            raise TraceError(f"{source}:{lineno}: more than {MAX_ROWS} rows")
         if len(row) < len(header):
             raise TraceError(f"{source}:{lineno}: {len(row)} columns, expected {len(header)}")
         for name, index in (*col.items(), *signal_col.items()):
@@ -265,11 +275,18 @@ def parse_trace(lines: Iterable[str], source: str = "<trace>") -> MarketTrace:
             if kind is int and (number != int(number) or number > MAX_COUNT):
                 raise TraceError(f"{source}:{lineno}: column {name}: expected a whole number up to {MAX_COUNT}, "
                                  f"got {text!r}")
+            if kind is float and not 0 < number <= MAX_PRICE:
+                raise TraceError(f"{source}:{lineno}: column {name}: expected a price above 0 and at most "
+                                 f"{MAX_PRICE:,.0f} per node-hour, got {text!r}")
             values[name] = int(number) if kind is int else number
         if key not in zone_index:
             zone_index[key] = len(zones)
             zones.append(TraceZone(key, row[col["accelerator"]], int(values["gpus_per_node"])))
         tick = times.setdefault(when, len(times))
+        first = line_of.setdefault((tick, zone_index[key]), lineno)
+        if first != lineno:
+            raise TraceError(f"{source}:{lineno}: a second row for {key.zone} {key.instance_type} at "
+                             f"{format_time(when)} (the first is line {first}); expected one row per tick and zone")
         cells.append((tick, zone_index[key], values["spot_price"], values["on_demand_price"],
                       int(values["available_nodes"])))
         signal_cells.append(tuple(_signal(name, row[index].strip(), f"{source}:{lineno}")
@@ -305,9 +322,8 @@ def parse_trace(lines: Iterable[str], source: str = "<trace>") -> MarketTrace:
         for name, value in zip(signal_col, found, strict=True):
             signals[name][slot, zone] = value
     no_row = avail == -1  # a missing row repeats the tick before; an empty signal cell stays unknown
-    for t in range(1, num_ticks):
-        for column in signals.values():
-            column[t, no_row[t]] = column[t - 1, no_row[t]]
+    for column in signals.values():
+        _fill_from_before(column, no_row)
     for array, empty in ((spot, None), (on_demand, None), (avail, -1)):
         _forward_fill(array, empty)
     if np.isnan(spot[0]).any() or (avail[0] < 0).any():
@@ -336,9 +352,15 @@ def _signal(name: str, text: str, where: str) -> float:
 
 
 def _forward_fill(array: np.ndarray, empty: int | None) -> None:
-    for t in range(1, array.shape[0]):
-        missing = np.isnan(array[t]) if empty is None else array[t] == empty
-        array[t, missing] = array[t - 1, missing]
+    _fill_from_before(array, np.isnan(array) if empty is None else array == empty)
+
+
+def _fill_from_before(array: np.ndarray, missing: np.ndarray) -> None:
+    """Each cell where ``missing`` takes the value of the nearest cell above it that is not (in one
+    pass of NumPy, not a loop over the ticks: a long trace has millions of them)."""
+    rows = np.arange(array.shape[0])[:, None]
+    source = np.maximum.accumulate(np.where(missing, 0, rows), axis=0)
+    array[...] = np.take_along_axis(array, source, axis=0)
 
 
 def trace_rows(quotes: Iterable[SpotQuote], signals: bool = False) -> Iterator[list[str]]:

@@ -35,7 +35,7 @@ from broker.agent.gpu import job_pids, open_reader
 from broker.agent.gpu_sampling import REPORT_EVERY_S, SAMPLE_EVERY_S, GpuReporter, GpuSampler
 from broker.agent.jobpath import job_pythonpath, with_pythonpath
 from broker.agent.progress import ProgressReporter, pass_through, read_progress_file
-from broker.agent.reporting import LatestOnly, post_with_retry
+from broker.agent.reporting import Delivery, LatestOnly, post_until, post_with_retry
 from providers.node_notice import NOTICE_POLL_SECONDS
 from providers.notices import NodeNotice, NoticeReader, detect_cloud, reader_for
 
@@ -101,7 +101,11 @@ class NoticeReporter:
 
 
 class CheckpointReporter:
-    """Reports each new complete checkpoint the job marks; only the newest unsent one is kept."""
+    """Reports each new complete checkpoint the job marks; only the newest unsent one is kept.
+
+    One the broker did not answer for within ``RETRY_SECONDS`` (its engine was killed and none has
+    started yet) is sent again from the next poll on, unless a newer one replaced it.
+    """
 
     RETRY_SECONDS = 60.0
 
@@ -113,6 +117,7 @@ class CheckpointReporter:
         self.checkpoint_dir = checkpoint_dir
         self.events = events
         self.last: CheckpointMark | None = latest_checkpoint(checkpoint_dir)  # a resumed job's old one is known
+        self.undelivered: dict[str, Any] | None = None
         self.sender = LatestOnly(self._send)
 
     def watch(self) -> None:
@@ -121,6 +126,9 @@ class CheckpointReporter:
             return
         mark = latest_checkpoint(self.checkpoint_dir)
         if mark is None or (self.last is not None and (mark.path, mark.step) == (self.last.path, self.last.step)):
+            again, self.undelivered = self.undelivered, None
+            if again is not None:
+                self.sender.offer(again)
             return
         self.last = mark
         payload = self._payload(mark)
@@ -131,8 +139,7 @@ class CheckpointReporter:
         self.sender.flush(timeout)
 
     def _payload(self, mark: CheckpointMark) -> dict[str, Any] | None:
-        assert self.checkpoint_dir is not None
-        relative = os.path.relpath(mark.path, self.checkpoint_dir)
+        relative = self._relative(mark)
         if relative.startswith("..") or os.path.isabs(relative):
             self.events.write("checkpoint_outside_dir", path=mark.path)
             return None
@@ -140,10 +147,16 @@ class CheckpointReporter:
                 "written_at": datetime.fromtimestamp(mark.written_at, UTC).isoformat(), "step": mark.step,
                 "save_seconds": mark.save_seconds}
 
+    def _relative(self, mark: CheckpointMark) -> str:
+        assert self.checkpoint_dir is not None
+        return os.path.relpath(mark.path, self.checkpoint_dir)
+
     def _send(self, payload: dict[str, Any]) -> None:
         assert self.url is not None
-        post_with_retry(self.url, self.token, payload, time.time() + self.RETRY_SECONDS, self.events,
-                        "checkpoint", path=payload["path"], step=payload["step"])
+        outcome = post_until(self.url, self.token, payload, time.time() + self.RETRY_SECONDS, self.events,
+                             "checkpoint", path=payload["path"], step=payload["step"])
+        if outcome is Delivery.GAVE_UP and self.last is not None and payload["path"] == self._relative(self.last):
+            self.undelivered = payload
 
 
 class Agent:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import re
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Annotated, Any
 
@@ -17,11 +18,13 @@ from fastapi import Path as PathParam
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 from sqlalchemy import and_, or_, select
+from sqlalchemy.exc import IntegrityError
 
+from broker.api.idempotency import REPLAYED_HEADER, earlier, idempotency_key, remember, request_digest
 from broker.api.limits import out_of_time
-from broker.api.validation import Text, body_schema, json_body
+from broker.api.validation import PlainLine, Text, body_schema, json_body
 from broker.clock import Clock
-from broker.engine.machine import cancel_job
+from broker.engine.machine import Within, cancel_job
 from broker.intake import Intake, market_problem, read_job
 from broker.intake import submit as intake_submit
 from broker.service.timepolicy import priority_for, queue_of
@@ -36,7 +39,7 @@ log = logging.getLogger(__name__)
 
 class JobSubmission(BaseModel):
     spec: Text = Field(min_length=1, max_length=1_000_000, description="the job file's text (YAML)")
-    source: Text | None = Field(None, max_length=4096,
+    source: PlainLine | None = Field(None, max_length=4096,
                                 description="the job file's path; a relative workdir is resolved against it")
 
 
@@ -168,6 +171,36 @@ def for_team(store: Store, spec: JobSpec, team: str) -> JobSpec:
     return dataclasses.replace(spec, broker=section)
 
 
+class Keyed:
+    """A submission's ``Idempotency-Key`` (``broker.api.idempotency``): the jobs an earlier request with
+    it stored, or what stores it with the new ones."""
+
+    def __init__(self, store: Store, request: Request, team: str, route: str, body: JobSubmission) -> None:
+        self.store, self.team, self.route = store, team, route
+        self.key = idempotency_key(request)
+        self.digest = request_digest(route, body.spec, body.source) if self.key else ""
+
+    def earlier(self, response: Response) -> dict[str, Any] | None:
+        if self.key is None:
+            return None
+        found = earlier(self.store, self.team, self.key, self.route, self.digest)
+        if found is not None:
+            response.headers[REPLAYED_HEADER] = "true"
+        return found
+
+    def submit(self, response: Response, submit: Callable[[Within | None], list[str]], **extra: str) -> list[str]:
+        """``submit``'s job ids, or, when a request with the same key stored its jobs meanwhile, those."""
+        if self.key is None:
+            return submit(None)
+        try:
+            return submit(remember(self.team, self.key, self.route, self.digest, **extra))
+        except IntegrityError:
+            found = self.earlier(response)
+            if found is None:
+                raise
+            return [str(job_id) for job_id in found["job_ids"]]
+
+
 def jobs_router(store: Store, clock: Clock, intake: Intake, team_of: Any) -> APIRouter:
     router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 
@@ -181,9 +214,15 @@ def jobs_router(store: Store, clock: Clock, intake: Intake, team_of: Any) -> API
 
     @router.post("", status_code=status.HTTP_201_CREATED, responses={422: {"description": "invalid job file"}},
                  openapi_extra=body_schema(JobSubmission))
-    def submit(request: Request, *, team: str = Depends(team_of),
+    def submit(request: Request, response: Response, *, team: str = Depends(team_of),
                body: Annotated[JobSubmission, Depends(submission_body)]) -> Any:
-        """Validate a job file and queue it as PENDING for the caller's team."""
+        """Validate a job file and queue it as PENDING for the caller's team. With an ``Idempotency-Key``
+        header, a request sent again with the same key (within a day) answers with the job the first one
+        stored (header ``Idempotent-Replayed: true``) instead of storing another."""
+        keyed = Keyed(store, request, team, "jobs", body)
+        if (done := keyed.earlier(response)) is not None:
+            with store.transaction() as s:
+                return job_summary(s, owned(s, str(done["job_ids"][0]), team))
         loaded = read_submission(body, intake, store, pipeline=False)
         if isinstance(loaded, JSONResponse):
             return loaded
@@ -191,7 +230,8 @@ def jobs_router(store: Store, clock: Clock, intake: Intake, team_of: Any) -> API
         if (refused := refusal(loaded, team, clock, intake)) is not None:
             return refused
         check_time(request)
-        (job_id,) = intake_submit(store, clock, intake, loaded, queued=lambda spec: for_team(store, spec, team))
+        (job_id,) = keyed.submit(response, lambda within: intake_submit(
+            store, clock, intake, loaded, queued=lambda spec: for_team(store, spec, team), within=within))
         with store.transaction() as s:
             return job_summary(s, owned(s, job_id, team))
 

@@ -38,7 +38,16 @@ def sane_datetime(value: datetime | None) -> datetime | None:
     return value if value.tzinfo else value.replace(tzinfo=UTC)
 
 
+def plain_line(value: str) -> str:
+    """One line of text with no control character (C0, DEL, C1) and no lone surrogate: a path or name
+    that is printed, logged or resolved later."""
+    if any(ord(c) < 0x20 or 0x7F <= ord(c) <= 0x9F or 0xD800 <= ord(c) <= 0xDFFF for c in value):
+        raise ValueError("control characters, NUL and lone surrogates are not allowed")
+    return value
+
+
 Text = Annotated[str, AfterValidator(no_nul)]
+PlainLine = Annotated[str, AfterValidator(plain_line)]
 When = Annotated[datetime | None, AfterValidator(sane_datetime)]
 
 

@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import http.client
 import json
+import time
+import uuid
 from typing import Any
 from urllib.parse import urlencode, urlsplit
 
 from broker.errors import BrokerError
 
 MAX_ANSWER_BYTES = 64 * 2**20  # a page of jobs or logs; more is not an answer from the broker
+# A submission carries an Idempotency-Key, so it is safe to send again when no answer came.
+SUBMIT_TRIES = 3
 
 
 class ClientError(BrokerError):
@@ -51,11 +55,14 @@ class BrokerClient:
         return self._conn
 
     def _call(self, method: str, path: str, json_body: Any = None,
-              params: dict[str, list[str]] | None = None) -> Any:
+              params: dict[str, list[str]] | None = None, idempotency_key: str | None = None) -> Any:
+        """One request; with ``idempotency_key`` it is sent again (same key) when no answer came."""
         target = self._parts.path.rstrip("/") + path + (f"?{urlencode(params, doseq=True)}" if params else "")
         body = json.dumps(json_body).encode() if json_body is not None else None
-        headers = {**self._headers, **({"Content-Type": "application/json"} if body is not None else {})}
-        for attempt in (1, 2):  # a kept-alive connection the server closed meanwhile is opened once more
+        headers = {**self._headers, **({"Content-Type": "application/json"} if body is not None else {}),
+                   **({"Idempotency-Key": idempotency_key} if idempotency_key else {})}
+        tries = SUBMIT_TRIES if idempotency_key else 2
+        for attempt in range(1, tries + 1):
             reused = self._conn is not None
             try:
                 conn = self._connection()
@@ -65,8 +72,13 @@ class BrokerClient:
                 break
             except (OSError, http.client.HTTPException) as exc:
                 self.close()
-                if not (reused and attempt == 1 and isinstance(exc, (ConnectionError, http.client.RemoteDisconnected))):
+                # A kept-alive connection the server closed meanwhile is opened once more; a keyed
+                # submission is sent again on any failure, as the broker stores it once whatever happens.
+                stale = reused and attempt == 1 and isinstance(exc, (ConnectionError, http.client.RemoteDisconnected))
+                if attempt == tries or not (stale or idempotency_key):
                     raise ClientError(f"cannot reach the broker at {self.url}: {exc}") from None
+                if not stale:
+                    time.sleep(0.5 * attempt)
         if len(text) > MAX_ANSWER_BYTES:
             raise ClientError(f"the broker at {self.url} answered more than {MAX_ANSWER_BYTES // 2**20} MB")
         if status < 400:
@@ -78,11 +90,13 @@ class BrokerClient:
         raise ClientError(_reason(status, text))
 
     def submit(self, text: str, source: str | None = None) -> dict[str, Any]:
-        return self._call("POST", "/v1/jobs", json_body={"spec": text, "source": source})  # type: ignore[no-any-return]
+        return self._call("POST", "/v1/jobs", json_body={"spec": text, "source": source},  # type: ignore[no-any-return]
+                          idempotency_key=str(uuid.uuid4()))
 
     def submit_pipeline(self, text: str, source: str | None = None) -> dict[str, Any]:
         """A multi-document job file: its stages recorded together (``POST /v1/pipelines``)."""
-        return self._call("POST", "/v1/pipelines", json_body={"spec": text, "source": source})  # type: ignore[no-any-return]
+        return self._call("POST", "/v1/pipelines", json_body={"spec": text,  # type: ignore[no-any-return]
+                                                             "source": source}, idempotency_key=str(uuid.uuid4()))
 
     def jobs(self, page: int = 500) -> list[dict[str, Any]]:
         """Every job of the caller's team, read a page at a time (``GET /v1/jobs`` is paginated)."""

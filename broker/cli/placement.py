@@ -17,13 +17,18 @@ from broker.cli.app import JsonOption, UsageError, app, console, err_console
 _CLUSTER = re.compile(r"^\s*(\d+)\s*[xX]\s*(\S+)\s*$")
 
 
+MAX_CLUSTER_NODES = 10_000
+
+
 def parse_cluster(text: str) -> tuple[int, str]:
     """``8xp3.16xlarge`` -> (8, "p3.16xlarge"); UsageError naming --cluster otherwise."""
     from providers.topology import UnknownInstanceType, topology
 
-    m = _CLUSTER.match(text)
+    m = _CLUSTER.match(text[:200])
     if not m or int(m.group(1)) < 1:
-        raise UsageError(f"--cluster must look like NODESxINSTANCE_TYPE (e.g. 8xp3.16xlarge), got {text!r}")
+        raise UsageError(f"--cluster must look like NODESxINSTANCE_TYPE (e.g. 8xp3.16xlarge), got {text[:80]!r}")
+    if int(m.group(1)) > MAX_CLUSTER_NODES:  # the replay keeps every node's GPUs
+        raise UsageError(f"--cluster: at most {MAX_CLUSTER_NODES} nodes, got {m.group(1)[:20]}")
     try:
         topology(m.group(2))
     except UnknownInstanceType as exc:
@@ -76,6 +81,8 @@ def simulate_placement(workload: WorkloadOption, cluster: ClusterOption = None, 
     from policies.placement import ClusterSnapshot
 
     nodes, instance_type = parse_cluster(cluster)
+    if not 0 <= seed < 2**32:
+        raise UsageError(f"--seed must be between 0 and {2**32 - 1}, got {seed}")
     known = kinds.placement.names()
     default = kinds.placement.default_name()
     names = ([p.strip() for p in policy.split(",") if p.strip()] if policy

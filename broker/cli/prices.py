@@ -18,16 +18,18 @@ UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 
 
 MAX_BACKFILL_DAYS = 90  # AWS keeps 90 days of spot price history
+MAX_DURATION = timedelta(days=3660)
+MAX_PRICE_PER_GPU_HOUR = 100_000.0
+MAX_GPUS_PER_NODE = 1024
 
 
-def parse_duration(text: str, option: str) -> timedelta:
-    match = DURATION.match(text) if len(text) <= 40 else None
-    if not match or float(match.group(1)) <= 0:
-        raise UsageError(f"{option}: expected a duration like 7d, 12h, 30m or 90s, got {text[:40]!r}")
-    try:
-        return timedelta(seconds=float(match.group(1)) * UNIT_SECONDS[match.group(2)])
-    except OverflowError:
-        raise UsageError(f"{option}: {text[:40]!r} is too long a duration") from None
+def parse_duration(text: str, option: str, longest: timedelta = MAX_DURATION) -> timedelta:
+    match = DURATION.match(text[:64])
+    seconds = float(match.group(1)) * UNIT_SECONDS[match.group(2)] if match else 0.0
+    if not 0 < seconds <= longest.total_seconds():  # a 400-digit number is inf, and too long
+        raise UsageError(f"{option}: expected a duration like 7d, 12h, 30m or 90s, at most "
+                         f"{longest.days} days, got {text[:80]!r}")
+    return timedelta(seconds=seconds)
 
 
 def parse_clouds(text: str | None) -> tuple[str, ...]:
@@ -87,10 +89,12 @@ def prices(
     clouds = parse_clouds(cloud)  # every option checked before the settings, the store and the market are imported
     if spot and on_demand:
         raise UsageError("--spot and --on-demand: choose one")
-    if min_gpus is not None and min_gpus < 1:
-        raise UsageError(f"--min-gpus: expected a whole number of GPUs of at least 1, got {min_gpus}")
-    if max_price is not None and max_price <= 0:
-        raise UsageError(f"--max-price: expected a positive USD price per GPU-hour, got {max_price:g}")
+    if min_gpus is not None and not 1 <= min_gpus <= MAX_GPUS_PER_NODE:
+        raise UsageError(f"--min-gpus: expected a whole number of GPUs from 1 to {MAX_GPUS_PER_NODE}, "
+                         f"got {str(min_gpus)[:20]}")
+    if max_price is not None and not 0 < max_price <= MAX_PRICE_PER_GPU_HOUR:  # NaN fails both
+        raise UsageError(f"--max-price: expected a positive USD price per GPU-hour up to "
+                         f"{MAX_PRICE_PER_GPU_HOUR:g}, got {max_price:g}")
     window = parse_duration(since, "--since")
     tick_span = parse_duration(tick, "--tick")
     backfill_days = 0.0

@@ -41,13 +41,16 @@ def report(
             parse_window(since, start, end, datetime(3000, 1, 1, tzinfo=UTC))
         except ReportError as exc:
             raise UsageError(str(exc)) from None
+    from broker.model import TEAM_PATTERN
     from broker.reports import render
 
     if as_json:
         if output not in ("table", "json"):
             raise UsageError(f"--json and --format {output[:40]}: choose one")
         output = "json"
-    if resend is not None and not resend.isdigit():
+    if team is not None and not TEAM_PATTERN.match(team):
+        raise UsageError(f"--team: expected letters, digits, '.', '_' or '-' (1-100 characters), got {team[:40]!r}")
+    if resend is not None and not (resend.isascii() and resend.isdigit() and len(resend) <= 18):
         raise UsageError(f"--resend: expected a delivery id (a number), got {resend!r}")
     if output not in render.FORMATS:
         raise UsageError(f"--format: expected one of {', '.join(render.FORMATS)}, got {output!r}")

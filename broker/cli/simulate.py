@@ -13,6 +13,11 @@ import typer
 
 from broker.cli.app import JsonOption, UsageError, app, console
 
+# Bounds of the numeric flags: beyond them a figure is no longer a checkpoint, a price or a run.
+MAX_CHECKPOINT_GB = 1_000_000.0
+MAX_EGRESS_PER_GB = 1_000.0
+MAX_STARTS = 100_000  # each start replays the trace once per policy
+
 
 @app.command("simulate")
 def simulate_command(
@@ -49,13 +54,16 @@ def simulate_command(
                          "start like 60h")
     names = _policy_names(policy)
     overhead = _duration("--restart-overhead", restart_overhead)
-    for flag, value in (("--checkpoint-gb", checkpoint_gb), ("--egress-per-gb", egress_per_gb)):
-        if value < 0:
-            raise UsageError(f"{flag}: expected a number >= 0, got {value}")
+    for flag, value, most in (("--checkpoint-gb", checkpoint_gb, MAX_CHECKPOINT_GB),
+                              ("--egress-per-gb", egress_per_gb, MAX_EGRESS_PER_GB)):
+        if not 0 <= value <= most:  # NaN fails both
+            raise UsageError(f"{flag}: expected a number from 0 to {most:g}, got {value}")
     if starts is not None and start is not None:
         raise UsageError("--starts and --start: give one or the other")
-    if starts is not None and starts < 1:
-        raise UsageError(f"--starts: expected a positive count, got {starts}")
+    if starts is not None and not 1 <= starts <= MAX_STARTS:
+        raise UsageError(f"--starts: expected a count from 1 to {MAX_STARTS}, got {starts}")
+    if not 0 <= seed < 2**63:
+        raise UsageError(f"--seed: expected a whole number from 0 to 2**63 - 1, got {seed}")
 
     present = [a for a in spec.accelerators if whole.select(a.name, a.count).zones]
     if not present:
@@ -200,7 +208,12 @@ def _write_timeline(path: Path, market: Any, summaries: dict[str, Any]) -> None:
     directory = path.parent if str(path.parent) else Path(".")
     if not directory.is_dir():
         raise UsageError(f"--timeline: no such directory {directory}")
-    handle, temp = tempfile.mkstemp(dir=directory, prefix=f".{path.name}.", suffix=".tmp")
+    if path.exists() and not path.is_file():
+        raise UsageError(f"--timeline: {path} is not a regular file")
+    try:
+        handle, temp = tempfile.mkstemp(dir=directory, prefix=f".{path.name}.", suffix=".tmp")
+    except OSError as exc:
+        raise UsageError(f"--timeline: cannot write in {directory}: {exc.strerror or exc}") from None
     try:
         with os.fdopen(handle, "w", encoding="utf-8") as out:
             for name, summary in summaries.items():
@@ -214,6 +227,9 @@ def _write_timeline(path: Path, market: Any, summaries: dict[str, Any]) -> None:
                             line["zone"] = run.zone
                         out.write(json.dumps(line) + "\n")
         os.replace(temp, path)
+    except OSError as exc:
+        Path(temp).unlink(missing_ok=True)
+        raise UsageError(f"--timeline: cannot write {path}: {exc.strerror or exc}") from None
     except BaseException:
         Path(temp).unlink(missing_ok=True)
         raise

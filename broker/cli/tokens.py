@@ -16,17 +16,21 @@ app.add_typer(token_app, name="token")
 
 @token_app.command("create")
 def create(team: Annotated[str, typer.Option("--team", help="the team the token acts for")],
+           expires_in: Annotated[str | None, typer.Option(
+               "--expires-in", help="refuse the token after this long, e.g. 12h or 30d (default: never)")] = None,
            config: ConfigOption = None) -> None:
     """Create a token for a team and print it once; only its hash is stored."""
     from broker.cli.app import err_console
+    from broker.cli.prices import parse_duration
     from broker.config.settings import load_settings
     from broker.store import open_store
     from broker.tokens import create_api_token
 
+    lifetime = parse_duration(expires_in, "--expires-in") if expires_in is not None else None
     settings = load_settings(config)
     store = open_store(settings.database_url)
     try:
-        issued = create_api_token(store, team)
+        issued = create_api_token(store, team, lifetime)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     finally:
@@ -52,16 +56,18 @@ def list_tokens(config: ConfigOption = None, as_json: JsonOption = False) -> Non
     finally:
         store.dispose()
     items = [{"token_id": r.id, "team": r.team, "created_at": r.created_at.isoformat(),
-              "revoked_at": r.revoked_at.isoformat() if r.revoked_at else None} for r in rows]
+              "revoked_at": r.revoked_at.isoformat() if r.revoked_at else None,
+              "expires_at": r.expires_at.isoformat() if r.expires_at else None} for r in rows]
     if as_json:
         print(json.dumps(items))
         return
     table = Table(header_style="bold")
-    for column in ("token", "team", "created", "revoked"):
+    for column in ("token", "team", "created", "revoked", "expires"):
         table.add_column(column)
     for item in items:
-        revoked = item["revoked_at"] or "-"
-        table.add_row(str(item["token_id"]), str(item["team"]), str(item["created_at"])[:19], revoked[:19])
+        revoked, expires = item["revoked_at"] or "-", item["expires_at"] or "never"
+        table.add_row(str(item["token_id"]), str(item["team"]), str(item["created_at"])[:19], revoked[:19],
+                      expires[:19])
     console.print(table)
 
 

@@ -3,7 +3,9 @@
 An agent reports every new complete checkpoint it sees on its node (``$BROKER_CHECKPOINT_DIR/LATEST``,
 which is a mounted bucket on real clouds) with its cluster's token. Paths are stored relative to the
 job's checkpoint directory, so the same report names the same checkpoint on every cluster; the
-broker never looks at its own disk to learn what a job has saved.
+engine never looks at a disk to learn what a job has saved. (On the local backend, whose nodes are
+this machine, an engine started after one was killed takes in the checkpoints its agents could not
+report, through ``record`` too: ``broker.backends.local.recovery``.)
 """
 
 from __future__ import annotations

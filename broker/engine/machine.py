@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import secrets
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -25,6 +26,9 @@ from broker.model import ACTIVE_STATES, CheckpointReason, JobState, check_transi
 from broker.spec.job import JobSpec, Pipeline
 from broker.store import Store
 from broker.store.tables import JobEventRow, JobRow
+
+# What is stored with submitted jobs in their transaction, given their ids (``broker.api.idempotency``).
+Within = Callable[[Session, list[str]], None]
 
 log = logging.getLogger("broker.engine")
 
@@ -53,13 +57,19 @@ def _move(s: Session, clock: Clock, job: JobRow, target: JobState, **detail: obj
     log.info("job %s: %s -> %s %s", job.id, current, target, detail or "")
 
 
-def submit_job(store: Store, clock: Clock, spec: JobSpec, home: Path, backend: str) -> str:
-    """Record a validated job as PENDING, in one transaction; the engine takes it from there."""
+def submit_job(store: Store, clock: Clock, spec: JobSpec, home: Path, backend: str,
+               within: Within | None = None) -> str:
+    """Record a validated job as PENDING, in one transaction; the engine takes it from there.
+    ``within`` writes what must be stored with the job, in its transaction (an idempotency key)."""
     with store.transaction() as s:
-        return _add_job(s, clock, spec, home, backend)
+        job_id = _add_job(s, clock, spec, home, backend)
+        if within is not None:
+            within(s, [job_id])
+        return job_id
 
 
-def submit_pipeline(store: Store, clock: Clock, pipeline: Pipeline, home: Path, backend: str) -> list[str]:
+def submit_pipeline(store: Store, clock: Clock, pipeline: Pipeline, home: Path, backend: str,
+                    within: Within | None = None) -> list[str]:
     """Record every stage of a pipeline as a PENDING job, in one transaction. In a chain each stage
     waits for the one before it to succeed (``broker.engine.stages``); a group's stages run together."""
     pipeline_id = f"p-{secrets.token_hex(4)}"
@@ -69,6 +79,8 @@ def submit_pipeline(store: Store, clock: Clock, pipeline: Pipeline, home: Path, 
             after = job_ids[-1] if pipeline.kind == "chain" and job_ids else None
             job_ids.append(_add_job(s, clock, spec, home, backend, pipeline_id=pipeline_id, stage=number,
                                     after_job_id=after))
+        if within is not None:
+            within(s, job_ids)
     return job_ids
 
 

@@ -38,6 +38,7 @@ from policies.sharing import (
     TaskShape,
     WorkloadMix,
 )
+from providers.bounded import capped_bytes
 
 NODE_COLUMNS = ("sn", "cpu_milli", "memory_mib", "gpu", "model")
 POD_COLUMNS = ("name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli")
@@ -72,7 +73,7 @@ def _rows(path: Path, columns: tuple[str, ...], what: str, max_rows: int | None 
         size = path.stat().st_size
         if size > MAX_FILE_BYTES:
             raise ClusterTraceError(f"{path}: {size} bytes is more than the {MAX_FILE_BYTES} a {what} may have")
-        raw = path.read_bytes()
+        raw = capped_bytes(path, MAX_FILE_BYTES, ClusterTraceError)  # /dev/zero has size 0 and no end
     except OSError as exc:
         raise ClusterTraceError(f"cannot read {what} {path}: {exc.strerror or exc}") from None
     if b"\x00" in raw:

@@ -7,6 +7,7 @@ import signal
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from broker.model import TEAM_PATTERN
 from providers.base import CLOUDS
 
 PRIORITY_CLASSES: dict[str, int] = {"inference": 1000, "training": 500, "batch": 100}
@@ -146,10 +147,14 @@ def checkpoint_dir(value: Any) -> str:
 
 
 def team(value: Any) -> str:
+    """A team as API tokens name one: letters, digits, '.', '_' and '-' (so no markup, escape or
+    control character reaches a terminal, page or report from it)."""
     if not isinstance(value, str) or not value.strip():
         raise ValueError(f"expected a team name (a non-empty string), got {value!r}")
     if len(value.strip()) > MAX_TEAM_CHARS:
         raise ValueError(f"expected a team name of at most {MAX_TEAM_CHARS} characters, got {len(value.strip())}")
+    if not TEAM_PATTERN.match(value.strip()):
+        raise ValueError(f"expected a team name of letters, digits, '.', '_' or '-', got {value.strip()[:40]!r}")
     return value.strip()
 
 

@@ -345,7 +345,6 @@ class PriceQuoteRow(Base):
 
 # --- serve: API tokens, secrets every replica shares, active policy overrides ---
 
-
 class ApiTokenRow(Base):
     """A team's API token; only its SHA-256 is kept (the token itself is printed once)."""
 
@@ -356,6 +355,7 @@ class ApiTokenRow(Base):
     token_hash: Mapped[str] = mapped_column(String(128), unique=True)
     created_at: Mapped[datetime] = mapped_column(UtcDateTime)
     revoked_at: Mapped[datetime | None] = mapped_column(UtcDateTime, nullable=True)
+    expires_at: Mapped[datetime | None] = mapped_column(UtcDateTime, nullable=True)  # None: never
 
 
 class BrokerSecretRow(Base):

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from broker.backends.local.provisioner import LocalProvisioner, LocalWorld
 from broker.backends.local.reconcile import reconcile_local
+from broker.backends.local.recovery import publish_address, recover_checkpoints
 from broker.clock import AcceleratedClock
 from broker.engine.machine import active_job_count
 from providers.local import LocalMarket
@@ -86,7 +87,13 @@ class LocalBackend:
         return "127.0.0.1", 0  # the agents are local processes
 
     def agents_url(self, settings: Settings, api_url: str) -> str:
-        return api_url
+        """The agents' address file, which holds ``api_url`` now: an engine started after this one was
+        killed rewrites it, and the agents already running report to that one (``recovery``)."""
+        return publish_address(settings.home, api_url)
+
+    def recover(self, store: Store) -> list[str]:
+        """The checkpoints a killed engine's agents could not report, read from this machine's disk."""
+        return recover_checkpoints(store, self.clock)
 
     def reconcile(self, store: Store, check: Callable[[], None] | None = None) -> list[str]:
         return reconcile_local(store, self.provisioner.root, check)

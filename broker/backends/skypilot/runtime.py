@@ -64,6 +64,9 @@ class SkyPilotBackend:
         listener.start()
         return listener
 
+    def recover(self, store: Store) -> list[str]:
+        return []  # its agents report to the address ``broker serve`` gives them, which outlives any engine
+
     def beside_engine(self, store: Store, settings: Settings) -> list[Any]:
         """An embedded engine's company: one reconcile with ``sky status``, and the SQS listener."""
         threading.Thread(target=self.reconcile, args=(store,), name="sky-reconcile", daemon=True).start()

@@ -4,7 +4,8 @@ from alembic import context
 from sqlalchemy import create_engine
 
 import broker.store.gpu
-import broker.store.rollup  # noqa: F401  (its table is part of the metadata)
+import broker.store.rollup
+import broker.store.submissions  # noqa: F401  (its table is part of the metadata)
 from broker.store.tables import Base
 
 config = context.config

@@ -376,3 +376,24 @@ def test_values_no_field_may_hold_are_422_and_store_nothing(api: Api, spec: str,
     assert response.status_code == 422, response.text
     _named(response, field)
     assert _jobs(api) == 0
+
+
+@pytest.mark.parametrize("raw_source", ['"a\\u0000b"', '"x\\u001b[31mred"', '"line\\nbreak"', '"del\\u007f"',
+                                        '"c1\\u0085"', '"\\ud800x"', '"x\\udfff"'])
+def test_a_source_with_control_characters_or_surrogates_is_refused_and_nothing_stored(api: Api,
+                                                                                     raw_source: str) -> None:
+    body = ('{"spec": ' + json.dumps(JOB) + ', "source": ' + raw_source + "}").encode()
+    response = api.client.post("/v1/jobs", content=body, headers={**api.alpha, "Content-Type": "application/json"})
+    assert response.status_code == 422, response.text
+    assert response.json()["detail"][0]["loc"][0] == "body"
+    if "\\ud" not in raw_source:  # JSON's parser refuses a lone surrogate itself, naming the body
+        _named(response, "source")
+    assert _jobs(api) == 0
+
+
+@pytest.mark.parametrize("team", ["[/bold]", "[red]x", "a\x1b[31m", "a b"])
+def test_a_job_file_team_with_markup_is_a_422_naming_it(api: Api, team: str) -> None:
+    response = api.client.post("/v1/jobs", json={"spec": JOB + f"broker:\n  team: {json.dumps(team)}\n"},
+                               headers=api.alpha)
+    assert response.status_code == 422 and response.json()["detail"][0]["loc"][-2:] == ["broker", "team"]
+    assert _jobs(api) == 0

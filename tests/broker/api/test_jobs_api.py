@@ -159,3 +159,22 @@ def test_a_share_of_a_gpu_fits_a_node_of_any_size_of_that_gpu(api: Api, accelera
     response = api.client.post("/v1/jobs", json={"spec": JOB.replace("V100:1", accelerators)}, headers=api.alpha)
     assert response.status_code == status, response.text
     assert len(_jobs(api)) == (1 if status == 201 else 0)
+
+
+def test_an_expired_token_is_401_like_a_revoked_one(api: Api) -> None:
+    from datetime import timedelta
+
+    from broker.tokens import extend_api_token, team_of_token
+
+    issued = create_api_token(api.store, "gamma", timedelta(hours=1))
+    headers = {"Authorization": f"Bearer {issued.token}"}
+    assert api.client.get("/v1/jobs", headers=headers).status_code == 200
+    extend_api_token(api.store, issued.token_id, timedelta(seconds=-1))  # its end has passed
+    refused = api.client.post("/v1/jobs", json={"spec": JOB}, headers=headers)
+    assert refused.status_code == 401 and refused.headers["WWW-Authenticate"] == "Bearer"
+    assert team_of_token(api.store, issued.token) is None and _jobs(api) == []
+    extend_api_token(api.store, issued.token_id, timedelta(hours=1))  # renewed: valid again
+    assert api.client.get("/v1/jobs", headers=headers).status_code == 200
+    revoke_api_token(api.store, issued.token_id)
+    extend_api_token(api.store, issued.token_id, timedelta(hours=1))  # a revoked token stays revoked
+    assert api.client.get("/v1/jobs", headers=headers).status_code == 401

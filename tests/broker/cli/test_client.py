@@ -57,3 +57,72 @@ def test_a_closed_port_is_one_line_naming_the_url() -> None:
         port = s.getsockname()[1]
     with pytest.raises(ClientError, match=rf"^cannot reach the broker at http://127.0.0.1:{port}: "):
         BrokerClient(f"http://127.0.0.1:{port}", "token").jobs()
+
+
+class _LosesTheFirstAnswer(BaseHTTPRequestHandler):
+    """A proxy in front of the broker that passes every request on but drops the first answer, as a
+    network that times out after the broker stored the job would."""
+
+    upstream = ""
+    dropped = 0
+
+    def do_POST(self) -> None:
+        import http.client
+        from urllib.parse import urlsplit
+
+        body = self.rfile.read(int(self.headers["Content-Length"]))
+        target = urlsplit(self.upstream)
+        conn = http.client.HTTPConnection(target.hostname or "", target.port, timeout=60)
+        conn.request("POST", self.path, body=body, headers={k: v for k, v in self.headers.items() if k != "Host"})
+        answer = conn.getresponse()
+        text = answer.read()
+        conn.close()
+        if type(self).dropped == 0:
+            type(self).dropped += 1
+            self.close_connection = True  # the job is stored; the client never hears of it
+            return
+        self.send_response(answer.status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(text)))
+        self.end_headers()
+        self.wfile.write(text)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_a_submission_whose_answer_was_lost_is_sent_again_and_stored_once(tmp_path: object) -> None:
+    import time
+    from pathlib import Path
+
+    from sqlalchemy import select
+
+    from broker.api.app import BackgroundServer, create_app
+    from broker.clock import WallClock
+    from broker.intake import Intake
+    from broker.store import open_store
+    from broker.store.tables import JobRow
+    from broker.tokens import create_api_token
+
+    assert isinstance(tmp_path, Path)
+    store = open_store(f"sqlite:///{tmp_path / 'store.db'}")
+    broker = BackgroundServer(create_app(store, WallClock(), Intake(tmp_path, "local", frozenset({("V100", 1)}))))
+    broker.start()
+    deadline = time.time() + 60
+    while not broker.server.started and time.time() < deadline:
+        time.sleep(0.05)
+    _LosesTheFirstAnswer.upstream, _LosesTheFirstAnswer.dropped = broker.url, 0
+    proxy = ThreadingHTTPServer(("127.0.0.1", 0), _LosesTheFirstAnswer)
+    threading.Thread(target=proxy.serve_forever, daemon=True).start()
+    try:
+        token = create_api_token(store, "alpha").token
+        with BrokerClient(f"http://127.0.0.1:{proxy.server_address[1]}", token) as client:
+            job = client.submit("name: t\nresources:\n  accelerators: V100:1\nrun: echo hi\n")
+        with store.transaction() as s:
+            assert [row.id for row in s.scalars(select(JobRow))] == [job["job_id"]]
+        assert _LosesTheFirstAnswer.dropped == 1
+    finally:
+        proxy.shutdown()
+        proxy.server_close()
+        broker.stop()
+        store.dispose()

@@ -6,18 +6,24 @@ import os
 import signal
 import subprocess
 import sys
+from datetime import UTC, datetime
 from pathlib import Path
 
 import httpx
 import pytest
+from sqlalchemy import select
 
+from broker.cli.dashboard import TOKEN_LIFETIME
 from broker.store import open_store
-from broker.tokens import team_of_token
+from broker.store.tables import ApiTokenRow
+from broker.tokens import team_of_token, token_digest
 from tests.broker.service.replicas import ROOT, free_port, wait_for
 
 
 @pytest.mark.slow
-def test_dashboard_prints_a_token_that_signs_in_and_is_revoked_when_it_stops(broker_home: Path) -> None:
+@pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM])
+def test_dashboard_prints_a_token_that_signs_in_and_is_revoked_when_it_stops(broker_home: Path,
+                                                                             stop: signal.Signals) -> None:
     port = free_port()
     env = {**os.environ, "BROKER_HOME": str(broker_home)}
     process = subprocess.Popen([sys.executable, "-m", "broker", "dashboard", "--port", str(port)], cwd=ROOT, env=env,
@@ -33,11 +39,36 @@ def test_dashboard_prints_a_token_that_signs_in_and_is_revoked_when_it_stops(bro
             signed = client.post("/login", data={"token": token})
             assert signed.status_code == 303 and "admin (all teams)" in client.get("/jobs").text
     finally:
-        process.send_signal(signal.SIGINT)
+        process.send_signal(stop)
         process.wait(timeout=30)
     store = open_store(f"sqlite:///{broker_home / 'broker.db'}")
     try:
         assert team_of_token(store, token) is None  # revoked on the way out
+        with store.transaction() as s:
+            [row] = s.scalars(select(ApiTokenRow))
+        assert row.revoked_at is not None
+    finally:
+        store.dispose()
+
+
+@pytest.mark.slow
+def test_a_killed_dashboard_leaves_a_token_that_expires_on_its_own(broker_home: Path) -> None:
+    port = free_port()
+    process = subprocess.Popen([sys.executable, "-m", "broker", "dashboard", "--port", str(port)], cwd=ROOT,
+                               env={**os.environ, "BROKER_HOME": str(broker_home)}, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    try:
+        assert process.stdout is not None
+        token = process.stdout.readline().strip()
+    finally:
+        process.kill()
+        process.wait(timeout=30)
+    store = open_store(f"sqlite:///{broker_home / 'broker.db'}")
+    try:
+        with store.transaction() as s:
+            [row] = s.scalars(select(ApiTokenRow).where(ApiTokenRow.token_hash == token_digest(token)))
+        assert row.revoked_at is None and row.expires_at is not None  # SIGKILL: nothing ran on the way out
+        assert row.expires_at - datetime.now(UTC) <= TOKEN_LIFETIME
     finally:
         store.dispose()
 

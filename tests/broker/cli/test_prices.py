@@ -140,8 +140,11 @@ def test_export_trace_of_recorded_polls(clouds: FakeClouds, capsys: pytest.Captu
 
 @pytest.mark.parametrize(("args", "message"), [
     (["--cloud", "aws,ibm"], "--cloud: unknown cloud 'ibm'; expected a comma-separated list of aws, gcp, azure"),
-    (["--since", "7x", "--export-trace", "t.csv"], "--since: expected a duration like 7d, 12h, 30m or 90s, got '7x'"),
+    (["--since", "7x", "--export-trace", "t.csv"],
+     "--since: expected a duration like 7d, 12h, 30m or 90s, at most 3660 days, got '7x'"),
     (["--tick", "0m"], "--tick: expected a duration"),
+    (["--since", "9" * 400 + "d", "--export-trace", "t.csv"], "--since: expected a duration"),  # was OverflowError
+    (["--tick", "1e400s"], "--tick: expected a duration"),
     (["--spot", "--on-demand"], "--spot and --on-demand: choose one"),
     (["--min-gpus", "0"], "--min-gpus: expected a whole number of GPUs of at least 1, got 0"),
     (["--max-price", "-1"], "--max-price: expected a positive USD price per GPU-hour, got -1"),

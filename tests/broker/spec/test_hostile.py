@@ -196,3 +196,10 @@ def test_values_no_field_may_hold_are_refused_naming_the_field(text: str, field:
         parse_job_spec(text, offline=True)
     assert raised.value.field == field
     assert words in str(raised.value)
+
+
+@pytest.mark.parametrize("team", ["'[/bold]'", "'[red]x'", '"a\\e[31mred"', "'two words'", "'caf\u00e9'", "'a/b'"])
+def test_a_team_that_tokens_could_not_name_is_refused_naming_the_field(team: str) -> None:
+    error = refused("run: x\nbroker:\n  team: " + team + "\n")
+    assert (error.field, error.line) == ("broker.team", 3)
+    assert "letters, digits" in str(error) and "\x1b" not in str(error)
