@@ -48,7 +48,7 @@ from broker.config.settings import load_settings  # noqa: E402
 from broker.engine import Engine  # noqa: E402
 from broker.engine.notices import record_backend_notice  # noqa: E402
 from broker.model import JobState  # noqa: E402
-from broker.runtime import EmbeddedBroker  # noqa: E402
+from broker.runtime import Runtime, assemble  # noqa: E402
 from broker.spec.job import parse_job_spec  # noqa: E402
 from broker.store.tables import AllocationRow, JobRow  # noqa: E402
 from providers.base import SpotQuote  # noqa: E402
@@ -148,32 +148,30 @@ def database(server: str | None) -> Iterator[str | None]:
 
 
 @contextlib.contextmanager
-def broker(home: Path, running: int, db_url: str | None) -> Iterator[EmbeddedBroker]:
+def broker(home: Path, running: int, db_url: str | None) -> Iterator[tuple[Runtime, Engine]]:
     home.mkdir(parents=True, exist_ok=True)
     settings = load_settings(home=home, market=market(home / "market.csv", running + 2), speed=60.0,
                              local_provision_seconds=60.0, max_gpus=running * GPUS_PER_NODE, pool_idle_seconds=0.0,
                              db_url=db_url)
-    embedded = EmbeddedBroker(settings, fresh_market=True)
+    runtime = assemble(settings, fresh_market=True)
+    engine = runtime.start()
     try:
-        yield embedded
+        yield runtime, engine
     finally:
-        engine = embedded.engine
-        if engine is not None:
-            from broker.engine import machine
+        from broker.engine import machine
 
-            for job_id in engine.active_jobs():
-                machine.cancel_job(engine.store, job_id, engine.clock)
-            for _ in range(3):
-                engine.step()
-        embedded.close()
+        for job_id in engine.active_jobs():
+            machine.cancel_job(engine.store, job_id, engine.clock)
+        for _ in range(3):
+            engine.step()
+        runtime.close()
 
 
 def one_size(queued: int, running: int, steps: int, baseline: bool, server: str | None) -> list[str]:
     lines = []
     with tempfile.TemporaryDirectory(prefix="engine-step-") as tmp, database(server) as db_url:
         home = Path(tmp) / "home"
-        with broker(home, running, db_url) as embedded:
-            engine = embedded.start()
+        with broker(home, running, db_url) as (runtime, engine):
             count = counting(engine.store.engine)
             first = submit(engine, home, running, "running", "training")
             deadline = time.time() + 300
@@ -188,7 +186,7 @@ def one_size(queued: int, running: int, steps: int, baseline: bool, server: str 
             lines.append(new.line("new:first"))
             lines.append(steady.line("new:steady"))
             if baseline:
-                old = embedded.runtime.engine(embedded.server.url if embedded.server else None, queue_fast_path=False)
+                old = runtime.engine(engine.options.broker_url, queue_fast_path=False)
                 old_steady = measure(old.step, count, max(1, min(steps, 3 if queued <= 100 else 1)))
                 lines.append(old_steady.line("old:steady"))
             assert states(engine).get("PENDING", 0) == queued, states(engine)
