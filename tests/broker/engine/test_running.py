@@ -65,7 +65,8 @@ def _stir(home: Path, store: Store, seed: int) -> None:
             if rng.random() < 0.8:
                 s.add(JobEventRow(job_id=job.id, at=now - timedelta(minutes=1), kind=ASKED, detail={}))
         ended, failed, owner = rng.sample(running, 3)
-        allocs = {a.job_id: a for a in s.scalars(select(AllocationRow).where(AllocationRow.ended_at.is_(None)))}
+        allocs = {a.job_id: a for a in s.scalars(select(AllocationRow).where(
+            AllocationRow.ended_at.is_(None), AllocationRow.job_id.in_([job.id for job in running])))}
         for job, code in ((ended, 0), (failed, 1)):
             alloc = allocs[job.id]
             node = home / "local" / "clusters" / alloc.cluster_id / "runs" / f"{job.id}-1" / "node-0"
@@ -114,6 +115,7 @@ def test_a_pass_over_running_and_queued_jobs_decides_as_the_reference_path_does(
     assert states == expected_states
     kinds = {kind for _, kind, _, _ in got}
     moved_to = {t for _, _, t, _ in got}
+
     assert {JobState.SUCCEEDED.value, JobState.FAILED.value, JobState.CHECKPOINTING.value} <= moved_to
     assert ASKED in kinds  # the jobs due a checkpoint were asked, on both paths
     assert fast_statements < slow_statements, (fast_statements, slow_statements)
@@ -139,7 +141,7 @@ def test_the_view_says_which_running_jobs_are_quiet(db_url: str, tmp_path: Path,
             running = list(s.scalars(select(JobRow).where(JobRow.state == JobState.RUNNING.value)
                                      .order_by(JobRow.id)))
             asked, due = running[0], running[1]
-            for job in running[2:] + [asked]:
+            for job in [*running[2:], asked]:
                 s.add(JobEventRow(job_id=job.id, at=now - timedelta(minutes=1), kind=ASKED, detail={}))
         view = RunningView(engine.parts, engine.jobs.cadence, engine.jobs.reviewer)
         assert set(view.running) == {job.id for job in running}
