@@ -14,12 +14,15 @@ import threading
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from broker.config.settings import Settings
 from broker.engine import Engine
 from broker.store import Store
 from broker.store.db import Fenced
+
+if TYPE_CHECKING:
+    from broker.service.wake import StepGate
 
 
 class Leader(Protocol):
@@ -28,6 +31,7 @@ class Leader(Protocol):
     settings: Settings
     work_store: Store  # fenced by the lease's epoch
     engine: Engine | None
+    step_gate: StepGate | None  # when the engine steps (None: on every tick)
     price_poller: Callable[[Store, Settings, str], object]
     report_runner: Callable[[Store, Settings, datetime], object]
 
@@ -76,11 +80,21 @@ def _as_leader(work: Callable[[Leader], object]) -> None:
 
 
 def engine_step() -> None:
-    """Move every job on by at most one transition: dispatch, provisioning, migration, teardown, metering."""
+    """Move every job on by at most one transition: dispatch, provisioning, migration, teardown, metering;
+    only when something happened or is under way (``broker.service.wake``)."""
 
     def step(service: Leader) -> None:
-        if service.engine is not None:
-            service.engine.step()
+        engine, gate = service.engine, service.step_gate
+        if engine is None:
+            return
+        if gate is None:
+            engine.step()
+            return
+        if not gate.should_step():
+            return
+        _, before = gate.read()
+        engine.step()
+        gate.stepped(before)
 
     _as_leader(step)
 
