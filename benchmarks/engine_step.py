@@ -26,7 +26,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -44,13 +46,15 @@ import logging  # noqa: E402
 
 from sqlalchemy import event, select  # noqa: E402
 
+from broker.backends.local.claims import identity  # noqa: E402
 from broker.config.settings import load_settings  # noqa: E402
 from broker.engine import Engine  # noqa: E402
 from broker.engine.notices import record_backend_notice  # noqa: E402
+from broker.engine.parts import cluster_info  # noqa: E402
 from broker.model import JobState  # noqa: E402
 from broker.runtime import Runtime, assemble  # noqa: E402
 from broker.spec.job import parse_job_spec  # noqa: E402
-from broker.store.tables import AllocationRow, JobRow  # noqa: E402
+from broker.store.tables import AllocationRow, ClusterRow, JobRow  # noqa: E402
 from providers.base import SpotQuote  # noqa: E402
 from providers.trace import write_trace  # noqa: E402
 
@@ -148,9 +152,10 @@ def database(server: str | None) -> Iterator[str | None]:
 
 
 @contextlib.contextmanager
-def broker(home: Path, running: int, db_url: str | None) -> Iterator[tuple[Runtime, Engine]]:
+def broker(home: Path, running: int, db_url: str | None, seeded: bool) -> Iterator[tuple[Runtime, Engine]]:
     home.mkdir(parents=True, exist_ok=True)
-    settings = load_settings(home=home, market=market(home / "market.csv", running + 2), speed=60.0,
+    # Seeded runs never provision (but for the notice's replacement): a market minute is a wall minute.
+    settings = load_settings(home=home, market=market(home / "market.csv", running + 2), speed=1.0 if seeded else 60.0,
                              local_provision_seconds=60.0, max_gpus=running * GPUS_PER_NODE, pool_idle_seconds=0.0,
                              db_url=db_url)
     runtime = assemble(settings, fresh_market=True)
@@ -160,30 +165,93 @@ def broker(home: Path, running: int, db_url: str | None) -> Iterator[tuple[Runti
     finally:
         from broker.engine import machine
 
-        for job_id in engine.active_jobs():
-            machine.cancel_job(engine.store, job_id, engine.clock)
-        for _ in range(3):
-            engine.step()
+        if seeded:  # tear down only what the engine launched itself (the notice's replacement)
+            with engine.store.transaction() as s:
+                for row in s.scalars(select(ClusterRow).where(ClusterRow.launch_key != ClusterRow.id)):
+                    engine.provisioner.terminate(cluster_info(row))
+        else:
+            for job_id in engine.active_jobs():
+                machine.cancel_job(engine.store, job_id, engine.clock)
+            for _ in range(3):
+                engine.step()
         runtime.close()
 
 
-def one_size(queued: int, running: int, steps: int, baseline: bool, server: str | None) -> list[str]:
+@contextlib.contextmanager
+def stand_in() -> Iterator[int]:
+    """One process standing in for every seeded cluster's host and every node's agent."""
+    process = subprocess.Popen(["sleep", "100000"], start_new_session=True)
+    try:
+        yield process.pid
+    finally:
+        process.kill()
+        process.wait()
+
+
+def seed_running(engine: Engine, home: Path, count: int, pid: int) -> list[str]:
+    """``count`` jobs RUNNING, each on a spot cluster of its own that is UP, written straight into the
+    store and into the local cloud's files as its hosts and agents write them (``pid`` standing in for
+    all of them), so the engine reads and asks the backend exactly as for jobs it started itself."""
+    job_ids = submit(engine, home, count, "running", "training")
+    now = engine.clock.now()
+    root = home / "local" / "clusters"
+    with engine.store.transaction() as s:
+        for job_id in job_ids:
+            cluster_id = f"{job_id}-seeded"
+            directory = root / cluster_id
+            run = directory / "runs" / f"{job_id}-1"
+            (run / "node-0").mkdir(parents=True)
+            (directory / "cluster.json").write_text(json.dumps({"cluster_id": cluster_id}))
+            (directory / "status.json").write_text(json.dumps({"state": "UP", "host_pid": pid, "metadata_port": 1}))
+            (run / "gang.json").write_text(json.dumps({"nodes": 1, **identity(pid)}))
+            (run / "node-0" / "started").write_text(json.dumps(identity(pid)))
+            s.add(ClusterRow(id=cluster_id, launch_key=cluster_id, job_id=job_id, backend="local", cloud="aws",
+                             region="us-east-1", zone="us-east-1a", instance_type="p3.8xlarge", accelerator="V100",
+                             gpus_per_node=GPUS_PER_NODE, num_nodes=1, spot=True, price_per_node_hour=3.67,
+                             on_demand_price_per_node_hour=12.24, state="UP", created_at=now, up_at=now,
+                             metered_until=now, handle={"metadata_port": 1, "dir": str(directory)}))
+        s.flush()
+        for job in s.scalars(select(JobRow).where(JobRow.id.in_(job_ids))):
+            job.state, job.attempt, job.zones, job.started_at = JobState.RUNNING.value, 1, ["us-east-1a"], now
+            s.add(AllocationRow(job_id=job.id, cluster_id=f"{job.id}-seeded", attempt=1,
+                                gpus={"0": list(range(GPUS_PER_NODE))}, started_at=now, running_at=now))
+    return job_ids
+
+
+def start_running(engine: Engine, home: Path, count: int) -> list[str]:
+    """``count`` jobs started for real: a local cluster each, a host process and an agent per node."""
+    job_ids = submit(engine, home, count, "running", "training")
+    deadline = time.time() + 300
+    while states(engine).get("RUNNING", 0) < count:
+        if time.time() > deadline:
+            raise SystemExit(f"the {count} running jobs did not start: {states(engine)}")
+        engine.step()
+        time.sleep(0.1)
+    return job_ids
+
+
+def next_tick(engine: Engine) -> None:
+    """Wait for the market's next tick: the step after it reviews every running job's place once."""
+    tick = engine.parts.market.tick_seconds or 60.0
+    market_now = engine.clock.now().timestamp()
+    time.sleep(((market_now // tick + 1) * tick - market_now) / engine.clock.speed + 0.05)
+
+
+def one_size(queued: int, running: int, steps: int, baseline: bool, server: str | None, seeded: bool) -> list[str]:
     lines = []
-    with tempfile.TemporaryDirectory(prefix="engine-step-") as tmp, database(server) as db_url:
+    with tempfile.TemporaryDirectory(prefix="engine-step-") as tmp, database(server) as db_url, \
+            stand_in() as pid:
         home = Path(tmp) / "home"
-        with broker(home, running, db_url) as (runtime, engine):
+        with broker(home, running, db_url, seeded) as (runtime, engine):
             count = counting(engine.store.engine)
-            first = submit(engine, home, running, "running", "training")
-            deadline = time.time() + 300
-            while states(engine).get("RUNNING", 0) < running:
-                if time.time() > deadline:
-                    raise SystemExit(f"the {running} running jobs did not start: {states(engine)}")
-                engine.step()
-                time.sleep(0.1)
+            first = seed_running(engine, home, running, pid) if seeded else start_running(engine, home, running)
             submit(engine, home, queued, "queued", "training")
             new = measure(engine.step, count, 1)
-            steady = measure(engine.step, count, steps)
             lines.append(new.line("new:first"))
+            if seeded:
+                next_tick(engine)
+                lines.append(measure(engine.step, count, 1).line("new:tick"))
+            steady = measure(engine.step, count, steps)
             lines.append(steady.line("new:steady"))
             if baseline:
                 old = runtime.engine(engine.options.broker_url, queue_fast_path=False)
@@ -213,15 +281,19 @@ def main() -> None:
     parser.add_argument("--running", type=int, default=10)
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--baseline-max", type=int, default=1000)
+    parser.add_argument("--seed-running", action="store_true",
+                        help="write the running jobs straight into the store and the local cloud's files, one process "
+                             "standing in for every host and agent (thousands of running jobs on a small machine)")
     parser.add_argument("--postgres", default=None,
                         help="a PostgreSQL admin URL: each size gets a fresh database there (default: SQLite)")
     args = parser.parse_args()
     logging.getLogger("broker").setLevel(logging.WARNING)
     sizes = [int(n) for n in args.queued.split(",")]
-    print(f"{args.running} running, store {'SQLite' if args.postgres is None else 'PostgreSQL'}")
+    print(f"{args.running} running ({'seeded' if args.seed_running else 'started'}), "
+          f"store {'SQLite' if args.postgres is None else 'PostgreSQL'}")
     print(f"{'queued':>7} {'path':<10} {'median s':>9} {'p95 s':>9} {'statements':>11} {'txns':>8}")
     for n in sizes:
-        for line in one_size(n, args.running, args.steps, n <= args.baseline_max, args.postgres):
+        for line in one_size(n, args.running, args.steps, n <= args.baseline_max, args.postgres, args.seed_running):
             print(f"{n:>7} {line}", flush=True)
 
 

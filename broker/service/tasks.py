@@ -92,7 +92,7 @@ def engine_step() -> None:
             return
         if not gate.should_step():
             return
-        _, before = gate.read()
+        *_, before = gate.read()
         engine.step()
         gate.stepped(before)
 

@@ -42,7 +42,7 @@ def runtime(db_url: str, tmp_path: Path) -> Iterator[Runtime]:
 
 def _quiet(gate: StepGate) -> None:
     """A step that wrote nothing: the gate remembers the store as it is now."""
-    _, before = gate.read()
+    *_, before = gate.read()
     gate.stepped(before)
 
 
@@ -55,7 +55,7 @@ def test_an_idle_engine_steps_only_when_something_happens(runtime: Runtime) -> N
 
     (job_id,) = runtime.submit(parse_job_spec(JOB, source=str(runtime.settings.home / "w.yaml"), offline=True))
     assert gate.should_step()  # a new job
-    _, before = gate.read()
+    *_, before = gate.read()
     with runtime.store.transaction() as s:  # the step itself wrote something: step again
         s.add(ProgressRow(job_id=job_id, attempt=1, step=1, at=runtime.clock.now()))
     gate.stepped(before)
@@ -74,10 +74,19 @@ def test_an_idle_engine_steps_only_when_something_happens(runtime: Runtime) -> N
     _quiet(gate)
     assert not gate.should_step()
 
-    with runtime.store.transaction() as s:  # a job under way: its backend must be watched
+    with runtime.store.transaction() as s:  # a job running: its backend is asked every WATCH_S
         job = s.get(JobRow, job_id)
         assert job is not None
         job.state = JobState.RUNNING.value
+    _quiet(gate)
+    assert not gate.should_step()
+    ticks.now += gate.watch_s + 0.01
+    assert gate.should_step()
+
+    with runtime.store.transaction() as s:  # a job in flight: asked every tick
+        job = s.get(JobRow, job_id)
+        assert job is not None
+        job.state = JobState.PROVISIONING.value
     _quiet(gate)
     assert gate.should_step()
 
