@@ -59,6 +59,12 @@ def submit_job(store: Store, clock: Clock, spec: JobSpec, home: Path, backend: s
         return _add_job(s, clock, spec, home, backend)
 
 
+def submit_jobs(store: Store, clock: Clock, specs: list[JobSpec], home: Path, backend: str) -> list[str]:
+    """Record many validated jobs as PENDING in one transaction (a backlog arriving at once)."""
+    with store.transaction() as s:
+        return [_add_job(s, clock, spec, home, backend) for spec in specs]
+
+
 def submit_pipeline(store: Store, clock: Clock, pipeline: Pipeline, home: Path, backend: str) -> list[str]:
     """Record every stage of a pipeline as a PENDING job, in one transaction. In a chain each stage
     waits for the one before it to succeed (``broker.engine.stages``); a group's stages run together."""
