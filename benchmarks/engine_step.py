@@ -1,25 +1,35 @@
-"""The engine's step against the size of the queue: time, SQL statements and transactions per step.
+"""The engine's step against the size of the queue and of the running fleet: time, SQL statements and
+transactions per step.
 
-    python benchmarks/engine_step.py [--queued 10,100,1000] [--running 10] [--steps 5]
+    python benchmarks/engine_step.py [--queued 10,100,1000] [--running 10] [--steps 5] [--seed-running]
                                      [--baseline-max 1000] [--postgres postgresql://USER@HOST:5432/postgres]
 
 For each queue size N it builds a fresh embedded broker (the local backend, its store on SQLite, or
-with ``--postgres`` on a fresh database created on that server and dropped after), starts
-``--running`` jobs for real (local clusters, each a host process and an agent per node) with the
-pool capped at their GPUs (``max_gpus``), then queues N more jobs behind that cap and drives
-``Engine.step()`` in-process:
+with ``--postgres`` on a fresh database created on that server and dropped after) with ``--running``
+jobs RUNNING and the pool capped at their GPUs (``max_gpus``), queues N more jobs behind that cap
+(stored at once, as a backlog arriving) and drives ``Engine.step()`` in-process:
 
-- the first step after the N jobs arrive (every queued job is new to the engine: the batch a
-  change of capacity costs), then ``--steps`` steps in which nothing changes (median and p95);
+- ``new:first``: the first step after the N jobs arrive (every queued job is new to the engine: the
+  batch a change of capacity costs; the running jobs' places are reviewed too, once per market tick);
+- ``new:tick`` (seeded runs): the first step after the market's next tick, which reviews every
+  running job's place once (the selection policy asked for each);
+- ``new:steady``: ``--steps`` steps in which nothing changes (median and p95);
 - a notice's time to act: a termination notice recorded for one running cluster, then one step,
   timed until that job is CHECKPOINTING;
 - statements (SQLAlchemy ``before_cursor_execute``) and transactions (``begin``) per step, which do
   not depend on the machine.
 
+The running jobs are started for real (a local cluster each: a host process and an agent per node)
+or, with ``--seed-running``, written straight into the store (a spot cluster each, UP, with its
+allocation) and into the local cloud's files as its hosts and agents write them, one process
+standing in for all of them: the engine reads the store and asks the backend exactly as it does for
+jobs it started itself, and thousands of running jobs fit a small machine. Seeded runs play the
+market at wall speed (a tick a minute), so steady steps fall between ticks.
+
 Baseline, measured in the same run on the same store: the same steps by an engine built with
-``queue_fast_path=False``, which takes every queued job through the full decision on every pass,
-as the engine did before (skipped above ``--baseline-max`` queued jobs, where one step takes
-minutes; its statements grow linearly, so the printed slope says what it would cost).
+``queue_fast_path=False``, which takes every queued and every running job through the full decision
+on every pass, as the engine did before (skipped above ``--baseline-max`` queued jobs, where one step
+takes minutes; its statements grow linearly, so the printed slope says what it would cost).
 """
 
 from __future__ import annotations
