@@ -37,6 +37,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import signal
 import statistics
 import subprocess
 import sys
@@ -124,10 +125,11 @@ def measure(step: Callable[[], None], count: Count, repeat: int) -> Figures:
     return figures
 
 
-def market(path: Path, nodes: int) -> Path:
+def market(path: Path, nodes: int, tick_minutes: int = 1) -> Path:
     origin = datetime(2026, 1, 1, tzinfo=UTC)
     write_trace(path, [SpotQuote("aws", "us-east-1", "us-east-1a", "p3.8xlarge", "V100", GPUS_PER_NODE, 3.67, 12.24,
-                                 origin + timedelta(minutes=m), available_nodes=nodes) for m in range(24 * 60)])
+                                 origin + timedelta(minutes=m), available_nodes=nodes)
+                       for m in range(0, 24 * 60, tick_minutes)])
     return path
 
 
@@ -174,7 +176,9 @@ def database(server: str | None) -> Iterator[str | None]:
 def broker(home: Path, running: int, db_url: str | None, seeded: bool) -> Iterator[tuple[Runtime, Engine]]:
     home.mkdir(parents=True, exist_ok=True)
     # Seeded runs never provision (but for the notice's replacement): a market minute is a wall minute.
-    settings = load_settings(home=home, market=market(home / "market.csv", running + 2), speed=1.0 if seeded else 60.0,
+    # (and its market ticks every 5 minutes, as often as a live market's running jobs are reviewed)
+    settings = load_settings(home=home, market=market(home / "market.csv", running + 2, 5 if seeded else 1),
+                             speed=1.0 if seeded else 60.0,
                              local_provision_seconds=60.0, max_gpus=running * GPUS_PER_NODE, pool_idle_seconds=0.0,
                              db_url=db_url)
     runtime = assemble(settings, fresh_market=True)
@@ -249,11 +253,15 @@ def start_running(engine: Engine, home: Path, count: int) -> list[str]:
     return job_ids
 
 
-def next_tick(engine: Engine) -> None:
-    """Wait for the market's next tick: the step after it reviews every running job's place once."""
-    tick = engine.parts.market.tick_seconds or 60.0
-    market_now = engine.clock.now().timestamp()
-    time.sleep(((market_now // tick + 1) * tick - market_now) / engine.clock.speed + 0.05)
+def seed_first_look(engine: Engine, job_ids: list[str]) -> None:
+    """What a queued job's first look writes when the pool is full (``fleet_full``, through the engine's
+    own writer), for every job of the backlog at once: the steps measured are those after it."""
+    from broker.engine.clusters import record_blocked
+
+    for start in range(0, len(job_ids), 1000):
+        with engine.store.transaction() as s:
+            for job in s.scalars(select(JobRow).where(JobRow.id.in_(job_ids[start:start + 1000]))):
+                record_blocked(engine.parts, s, job, "fleet_full", max_gpus=engine.options.max_gpus)
 
 
 def one_size(queued: int, running: int, steps: int, baseline: bool, server: str | None, seeded: bool) -> list[str]:
@@ -264,12 +272,11 @@ def one_size(queued: int, running: int, steps: int, baseline: bool, server: str 
         with broker(home, running, db_url, seeded) as (runtime, engine):
             count = counting(engine.store.engine)
             first = seed_running(engine, home, running, pid) if seeded else start_running(engine, home, running)
-            submit(engine, home, queued, "queued", "training")
+            waiting = submit(engine, home, queued, "queued", "training")
+            if seeded:
+                seed_first_look(engine, waiting)
             new = measure(engine.step, count, 1)
             lines.append(new.line("new:first"))
-            if seeded:
-                next_tick(engine)
-                lines.append(measure(engine.step, count, 1).line("new:tick"))
             steady = measure(engine.step, count, steps)
             lines.append(steady.line("new:steady"))
             if baseline:
@@ -306,6 +313,7 @@ def main() -> None:
     parser.add_argument("--postgres", default=None,
                         help="a PostgreSQL admin URL: each size gets a fresh database there (default: SQLite)")
     args = parser.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stopped: tear down what it started, then go
     logging.getLogger("broker").setLevel(logging.WARNING)
     sizes = [int(n) for n in args.queued.split(",")]
     print(f"{args.running} running ({'seeded' if args.seed_running else 'started'}), "

@@ -19,12 +19,15 @@ import argparse
 import logging
 import sys
 import tempfile
+import threading
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from sqlalchemy import event  # noqa: E402
 
 from broker.config.settings import load_settings  # noqa: E402
 from broker.engine import machine  # noqa: E402
@@ -68,14 +71,17 @@ def main() -> None:
         write_trace(trace, [SpotQuote("aws", "us-east-1", "us-east-1a", "p3.8xlarge", "V100", 4, 3.67, 12.24,
                                       origin + timedelta(minutes=m), available_nodes=args.running + 2)
                             for m in range(24 * 60)])
+        # A long lease: on a loaded machine a starved renewal must not fence the leader mid-measurement.
         settings = load_settings(home=home, market=trace, speed=1.0, local_provision_seconds=2.0,
-                                 max_gpus=4 * args.running, serve_port=0, pool_idle_seconds=0.0)
+                                 max_gpus=4 * args.running, serve_port=0, pool_idle_seconds=0.0,
+                                 leader_check_seconds=20.0)
         service = Service(settings)
         try:
             for i in range(args.running + args.pending):
                 service.runtime.submit(parse_job_spec(JOB.format(name=f"j{i}"), source=str(home / "j.yaml")))
             service._campaign()  # lead: the scheduler starts stepping the engine
             assert service.leading
+            threading.Thread(target=service._renew, daemon=True, name="lease").start()
             deadline = time.time() + 600
             while counts(service).get(JobState.RUNNING.value, 0) < args.running:
                 if time.time() > deadline:
@@ -84,22 +90,31 @@ def main() -> None:
             time.sleep(10.0)  # the queue's first look, then nothing moves
             print(f"{args.pending} pending, {args.running} running, poll_seconds {settings.poll_seconds}: "
                   f"{counts(service)}")
+            statements = [0]
+            event.listen(service.runtime.store.engine, "before_cursor_execute",
+                         lambda *_: statements.__setitem__(0, statements[0] + 1))
             gated = cpu_share(args.seconds)
-            print(f"gated       CPU {100 * gated:5.1f} % of one core over {args.seconds:.0f} s", flush=True)
+            print(f"gated       CPU {100 * gated:5.1f} % of one core over {args.seconds:.0f} s, "
+                  f"{statements[0]} statements", flush=True)
             gate, service.step_gate = service.step_gate, None
+            statements[0] = 0
             every = cpu_share(args.seconds)
-            print(f"every tick  CPU {100 * every:5.1f} % of one core over {args.seconds:.0f} s (baseline)", flush=True)
+            print(f"every tick  CPU {100 * every:5.1f} % of one core over {args.seconds:.0f} s, "
+                  f"{statements[0]} statements (baseline)", flush=True)
             service.step_gate = gate
+            if not service.confirm_leadership():
+                raise SystemExit("the leader lost its lease during the measurement: the figures are void")
         finally:
-            if service.engine is not None:
-                for job_id in service.engine.active_jobs():
-                    machine.cancel_job(service.runtime.store, job_id, service.runtime.clock)
-                for _ in range(3):
-                    service.engine.step()
+            service._stop.set()  # the lease's renewal ends
             service.lock.close()
             service._stop_scheduler()
             tasks.drain(10.0)
             tasks.bind(None)
+            engine = service.runtime.engine(None)  # unfenced: tear down what the leader started
+            for job_id in engine.active_jobs():
+                machine.cancel_job(service.runtime.store, job_id, service.runtime.clock)
+            for _ in range(3):
+                engine.step()
             service.runtime.store.dispose()
             service.socket.close()
 
