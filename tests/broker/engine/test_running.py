@@ -54,19 +54,27 @@ def _local_cloud(home: Path, store: Store, pid: int) -> None:
 
 
 def _stir(home: Path, store: Store, seed: int) -> None:
-    """Give the running jobs each something different: most were asked for a checkpoint a minute ago (not
-    due), a few were not (due); one run succeeded, one failed; one cluster has a notice; one job owns its cluster."""
+    """Give the running jobs each something different: one cluster has a notice; elsewhere one run
+    succeeded, one failed, one job owns its cluster and one is due a checkpoint (the four above any
+    queued job's priority, so none is preempted first); of the rest, most were asked for a checkpoint
+    a minute ago (not due) and a few were not (due)."""
     rng = random.Random(seed)
     engine = _engine(home, store)
     now = engine.clock.now()
     with store.transaction() as s:
         running = list(s.scalars(select(JobRow).where(JobRow.state == JobState.RUNNING.value).order_by(JobRow.id)))
-        for job in running:
-            if rng.random() < 0.8:
-                s.add(JobEventRow(job_id=job.id, at=now - timedelta(minutes=1), kind=ASKED, detail={}))
-        ended, failed, owner = rng.sample(running, 3)
         allocs = {a.job_id: a for a in s.scalars(select(AllocationRow).where(
             AllocationRow.ended_at.is_(None), AllocationRow.job_id.in_([job.id for job in running])))}
+        noticed = rng.choice(sorted({a.cluster_id for a in allocs.values()}))
+        # the runs that end, fail or own their cluster are elsewhere: a notice comes first on its cluster
+        elsewhere = [job for job in running if allocs[job.id].cluster_id != noticed]
+        ended, failed, owner, due = rng.sample(elsewhere, 4)
+        for job in (ended, failed, owner, due):
+            job.priority = 10_000  # no queued job may take their GPUs first
+        for job in running:
+            if job is due or rng.random() < 0.2:
+                continue  # 30 minutes running, never asked: a checkpoint is due
+            s.add(JobEventRow(job_id=job.id, at=now - timedelta(minutes=1), kind=ASKED, detail={}))
         for job, code in ((ended, 0), (failed, 1)):
             alloc = allocs[job.id]
             node = home / "local" / "clusters" / alloc.cluster_id / "runs" / f"{job.id}-1" / "node-0"
@@ -74,7 +82,6 @@ def _stir(home: Path, store: Store, seed: int) -> None:
         cluster = s.get(ClusterRow, allocs[owner.id].cluster_id)
         assert cluster is not None
         cluster.job_id = owner.id
-        noticed = next(a.cluster_id for j, a in allocs.items() if a.cluster_id != cluster.id)
     record_notice(store, engine.clock, Notice(noticed, "terminate", action_time=now + timedelta(minutes=2)),
                   source="backend")
 
