@@ -46,6 +46,7 @@ class Reads:
                 self.points[row.job_id].append(row)
         self.history: dict[tuple[str, str], list[JobRow]] = {}
         self.allocations: dict[str, list[AllocationRow]] = {}
+        self._allocations_of(ids)  # every predicted job's own run time, at once
 
     def progress_rows(self, job: JobRow) -> list[ProgressRow]:
         return self.points.get(job.id, [])
