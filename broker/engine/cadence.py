@@ -21,6 +21,7 @@ The job is asked by the same signal a notice sends, and the request is an event 
 from __future__ import annotations
 
 import statistics
+from collections.abc import Callable, Iterable
 from datetime import datetime, timedelta
 
 from sqlalchemy import func, select
@@ -60,22 +61,12 @@ class Cadence:
         asked = s.scalar(select(func.max(JobEventRow.at)).where(JobEventRow.job_id == job.id,
                                                                  JobEventRow.kind == ASKED, JobEventRow.at >= began))
         newest = checkpoint_reports.newest(s, job)
-        # The next one is due an interval after the newest of: the start of this attempt, the last
-        # checkpoint reported and the last one asked for (answered or not: asking again at once
-        # would only interrupt a job that is slow to answer).
-        since = max([began, *(t for t in (asked, newest.written_at if newest else None) if t is not None)])
         measured = self.checkpoint_seconds(s, job)
-        if measured is None:
-            interval, why = FIXED_INTERVAL_S, "to measure how long a checkpoint takes"
-        else:
-            plan = self.policy(CheckpointRequest(
-                hazard_per_s=zone_hazard(s, cluster, now, self.cloud_uptime(cluster, now)), checkpoint_s=measured,
-                notice_s=NOTICE_LEAD_SECONDS.get(cluster.cloud, 0.0)))
-            if plan.interval_s is None:
-                return
-            interval, why = plan.interval_s, plan.reason
-        if now - since < timedelta(seconds=interval):
+        due = self.due(now, began, asked, newest.written_at if newest else None, measured,
+                       lambda: zone_hazard(s, cluster, now, self.cloud_uptime(cluster, now)), cluster.cloud)
+        if due is None:
             return
+        interval, why = due
         signal = self.parts.spec_of(job).broker.checkpoint.signal
         after.signals.append((cluster_info(cluster), job.id, job.attempt, signal))
         self.parts.event(s, job.id, ASKED, interval_s=round(interval, 1), checkpoint_s=measured, reason=why)
@@ -88,6 +79,27 @@ class Cadence:
         except (LookupError, ProviderError):
             return None  # the market no longer quotes it: the default prior, never a failed step
         return prior_uptime_s(quote)
+
+    def due(self, now: datetime, began: datetime, asked: datetime | None, newest: datetime | None,
+            measured: float | None, hazard: Callable[[], float], cloud: str,
+            margin: timedelta = timedelta(0)) -> tuple[float, str] | None:
+        """(interval, why) when a checkpoint is due now, else None; ``hazard`` is read only once one
+        is measured. ``margin``: say due that much early (a caller that only wants to know it is not)."""
+        # The next one is due an interval after the newest of: the start of this attempt, the last
+        # checkpoint reported and the last one asked for (answered or not: asking again at once
+        # would only interrupt a job that is slow to answer).
+        since = max([began, *(t for t in (asked, newest) if t is not None)])
+        if measured is None:
+            interval, why = FIXED_INTERVAL_S, "to measure how long a checkpoint takes"
+        else:
+            plan = self.policy(CheckpointRequest(hazard_per_s=hazard(), checkpoint_s=measured,
+                                                 notice_s=NOTICE_LEAD_SECONDS.get(cloud, 0.0)))
+            if plan.interval_s is None:
+                return None
+            interval, why = plan.interval_s, plan.reason
+        if now - since < timedelta(seconds=interval) - margin:
+            return None
+        return interval, why
 
     def checkpoint_seconds(self, s: Session, job: JobRow) -> float | None:
         """The job's measured checkpoint time (median of its latest ones), or None before any.
@@ -118,13 +130,22 @@ class Cadence:
         return statistics.median(samples) if samples else None
 
 
+HAZARD_COLUMNS = (ClusterRow.up_at, ClusterRow.terminated_at, ClusterRow.state, ClusterRow.teardown_reason)
+
+
 def zone_hazard(s: Session, cluster: ClusterRow, now: datetime, prior_uptime: float | None = None) -> float:
     """Preemptions per second of spot time the broker ran in the cluster's zone and instance type,
     blended with a prior of one preemption per ``prior_uptime`` seconds (a day when None)."""
-    rows = s.execute(select(ClusterRow.up_at, ClusterRow.terminated_at, ClusterRow.state, ClusterRow.teardown_reason)
+    rows = s.execute(select(*HAZARD_COLUMNS)
                      .where(ClusterRow.cloud == cluster.cloud, ClusterRow.zone == cluster.zone,
                             ClusterRow.instance_type == cluster.instance_type, ClusterRow.spot.is_(True),
                             ClusterRow.up_at.is_not(None)))
+    return hazard_of(rows, now, prior_uptime)
+
+
+def hazard_of(rows: Iterable[tuple[datetime | None, datetime | None, str, str | None]], now: datetime,
+              prior_uptime: float | None = None) -> float:
+    """``zone_hazard`` over one zone's spot clusters (up_at, terminated_at, state, teardown_reason)."""
     preemptions, seconds = 0, 0.0
     for up_at, ended, state, reason in rows:
         if up_at is None:

@@ -17,13 +17,13 @@ from datetime import datetime
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from broker.backends.base import ClusterPhase
+from broker.backends.base import ClusterPhase, ClusterStatus
 from broker.engine import autoscale, packing
 from broker.engine.checkpoints import end_allocation
 from broker.engine.notices import record_backend_notice
 from broker.engine.parts import AfterCommit, Parts, cluster_info, jsonable
 from broker.errors import BrokerError
-from broker.model import LIVE_CLUSTER_STATES, ClusterState, JobState, TeardownReason
+from broker.model import ACTIVE_STATES, LIVE_CLUSTER_STATES, ClusterState, JobState, TeardownReason
 from broker.store.tables import AllocationRow, ClusterRow, JobEventRow, JobRow
 from broker.tokens import token_digest
 from policies.selection import IDLE, ON_DEMAND, Plan
@@ -65,6 +65,8 @@ def sync(parts: Parts) -> None:
             continue
         if status.notice_action_at is not None:
             record_backend_notice(parts.store, parts.clock, row.id, status.notice_action_at)
+        if _unchanged(row, status):
+            continue
         with parts.store.transaction() as s:
             current = s.get(ClusterRow, row.id)
             if current is None or current.state != row.state:
@@ -88,6 +90,14 @@ def sync(parts: Parts) -> None:
                 current.terminated_at = min(status.ended_at or now, now)
                 if current.up_at is None:
                     current.up_at = current.terminated_at
+
+
+def _unchanged(row: ClusterRow, status: ClusterStatus) -> bool:
+    """The backend says of the cluster what its row already holds: sync has nothing to write."""
+    same_state = (status.phase is ClusterPhase.PROVISIONING
+                  or (status.phase is ClusterPhase.UP and row.state != ClusterState.PROVISIONING))
+    handle = row.handle or {}
+    return same_state and all(handle.get(key) == value for key, value in status.handle.items())
 
 
 def fleet_gpus(s: Session, leaving: str | Collection[str] | None = None) -> int:
@@ -181,12 +191,29 @@ def reap(parts: Parts) -> None:
     after = AfterCommit()
     now = parts.clock.now()
     with parts.store.transaction() as s:
-        for row in s.scalars(select(ClusterRow).where(ClusterRow.state.in_(HOLDING))):
-            for alloc in _open_allocations(s, row.id):
-                holder = s.get(JobRow, alloc.job_id)
-                if holder is None or JobState(holder.state).terminal:
-                    end_allocation(alloc, holder.state.lower() if holder else "orphaned", now)
-            if not packing.claims(s, row.id) and not autoscale.keep(parts, s, row, now):
+        holding = list(s.scalars(select(ClusterRow).where(ClusterRow.state.in_(HOLDING))))
+        # Read for every cluster at once: the open allocations with their holders' states, and the
+        # clusters an active job is heading to with GPUs claimed (``packing.claims``, batched).
+        open_allocs: dict[str, list[tuple[AllocationRow, str | None]]] = {}
+        state: str | None
+        for alloc, state in s.execute(select(AllocationRow, JobRow.state.label("holder"))
+                                      .outerjoin(JobRow, JobRow.id == AllocationRow.job_id)
+                                      .join(ClusterRow, ClusterRow.id == AllocationRow.cluster_id)
+                                      .where(AllocationRow.ended_at.is_(None), ClusterRow.state.in_(HOLDING))
+                                      .order_by(AllocationRow.id)):
+            open_allocs.setdefault(alloc.cluster_id, []).append((alloc, state))
+        headed = {cid for cid, gpus in s.execute(
+            select(JobRow.target_cluster_id, JobRow.target_gpus)
+            .join(ClusterRow, ClusterRow.id == JobRow.target_cluster_id)
+            .where(JobRow.state.in_(ACTIVE_STATES), ClusterRow.state.in_(HOLDING))) if gpus}
+        for row in holding:
+            held = False
+            for alloc, state in open_allocs.get(row.id, []):
+                if state is None or JobState(state).terminal:
+                    end_allocation(alloc, state.lower() if state else "orphaned", now)
+                else:
+                    held = True
+            if not held and row.id not in headed and not autoscale.keep(parts, s, row, now):
                 release(row, now, TeardownReason.IDLE)
         for row in s.scalars(select(ClusterRow).where(ClusterRow.state == ClusterState.TERMINATING.value)):
             after.terminations.append(cluster_info(row))

@@ -9,37 +9,97 @@ clock, and later how far off the predictions of finished jobs were.
 
 from __future__ import annotations
 
+from collections import defaultdict
+from collections.abc import Iterable
 from datetime import datetime, timedelta
 
-from sqlalchemy import select
+from sqlalchemy import Select, func, select
 from sqlalchemy.orm import Session
 
 from broker.engine.checkpoints import progress_s
 from broker.model import JobState
 from broker.store import Store
-from broker.store.tables import JobRow, PredictionRow, ProgressRow
+from broker.store.tables import AllocationRow, JobRow, PredictionRow, ProgressRow
 from policies.prediction import Prediction, PredictionRequest, ProgressPoint, predict
 
 RECORD_EVERY = timedelta(seconds=30)
 MAX_POINTS = 400  # the latest progress reports a prediction reads (bounded memory per job)
 MAX_HISTORY = 200  # earlier jobs of the same name and team
+CHUNK = 500  # ids per IN (...) list
 
 
-def prediction_request(s: Session, job: JobRow, now: datetime) -> PredictionRequest:
-    rows = list(s.scalars(select(ProgressRow).where(ProgressRow.job_id == job.id)
-                          .order_by(ProgressRow.at.desc(), ProgressRow.id.desc()).limit(MAX_POINTS)))
+class Reads:
+    """What ``record`` reads for all the jobs it predicts at once (a few statements, not a few per job):
+    their progress reports, the allocations ``progress_s`` sums, and each name and team's earlier jobs."""
+
+    def __init__(self, s: Session, jobs: list[JobRow], now: datetime) -> None:
+        self.s, self.now = s, now
+        self.points: dict[str, list[ProgressRow]] = defaultdict(list)
+        ids = [job.id for job in jobs]
+        rank = func.row_number().over(partition_by=ProgressRow.job_id,
+                                      order_by=(ProgressRow.at.desc(), ProgressRow.id.desc())).label("rank")
+        for chunk in range(0, len(ids), CHUNK):
+            ranked = select(ProgressRow.id, rank).where(ProgressRow.job_id.in_(ids[chunk:chunk + CHUNK])).subquery()
+            for row in s.scalars(select(ProgressRow).join(ranked, ranked.c.id == ProgressRow.id)
+                                 .where(ranked.c.rank <= MAX_POINTS)
+                                 .order_by(ProgressRow.at.desc(), ProgressRow.id.desc())):
+                self.points[row.job_id].append(row)
+        self.history: dict[tuple[str, str], list[JobRow]] = {}
+        self.allocations: dict[str, list[AllocationRow]] = {}
+        self._allocations_of(ids)  # every predicted job's own run time, at once
+
+    def progress_rows(self, job: JobRow) -> list[ProgressRow]:
+        return self.points.get(job.id, [])
+
+    def earlier(self, job: JobRow) -> list[JobRow]:
+        key = (job.name, job.team)
+        if key not in self.history:  # one more than kept: the job itself may be among them
+            self.history[key] = list(self.s.scalars(_history_query(job).limit(MAX_HISTORY + 1)))
+            self._allocations_of([j.id for j in self.history[key]])
+        return [other for other in self.history[key] if other.id != job.id][:MAX_HISTORY]
+
+    def progress_s(self, job: JobRow) -> float:
+        self._allocations_of([job.id])
+        done = sum(max(((a.ended_at or self.now) - (a.running_at or a.started_at)).total_seconds(), 0.0)
+                   for a in self.allocations[job.id])
+        return max(done - job.work_lost_s, 0.0)
+
+    def _allocations_of(self, job_ids: list[str]) -> None:
+        missing = [j for j in job_ids if j not in self.allocations]
+        for job_id in missing:
+            self.allocations[job_id] = []
+        for chunk in range(0, len(missing), CHUNK):
+            wanted = missing[chunk:chunk + CHUNK]
+            for alloc in self.s.scalars(select(AllocationRow).where(AllocationRow.job_id.in_(wanted))
+                                        .order_by(AllocationRow.id)):
+                self.allocations[alloc.job_id].append(alloc)
+
+
+def _history_query(job: JobRow) -> Select[JobRow]:
+    return (select(JobRow).where(JobRow.name == job.name, JobRow.team == job.team,
+                                 JobRow.state.in_([JobState.SUCCEEDED.value, JobState.RUNNING.value]))
+            .order_by(JobRow.created_at.desc()))
+
+
+def prediction_request(s: Session, job: JobRow, now: datetime, reads: Reads | None = None) -> PredictionRequest:
+    if reads is not None:
+        rows = list(reads.progress_rows(job))
+    else:
+        rows = list(s.scalars(select(ProgressRow).where(ProgressRow.job_id == job.id)
+                              .order_by(ProgressRow.at.desc(), ProgressRow.id.desc()).limit(MAX_POINTS)))
     rows.reverse()
     total = next((r.total for r in reversed(rows) if r.total), None)
     points = tuple(ProgressPoint((r.at - now).total_seconds(), int(r.step), r.attempt) for r in rows)
     finished: list[float] = []
     running: list[float] = []
-    earlier = s.scalars(select(JobRow).where(JobRow.name == job.name, JobRow.team == job.team, JobRow.id != job.id,
-                                             JobRow.state.in_([JobState.SUCCEEDED.value, JobState.RUNNING.value]))
-                        .order_by(JobRow.created_at.desc()).limit(MAX_HISTORY))
+    earlier: Iterable[JobRow] = reads.earlier(job) if reads is not None else \
+        s.scalars(_history_query(job).where(JobRow.id != job.id).limit(MAX_HISTORY))
     for other in earlier:
-        (finished if other.state == JobState.SUCCEEDED.value else running).append(progress_s(s, other, now))
+        done = reads.progress_s(other) if reads is not None else progress_s(s, other, now)
+        (finished if other.state == JobState.SUCCEEDED.value else running).append(done)
+    ran = reads.progress_s(job) if reads is not None else progress_s(s, job, now)
     return PredictionRequest(now_s=0.0, total_steps=int(total) if total else None, progress=points,
-                             work_s=job.work_s, ran_s=progress_s(s, job, now),
+                             work_s=job.work_s, ran_s=ran,
                              history_s=tuple(finished), running_s=tuple(running))
 
 
@@ -53,14 +113,31 @@ def latest(s: Session, job_id: str) -> PredictionRow | None:
                     .order_by(PredictionRow.made_at.desc(), PredictionRow.id.desc()).limit(1))
 
 
+def _latest_of(s: Session, job_ids: list[str]) -> dict[str, tuple[int, datetime]]:
+    """``latest`` for many jobs at once: job -> (attempt, made_at) of its newest prediction."""
+    rank = func.row_number().over(partition_by=PredictionRow.job_id,
+                                  order_by=(PredictionRow.made_at.desc(), PredictionRow.id.desc())).label("rank")
+    found: dict[str, tuple[int, datetime]] = {}
+    for chunk in range(0, len(job_ids), CHUNK):
+        ranked = (select(PredictionRow.job_id, PredictionRow.attempt, PredictionRow.made_at, rank)
+                  .where(PredictionRow.job_id.in_(job_ids[chunk:chunk + CHUNK])).subquery())
+        found.update({job_id: (attempt, made_at) for job_id, attempt, made_at in s.execute(
+            select(ranked.c.job_id, ranked.c.attempt, ranked.c.made_at).where(ranked.c.rank == 1))})
+    return found
+
+
 def record(store: Store, now: datetime) -> None:
     """Keep a fresh prediction for every running job whose last one is older than ``RECORD_EVERY``."""
     with store.transaction() as s:
-        for job in s.scalars(select(JobRow).where(JobRow.state == JobState.RUNNING.value)):
-            last = latest(s, job.id)
-            if last is not None and last.attempt == job.attempt and now - last.made_at < RECORD_EVERY:
-                continue
-            found = predict_job(s, job, now)
+        jobs = list(s.scalars(select(JobRow).where(JobRow.state == JobState.RUNNING.value)))
+        last = _latest_of(s, [job.id for job in jobs])
+        due = [job for job in jobs if not (job.id in last and last[job.id][0] == job.attempt
+                                          and now - last[job.id][1] < RECORD_EVERY)]
+        if not due:
+            return
+        reads = Reads(s, due, now)
+        for job in due:
+            found = predict(prediction_request(s, job, now, reads))
             if found is None:
                 continue
             s.add(PredictionRow(job_id=job.id, attempt=job.attempt, made_at=now, source=found.source,

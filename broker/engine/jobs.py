@@ -46,7 +46,8 @@ class JobStepper:
 
     def advance(self, job_id: str, view: QueueView | None = None) -> bool:
         """Move one job on by at most one transition, then start it if its GPUs are ready. True when
-        anything may have changed for the others (its state moved, or the provisioner was called).
+        anything may have changed for the others (its state moved, or the provisioner was called for more
+        than asking it to checkpoint).
         ``view``: the queue as this pass reads it, to pass over the doors it says are shut."""
         parts = self.parts
         after = AfterCommit()
@@ -66,7 +67,7 @@ class JobStepper:
             elif state is JobState.CHECKPOINTING:
                 self._from_checkpointing(s, job, after)
         self._carry_out(after)
-        moved = JobState(job.state) is not state or after.called
+        moved = JobState(job.state) is not state or after.changed_others
         if job.state in (JobState.PROVISIONING.value, JobState.MIGRATING.value):  # only these start
             moved = self.start_if_ready(job_id) or moved
         return moved

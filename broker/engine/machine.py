@@ -68,6 +68,12 @@ def submit_job(store: Store, clock: Clock, spec: JobSpec, home: Path, backend: s
         return job_id
 
 
+def submit_jobs(store: Store, clock: Clock, specs: list[JobSpec], home: Path, backend: str) -> list[str]:
+    """Record many validated jobs as PENDING in one transaction (a backlog arriving at once)."""
+    with store.transaction() as s:
+        return [_add_job(s, clock, spec, home, backend) for spec in specs]
+
+
 def submit_pipeline(store: Store, clock: Clock, pipeline: Pipeline, home: Path, backend: str,
                     within: Within | None = None) -> list[str]:
     """Record every stage of a pipeline as a PENDING job, in one transaction. In a chain each stage

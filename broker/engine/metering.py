@@ -162,6 +162,7 @@ def meter_cluster(s: Session, row: ClusterRow, now: datetime, market: Market) ->
     return written
 
 
+MINUTE = timedelta(minutes=1)
 MINIMUM_SECONDS = 60.0  # AWS (Linux spot and on-demand) and GCP bill an instance per second, a minute at least
 
 
@@ -180,10 +181,14 @@ def meter(store: Store, clock: Clock, market: Market) -> None:
     """
     now = clock.now()
     with store.transaction() as s:
-        ids = list(s.scalars(select(ClusterRow.id).where(ClusterRow.up_at.is_not(None))
-                             .where((ClusterRow.metered_until.is_(None))
-                                    | (ClusterRow.terminated_at.is_(None))
-                                    | (ClusterRow.metered_until != ClusterRow.terminated_at))))
+        ids = [cluster_id for cluster_id, metered, ended in s.execute(
+            select(ClusterRow.id, ClusterRow.metered_until, ClusterRow.terminated_at)
+            .where(ClusterRow.up_at.is_not(None))
+            .where((ClusterRow.metered_until.is_(None))
+                   | (ClusterRow.terminated_at.is_(None))
+                   | (ClusterRow.metered_until != ClusterRow.terminated_at)))
+            if ended is not None or metered is None or metered.replace(second=0, microsecond=0) + MINUTE <= now]
+        # (a live cluster is metered in whole minutes: one whose next minute has not ended has nothing to write)
     for cluster_id in ids:
         with store.transaction() as s:
             row = s.get(ClusterRow, cluster_id, with_for_update=True)

@@ -100,6 +100,12 @@ class AfterCommit:
     prepare_stops: list[tuple[ClusterInfo, str, int]] = field(default_factory=list)
 
     @property
+    def changed_others(self) -> bool:
+        """Whether a call was decided that may change what other jobs see (anything but asking a job to
+        checkpoint, which changes only that job: the batched views of a pass stay good)."""
+        return any((self.launches, self.starts, self.terminations, self.stops, self.prepares, self.prepare_stops))
+
+    @property
     def called(self) -> bool:
         """Whether any call was decided."""
         return any((self.launches, self.starts, self.terminations, self.signals, self.stops, self.prepares,

@@ -7,6 +7,8 @@ selection policy once per market tick, as the simulator does.
 
 from __future__ import annotations
 
+from datetime import datetime
+
 from sqlalchemy.orm import Session
 
 from broker.engine import clusters, machine
@@ -23,6 +25,13 @@ class Reviewer:
         self.planner = planner
         self._asked: dict[str, int] = {}  # job id -> the market tick its running location was last reviewed
 
+    def reviewed(self, job_id: str, now: datetime) -> bool:
+        """The job's place was reviewed in the market tick of ``now`` already."""
+        return self._asked.get(job_id) == self._tick(now)
+
+    def _tick(self, now: datetime) -> int:
+        return int(now.timestamp() // self.planner.review_seconds())
+
     def review(self, s: Session, job: JobRow, alloc: AllocationRow, cluster: ClusterRow, after: AfterCommit) -> None:
         parts = self.parts
         target = clusters.target_of(s, job)
@@ -35,7 +44,7 @@ class Reviewer:
                 after.signals.append((cluster_info(cluster), job.id, job.attempt, signal))
             return
         job.target_cluster_id = job.target_gpus = None  # a move whose launch failed: stay
-        tick = int(parts.clock.now().timestamp() // self.planner.review_seconds())
+        tick = self._tick(parts.clock.now())
         if self._asked.get(job.id) == tick or cluster.job_id != job.id:
             return  # reviewed this tick already; a gang placed on a shared cluster stays put
         self._asked[job.id] = tick

@@ -23,6 +23,7 @@ from broker.engine.jobs import JobStepper
 from broker.engine.parts import EngineOptions, Parts
 from broker.engine.planning import Planner
 from broker.engine.queue import QueueView, Shapes
+from broker.engine.running import RunningView
 from broker.market.book import Market
 from broker.model import ACTIVE_STATES, JobState
 from broker.spec.job import JobSpec
@@ -91,7 +92,7 @@ class Engine:
             clusters.sync(self.parts)
             if self.fair_share is not None:
                 self.fair_share.step()
-            self.advance_all(self.active_jobs())
+            self.advance_all(self.active_jobs(), running=True)
             eager.give_up(self.parts, self.planner)
             eager.release_leaving(self.parts)
             self.advance_all(self.active_jobs(JobState.PENDING))
@@ -102,17 +103,23 @@ class Engine:
             gpu_attribution.attribute(self.store, self.parts.options.gpu_idle_below, self.clock.now())
             forecast.record(self.store, self.clock.now())
 
-    def advance_all(self, job_ids: list[str]) -> None:
-        """Advance each job in turn, passing over the queued ones the queue's view says wait; the view is
-        read again once anything has moved."""
+    def advance_all(self, job_ids: list[str], running: bool = False) -> None:
+        """Advance each job in turn, passing over the queued ones the queue's view says wait and (``running``:
+        the pass that holds running jobs) the running ones its view says are quiet; a view is read again
+        once anything has moved."""
         view: QueueView | None = None
+        quiet: RunningView | None = None
         for job_id in job_ids:
             if self.options.queue_fast_path:
                 view = view or QueueView(self.parts, self._shapes)
                 if view.waits(job_id):
                     continue
+                if running and job_id not in view.queued:
+                    quiet = quiet or RunningView(self.parts, self.jobs.cadence, self.jobs.reviewer)
+                    if quiet.quiet(job_id):
+                        continue
             if self.jobs.advance(job_id, view):
-                view = None
+                view = quiet = None
 
     def active_jobs(self, only: JobState | None = None) -> list[str]:
         states = [only.value] if only else ACTIVE_STATES

@@ -37,6 +37,7 @@ from broker.service.hooks import resolve
 from broker.service.leader import LeaseLock, leader_lock, lease_seconds
 from broker.service.schedule_config import policy_cron_trigger
 from broker.service.timepolicy import admission_check, apply_due_policies
+from broker.service.wake import StepGate
 from broker.store import Store
 from broker.store.db import FencedStore
 
@@ -58,6 +59,7 @@ class Service:
                                            lease_seconds(settings.leader_check_seconds))
         self.leading = False
         self.engine: Engine | None = None
+        self.step_gate: StepGate | None = None
         self.work_store: Store = self.runtime.store  # fenced by the lease's epoch while leading
         self.scheduler: Any = None
         self.listener: Any = None  # EventBridge spot warnings through SQS, on the SkyPilot backend's leader
@@ -123,6 +125,7 @@ class Service:
         self.engine = self.runtime.engine(self.public_url, store=self.work_store,
                                           provisioner=FencedProvisioner(self.runtime.provisioner, fence.ensure),
                                           admit=admission_check(self.settings.capacity_gpus))
+        self.step_gate = StepGate(self.runtime.store, self.runtime.clock, self.runtime.market)
         apply_due_policies(self.work_store, self.settings.policy_schedules, datetime.now(UTC))
         tasks.bind(self)
         self.scheduler = build_scheduler(self.runtime.store, self.settings)
@@ -136,6 +139,7 @@ class Service:
                     extra={"event": "leader_lost"})
         self._stop_scheduler()
         self.engine = None
+        self.step_gate = None
         self.work_store = self.runtime.store
 
     def _stop_listener(self) -> None:

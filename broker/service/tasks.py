@@ -14,12 +14,15 @@ import threading
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from broker.config.settings import Settings
 from broker.engine import Engine
 from broker.store import Store
 from broker.store.db import Fenced
+
+if TYPE_CHECKING:
+    from broker.service.wake import StepGate
 
 
 class Leader(Protocol):
@@ -28,6 +31,7 @@ class Leader(Protocol):
     settings: Settings
     work_store: Store  # fenced by the lease's epoch
     engine: Engine | None
+    step_gate: StepGate | None  # when the engine steps (None: on every tick)
     price_poller: Callable[[Store, Settings, str], object]
     report_runner: Callable[[Store, Settings, datetime], object]
 
@@ -76,14 +80,22 @@ def _as_leader(work: Callable[[Leader], object]) -> None:
 
 
 def engine_step() -> None:
-    """Move every job on by at most one transition: dispatch, provisioning, migration, teardown, metering."""
+    """Move every job on by at most one transition: dispatch, provisioning, migration, teardown, metering;
+    only when something happened or is under way (``broker.service.wake``)."""
 
     def step(service: Leader) -> None:
-        if service.engine is not None:
-            service.engine.step()
-            from broker.api.metrics import engine_heartbeat
+        engine, gate = service.engine, service.step_gate
+        if engine is None:
+            return
+        if gate is not None and not gate.should_step():
+            return
+        before = gate.read()[-1] if gate is not None else None
+        engine.step()
+        if gate is not None:
+            gate.stepped(before)
+        from broker.api.metrics import engine_heartbeat
 
-            engine_heartbeat.beat()
+        engine_heartbeat.beat()
 
     _as_leader(step)
 

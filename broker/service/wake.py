@@ -1,0 +1,96 @@
+"""When the leader's engine steps: on what happened, not on every tick of the scheduler.
+
+The scheduler ticks every ``poll_seconds``; each tick asks ``StepGate.should_step`` first, which
+reads the store once (one statement of a few ``max``/``exists`` subqueries) and says yes when:
+
+- anything is in flight: a job provisioning, checkpointing or migrating, or a cluster coming up
+  or being torn down (the backend must be asked how they fare, every tick);
+- something happened since the last step, through any replica: a job event (a submission, a
+  cancel, a state change), a notice, an agent's checkpoint, progress or GPU report, a new price
+  quote, a time-based policy applied;
+- the last step itself changed something (what it wrote may let the next step move further);
+- the timer for the next thing due by time has run out: the market's next tick (prices move, a
+  running job's place is reviewed, a launch back-off ends); ``WATCH_S`` while jobs run or clusters
+  are up (a run's end is seen only by asking the backend: agents report notices, checkpoints and
+  progress, but not that the job exited); otherwise ``HEARTBEAT_S`` at the latest.
+
+Otherwise the tick ends after that one statement: a service with a long queue that certainly
+waits, and nothing else, does next to nothing. A notice is recorded by the API on whichever replica
+gets it, so it changes what the leader's next tick reads: it is acted on within ``poll_seconds``
+plus one step, as before.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+
+from sqlalchemy import exists, func, select
+
+from broker.clock import Clock
+from broker.market.book import Market
+from broker.model import ClusterState, JobState
+from broker.store import Store
+from broker.store.gpu import GpuMinuteRow
+from broker.store.tables import (
+    CheckpointReportRow,
+    ClusterRow,
+    JobEventRow,
+    JobRow,
+    NoticeRow,
+    PolicyOverrideRow,
+    PriceQuoteRow,
+    ProgressRow,
+)
+
+HEARTBEAT_S = 30.0  # wall seconds an idle engine goes without a step at most
+WATCH_S = 5.0  # ... while jobs run or clusters are up: how late a run's end (or an idle cluster) may be seen
+IN_FLIGHT = [JobState.PROVISIONING.value, JobState.CHECKPOINTING.value, JobState.MIGRATING.value]
+FLUX = [ClusterState.PROVISIONING.value, ClusterState.TERMINATING.value]  # clusters coming up or going
+
+Signature = tuple[object, ...]
+
+
+class StepGate:
+    def __init__(self, store: Store, clock: Clock, market: Market, heartbeat_s: float = HEARTBEAT_S,
+                 watch_s: float = WATCH_S, monotonic: Callable[[], float] = time.monotonic) -> None:
+        self.store, self.clock, self.market = store, clock, market
+        self.heartbeat_s, self.watch_s = heartbeat_s, watch_s
+        self.monotonic = monotonic
+        self._seen: Signature | None = None  # what the store said right after the last step
+        self._again = True  # the last step changed something (or there was none yet)
+        self._due_at = 0.0
+
+    def read(self) -> tuple[bool, bool, Signature]:
+        """(anything in flight, any job running or cluster up, what has happened so far), in one statement."""
+        latest = [select(func.max(column)).scalar_subquery() for column in (
+            JobEventRow.id, NoticeRow.id, NoticeRow.handled_at, CheckpointReportRow.id, ProgressRow.id,
+            GpuMinuteRow.id, PriceQuoteRow.id, PolicyOverrideRow.applied_at)]
+        facts = [exists().where(JobRow.state.in_(IN_FLIGHT)) | exists().where(ClusterRow.state.in_(FLUX)),
+                 exists().where(JobRow.state == JobState.RUNNING.value)
+                 | exists().where(ClusterRow.state == ClusterState.UP.value)]
+        with self.store.transaction() as s:
+            row = s.execute(select(*facts, *latest)).one()
+        return bool(row[0]), bool(row[1]), tuple(row[2:])
+
+    def should_step(self) -> bool:
+        in_flight, _, happened = self.read()
+        return in_flight or self._again or happened != self._seen or self.monotonic() >= self._due_at
+
+    def stepped(self, before: Signature | None = None) -> None:
+        """After a step: remember what the store says now, and when the next thing falls due."""
+        _, watching, now = self.read()
+        self._again = before is not None and now != before
+        self._seen = now
+        self._due_at = self.monotonic() + self._next_due_s(self.watch_s if watching else self.heartbeat_s)
+
+    def _next_due_s(self, at_most: float) -> float:
+        """Wall seconds to the market's next tick, or ``at_most`` if sooner (or the market has no ticks)."""
+        tick = self.market.tick_seconds
+        speed = getattr(self.clock, "speed", 1.0) or 1.0
+        if not tick or tick <= 0 or not math.isfinite(tick):
+            return at_most
+        market_now = self.clock.now().timestamp()
+        to_next = (math.floor(market_now / tick) + 1) * tick - market_now
+        return min(at_most, max(to_next / speed, 0.0))
