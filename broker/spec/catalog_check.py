@@ -190,10 +190,11 @@ def _check_instance_carries(alt: ResourceAlternative, facts: list[CloudFacts], d
         gpus = f.instance_gpus.get(alt.instance_type)
         if gpus is None:
             return
-        carried.append({_alias(name).lower(): count for name, count in gpus.items()})
+        carried.append(gpus)
     for gpus in carried:
+        by_name = {_alias(name).lower(): count for name, count in gpus.items()}
         for request in alt.accelerators:
-            count = gpus.get(_alias(request.name).lower())
+            count = by_name.get(_alias(request.name).lower())
             if count is not None and (count == request.count or (request.fraction is not None and count >= 1)):
                 return
     if not carried:
