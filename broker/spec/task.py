@@ -37,7 +37,8 @@ def build_task(doc: LoadedYaml, source: str, now: datetime | None, offline: bool
         got = "an empty file" if doc.data is None else f"{type(doc.data).__name__} {doc.data!r}"
         raise SpecError(f"expected a mapping (a SkyPilot task with `run:`) at the top level, got {got}",
                         line=doc.first_line if doc.data is not None else None, source=source)
-    task = {k: v for k, v in doc.data.items() if k != "broker"}
+    # An empty `envs:` (its entries commented out) is no variables; SkyPilot's own reading crashes on it.
+    task = {k: v for k, v in doc.data.items() if k != "broker" and not (k == "envs" and v is None)}
     broker_data = doc.data.get("broker")
     section = validate_broker_section(broker_data, doc, source, now)
     if task.get("name") is None:

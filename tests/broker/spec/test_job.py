@@ -524,3 +524,7 @@ def test_skypilot_catalog_refuses_an_instance_type_without_the_accelerators(
     assert (refused_pair["field"], refused_pair["line"]) == ("resources.instance_type", 5)
     assert refused_pair["error"].endswith("instance type 'p2.xlarge' carries K80:1 per node, not the accelerators "
                                           "asked for (K80:2): name the matching instance type or leave it out")
+
+
+def test_an_empty_envs_is_no_variables() -> None:
+    assert parse("run: x\nenvs:\n").envs == {}
