@@ -85,7 +85,7 @@ def hosts(row: ClusterRow, spec: JobSpec, job: JobRow) -> int | None:
         return row.gpus_per_node if row.gpus_per_node == 0 else None
     for choice in spec.accelerators:
         accelerator = (row.accelerator or "").lower()
-        if choice.name.lower() == accelerator and choice.count <= row.gpus_per_node:
+        if choice.name.lower() == accelerator and choice.count <= row.gpus_per_node and choice.on(row.instance_type):
             return choice.count
     return None
 

@@ -51,11 +51,13 @@ def fits_node(spec: JobSpec, accelerator: str, gpus_per_node: int, exact: bool =
     """The job's nodes fit one of ``gpus_per_node`` ``accelerator`` GPUs (``exact``: of just that size).
 
     A task without accelerators fits only a node without GPUs (a GPU node would idle its GPUs) whose
-    shape in the built-in catalog has the task's ``cpus`` and ``memory``, of the type it names if any."""
+    shape in the built-in catalog has the task's ``cpus`` and ``memory``, of the type it names if any.
+    A choice tied to instance types (`instance_type` named with `accelerators`) fits only those."""
     if not spec.accelerators:
         return gpus_per_node == 0 and _cpu_node_fits(spec, instance_type, cloud)
     return any(a.name.lower() == accelerator.lower()
                and (a.count == gpus_per_node if exact else a.count <= gpus_per_node)
+               and a.on(instance_type)
                for a in spec.accelerators)
 
 

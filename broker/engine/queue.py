@@ -78,7 +78,7 @@ class Shapes:
                 for choice in spec.accelerators:
                     name = choice.name.lower()
                     per_node[name] = min(per_node.get(name, choice.count), choice.count)
-                gang = (tuple((a.name.lower(), a.count, a.fraction) for a in spec.accelerators),
+                gang = (tuple((a.name.lower(), a.count, a.fraction, a.instance_types) for a in spec.accelerators),
                         spec.allowed_regions, spec.broker.topology)
                 self._known[job.id] = Shape(per_node, queue_of(job.spec), gang)
         return {j: self._known[j] for j in wanted if j in self._known}

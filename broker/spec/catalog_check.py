@@ -43,7 +43,9 @@ class CloudFacts:
     # Why the built-in catalog answered (None: SkyPilot's did); "{clouds}" stands for the cloud names.
     builtin_because: str | None = None
     known_instance_types: tuple[str, ...] = ()  # names to suggest for a misspelt one
-
+    # The GPUs each asked-about instance type carries ({} none); absent where the catalog cannot say
+    # (a name it does not list, or GCP's n1, which takes GPUs attached to it).
+    instance_gpus: dict[str, dict[str, float]] = field(default_factory=dict)
 
 
 @dataclass
@@ -146,6 +148,8 @@ def _check_alternative(alt: ResourceAlternative, facts: list[CloudFacts], doc: L
         close = difflib.get_close_matches(alt.instance_type, known, n=1, cutoff=0.6)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
         raise _error(f"unknown instance type {alt.instance_type!r} for {where}{hint}{note}", path, doc, source)
+    if alt.instance_type and alt.accelerators:
+        _check_instance_carries(alt, facts, doc, source, note)
     for request in alt.accelerators:
         offered: dict[str, set[int]] = {}
         wanted = _alias(request.name).lower()
@@ -171,6 +175,35 @@ def _check_alternative(alt: ResourceAlternative, facts: list[CloudFacts], doc: L
             unavailable.append(_error(f"{name}:{request.count} is not offered on {where}: a node has {offered_text} "
                                       f"{name}{note}", request.path, doc, source))
     return unknown, unavailable
+
+
+def _check_instance_carries(alt: ResourceAlternative, facts: list[CloudFacts], doc: LoadedYaml, source: str,
+                            note: str) -> None:
+    """Refuse an instance type that carries none of the named accelerators at the named count per
+    node, as SkyPilot does ("Infeasible resource demands"); a share of one GPU (A100:0.5) fits a type
+    with at least one. A cloud whose catalog cannot say what the type carries lets the pair pass."""
+    assert alt.instance_type is not None
+    carried: list[dict[str, float]] = []
+    for f in facts:
+        if not f.instance_types.get(alt.instance_type):
+            continue
+        gpus = f.instance_gpus.get(alt.instance_type)
+        if gpus is None:
+            return
+        carried.append(gpus)
+    for gpus in carried:
+        by_name = {_alias(name).lower(): count for name, count in gpus.items()}
+        for request in alt.accelerators:
+            count = by_name.get(_alias(request.name).lower())
+            if count is not None and (count == request.count or (request.fraction is not None and count >= 1)):
+                return
+    if not carried:
+        return
+    has = ", ".join(sorted({f"{n}:{c:g}" for g in carried for n, c in g.items()})) or "no GPUs"
+    wanted = ", ".join(f"{r.name}:{r.count:g}" for r in alt.accelerators)
+    path = _key_path(alt, "instance_type", doc) or alt.path
+    raise _error(f"instance type {alt.instance_type!r} carries {has} per node, not the accelerators asked for "
+                 f"({wanted}): name the matching instance type or leave it out{note}", path, doc, source)
 
 
 def _alias(name: str) -> str:
@@ -271,6 +304,11 @@ def _ask_skypilot(cloud: str, queries: _Queries) -> CloudFacts:
                     for name, infos in listing.items()}
     instance_types = {name: bool(sky_catalog.instance_type_exists(name, clouds=cloud))
                       for name in queries.instance_types}
+    instance_gpus: dict[str, dict[str, float]] = {}
+    for name, exists in instance_types.items():
+        gpus = sky_catalog.get_accelerators_from_instance_type(name, clouds=cloud) if exists else None
+        if gpus is not None or (exists and cloud != "gcp"):  # GCP's None: GPUs are attached (n1)
+            instance_gpus[name] = {str(k): float(v) for k, v in (gpus or {}).items()}
     region_zone_errors: dict[tuple[str | None, str | None], str | None] = {}
     cloud_obj = registry.CLOUD_REGISTRY.from_str(cloud)
     assert cloud_obj is not None, cloud
@@ -280,7 +318,7 @@ def _ask_skypilot(cloud: str, queries: _Queries) -> CloudFacts:
             region_zone_errors[(region, zone)] = None
         except ValueError as exc:
             region_zone_errors[(region, zone)] = str(exc).strip()
-    return CloudFacts(cloud, accelerators, instance_types, region_zone_errors)
+    return CloudFacts(cloud, accelerators, instance_types, region_zone_errors, instance_gpus=instance_gpus)
 
 
 def _builtin_facts(queries: dict[str, _Queries], reason: str) -> dict[str, CloudFacts]:
@@ -305,9 +343,12 @@ def _builtin_facts(queries: dict[str, _Queries], reason: str) -> dict[str, Cloud
         instance_types = {name: catalog.find_any(name, cloud) is not None or catalog.spelt_as_instance_type(name, cloud)
                           for name in q.instance_types}
         known = tuple(t.name for t in (*catalog.GPU_INSTANCE_TYPES, *catalog.CPU_INSTANCE_TYPES) if t.cloud == cloud)
+        shapes = {name: catalog.find_any(name, cloud) for name in q.instance_types}
+        instance_gpus = {name: ({shape.accelerator: float(shape.gpus)} if shape.gpus > 0 else {})
+                         for name, shape in shapes.items() if shape is not None and not shape.attached}
         # The built-in catalog has no region list: regions are left for SkyPilot to judge at launch.
         facts[cloud] = CloudFacts(cloud, accelerators, instance_types, dict.fromkeys(q.region_zones),
-                                  builtin_because=reason, known_instance_types=known)
+                                  builtin_because=reason, known_instance_types=known, instance_gpus=instance_gpus)
     return facts
 
 

@@ -19,6 +19,13 @@ class AcceleratorChoice:
     name: str  # the built-in catalog's spelling when it knows the accelerator, else as written
     count: int  # per node (1 for a fraction of one GPU)
     fraction: float | None = None  # a share of one GPU (A100:0.5), for GPU sharing
+    # The instance types the choice is tied to (`instance_type` named next to `accelerators`, as
+    # SkyPilot honours it); empty: any node with these GPUs.
+    instance_types: tuple[str, ...] = ()
+
+    def on(self, instance_type: str | None) -> bool:
+        """Whether a node of ``instance_type`` may hold this choice (None: a node whose type is not known)."""
+        return not self.instance_types or instance_type is None or instance_type in self.instance_types
 
 
 @dataclass(frozen=True, slots=True)

@@ -37,7 +37,8 @@ def build_task(doc: LoadedYaml, source: str, now: datetime | None, offline: bool
         got = "an empty file" if doc.data is None else f"{type(doc.data).__name__} {doc.data!r}"
         raise SpecError(f"expected a mapping (a SkyPilot task with `run:`) at the top level, got {got}",
                         line=doc.first_line if doc.data is not None else None, source=source)
-    task = {k: v for k, v in doc.data.items() if k != "broker"}
+    # An empty `envs:` (its entries commented out) is no variables; SkyPilot's own reading crashes on it.
+    task = {k: v for k, v in doc.data.items() if k != "broker" and not (k == "envs" and v is None)}
     broker_data = doc.data.get("broker")
     section = validate_broker_section(broker_data, doc, source, now)
     if task.get("name") is None:
@@ -84,20 +85,13 @@ def build_task(doc: LoadedYaml, source: str, now: datetime | None, offline: bool
         dropped = check_catalog(alternatives, tuple(c for c, _ in section.clouds), doc, source, offline=offline,
                                 timeout=catalog_timeout)
         alternatives, warnings = _without(alternatives, dropped)
-    accelerators: list[AcceleratorChoice] = []
-    for alt in alternatives:
-        requests = [(r.name, r.count) for r in alt.accelerators] or _inferred(alt.instance_type, alt.cloud, market)
-        for acc_name, count in requests:
-            fraction = None if float(count).is_integer() else float(count)
-            choice = AcceleratorChoice(_canonical(acc_name), 1 if fraction else int(count), fraction)
-            if choice not in accelerators:
-                accelerators.append(choice)
+    accelerators = _choices(alternatives, market)
     first = alternatives[0]
     return JobSpec(
         name=name,
         run="" if run is None else str(run),
         num_nodes=int(task.get("num_nodes") or 1),
-        accelerators=tuple(accelerators),
+        accelerators=accelerators,
         instance_type=first.instance_type,
         use_spot=first.use_spot,
         setup=task.get("setup"),
@@ -114,6 +108,26 @@ def build_task(doc: LoadedYaml, source: str, now: datetime | None, offline: bool
         resource_places=_resource_places(alternatives, section, doc, source),
         warnings=warnings,
     )
+
+
+def _choices(alternatives: list[ResourceAlternative],
+             market: tuple[MarketOffer, ...] | None) -> tuple[AcceleratorChoice, ...]:
+    """One choice per accelerator and count, in the file's order. An alternative naming both
+    `instance_type` and `accelerators` ties its choices to that type, as SkyPilot provisions just it;
+    the same accelerator and count from an alternative without a type (or with a type only, whose GPUs
+    are inferred) stays placeable anywhere, so a file mixing the two keeps both placeable."""
+    tied: dict[tuple[str, int, float | None], tuple[str, ...] | None] = {}  # None: on any node
+    for alt in alternatives:
+        requests = [(r.name, r.count) for r in alt.accelerators] or _inferred(alt.instance_type, alt.cloud, market)
+        types = (alt.instance_type,) if alt.instance_type and alt.accelerators else None
+        for acc_name, count in requests:
+            fraction = None if float(count).is_integer() else float(count)
+            key = (_canonical(acc_name), 1 if fraction else int(count), fraction)
+            if key not in tied:
+                tied[key] = types
+            elif tied[key] is not None:
+                tied[key] = None if types is None else tuple(dict.fromkeys((*(tied[key] or ()), *types)))
+    return tuple(AcceleratorChoice(*key, instance_types=types or ()) for key, types in tied.items())
 
 
 def _without(alternatives: list[ResourceAlternative],

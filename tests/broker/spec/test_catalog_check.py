@@ -63,3 +63,41 @@ def test_tpus_inferentia_and_trainium_are_refused_with_the_reason(name: str) -> 
         parse(f"run: x\nresources:\n  accelerators: {name}\n")
     assert "the broker places GPUs and CPUs only" in str(caught.value)
     assert (caught.value.field, caught.value.line) == ("resources.accelerators", 3)
+
+
+@pytest.mark.parametrize("resources", [
+    "accelerators: A100:2\n  instance_type: a2-highgpu-2g",
+    "accelerators: A100:0.5\n  instance_type: a2-highgpu-2g",  # a share of one of its GPUs
+    "accelerators: a100:8\n  instance_type: p4d.24xlarge",
+    "accelerators: {H100: 8}\n  instance_type: Standard_ND96isr_H100_v5",
+    "accelerators: V100:2\n  instance_type: n1-highmem-8",  # GCP n1 takes GPUs attached to it
+])
+def test_instance_type_carrying_the_accelerators_is_kept_and_ties_them(resources: str) -> None:
+    spec = parse(f"run: x\nresources:\n  {resources}\n")
+    assert spec.accelerators and all(a.instance_types == (spec.instance_type,) for a in spec.accelerators)
+
+
+@pytest.mark.parametrize(("resources", "carries"), [
+    ("accelerators: A100:1\n  instance_type: a2-highgpu-2g", "A100:2"),
+    ("accelerators: H100:8\n  instance_type: p4d.24xlarge", "A100:8"),
+    ("accelerators: T4:1\n  instance_type: m5.2xlarge", "no GPUs"),
+    ("accelerators: [H100:8, H200:8]\n  instance_type: p5en.48xlarge\n  infra: aws", None),
+])
+def test_instance_type_without_the_accelerators_is_refused_naming_it(resources: str, carries: str | None) -> None:
+    text = f"run: x\nresources:\n  {resources}\n"
+    if carries is None:  # one of the listed choices is what the type carries: kept
+        assert parse(text).accelerators[-1].name == "H200"
+        return
+    with pytest.raises(SpecError) as caught:
+        parse(text)
+    error = caught.value
+    assert (error.field, error.line) == ("resources.instance_type", 4)
+    assert f"carries {carries} per node" in str(error) and "\n" not in str(error)
+
+
+def test_a_disagreeing_alternative_is_refused_where_it_sits() -> None:
+    text = ("run: x\nresources:\n  any_of:\n    - {accelerators: H100:1}\n"
+            "    - accelerators: A100:1\n      instance_type: a2-highgpu-2g\n")
+    with pytest.raises(SpecError) as caught:
+        parse(text)
+    assert (caught.value.field, caught.value.line) == ("resources.any_of[1].instance_type", 6)

@@ -441,6 +441,9 @@ CATALOG_CASES = [
     ("run: x\nresources:\n  infra: gcp\n  accelerators: L40S:1\n", SILENT),
     # Asked again right after: the built-in catalog answers at once, however long the caller would wait.
     ("run: x\nresources:\n  infra: gcp\n  accelerators: L40S:1\n", ANSWERING),
+    # An instance type only SkyPilot's catalog knows, with what it carries and with what it does not.
+    ("run: x\nresources:\n  infra: aws\n  accelerators: K80:1\n  instance_type: p2.xlarge\n", ANSWERING),
+    ("run: x\nresources:\n  infra: aws\n  accelerators: K80:2\n  instance_type: p2.xlarge\n", ANSWERING),
 ]
 
 
@@ -511,3 +514,17 @@ def test_unknown_topology_level_names_field_and_choices() -> None:
     error = refused("run: x\nbroker:\n  topology:\n    level: rack\n")
     assert error.field == "broker.topology.level" and error.line == 4
     assert "node" in str(error) and "placement_group" in str(error)
+
+
+@pytest.mark.slow
+def test_skypilot_catalog_refuses_an_instance_type_without_the_accelerators(
+        catalog_results: list[dict[str, Any]]) -> None:
+    assert catalog_results[7]["accelerators"] == [["K80", 1]]
+    refused_pair = catalog_results[8]
+    assert (refused_pair["field"], refused_pair["line"]) == ("resources.instance_type", 5)
+    assert refused_pair["error"].endswith("instance type 'p2.xlarge' carries K80:1 per node, not the accelerators "
+                                          "asked for (K80:2): name the matching instance type or leave it out")
+
+
+def test_an_empty_envs_is_no_variables() -> None:
+    assert parse("run: x\nenvs:\n").envs == {}
