@@ -31,6 +31,7 @@ from typing import Any
 from broker.agent import mps
 from broker.agent.catching import may_send
 from broker.agent.checkpoint import CheckpointMark, latest_checkpoint
+from broker.agent.events import EventLog
 from broker.agent.gpu import job_pids, open_reader
 from broker.agent.gpu_sampling import REPORT_EVERY_S, SAMPLE_EVERY_S, GpuReporter, GpuSampler
 from broker.agent.jobpath import job_pythonpath, with_pythonpath
@@ -66,22 +67,6 @@ class AgentOptions:
     env: dict[str, str] = field(default_factory=dict)
     gpu_sample_s: float = SAMPLE_EVERY_S
     gpu_report_s: float = REPORT_EVERY_S
-
-
-class EventLog:
-    """JSON lines the agent writes beside the job: what it saw and when (wall clock)."""
-
-    def __init__(self, path: str | None) -> None:
-        self.path = Path(path) if path else None
-        self._lock = threading.Lock()
-
-    def write(self, event: str, **data: Any) -> None:
-        record = {"event": event, "wall": time.time(), **data}
-        log.info("%s %s", event, json.dumps(data, default=str))
-        if self.path is None:
-            return
-        with self._lock, self.path.open("a") as handle:
-            handle.write(json.dumps(record, default=str) + "\n")
 
 
 class NoticeReporter:

@@ -7,6 +7,7 @@
 - ``clusters``: cluster lifecycle (launch, sync, relaunch, release, reap), the only writer of cluster state;
 - ``queue``: one batched view of the queue, so that queued jobs that certainly wait cost nothing per step;
 - ``running``: one batched view of the running jobs, so that a running job with nothing to do costs no transaction;
+- ``fair_share``: the fair-share step: which teams' gangs may start, and borrowed GPUs taken back at a checkpoint;
 - ``autoscale``: how long a cluster nobody holds is kept for the next job;
 - ``planning``: the one builder of the selection policy's request;
 - ``feasibility``: whether a market could ever hold a job, checked at submission;

@@ -18,6 +18,7 @@ from urllib.parse import quote as url_quote
 from sqlalchemy import func, select
 
 from broker.engine.planning import AVOID_ZONE_FOR
+from broker.errors import UserError
 from broker.model import ClusterState, TeardownReason
 from broker.store import Store
 from broker.store.tables import ClusterRow, JobEventRow, JobRow, NoticeRow, PriceQuoteRow
@@ -37,8 +38,10 @@ SORTS = {"gpu": "GPU type", "spot": "spot $/GPU-h", "on_demand": "on-demand $/GP
 CPU = "cpu"  # the kind of the CPU-only listing
 
 
-class MarketQueryError(ValueError):
+class MarketQueryError(UserError):
     """A filter, sort or page the Market page cannot take; the message names the field."""
+
+    http_status = 400
 
 
 def _text(name: str, value: str | None) -> str | None:

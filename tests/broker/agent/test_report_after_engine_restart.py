@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select
 
-from broker.agent.node import CheckpointReporter, EventLog
+from broker.agent.events import EventLog
+from broker.agent.node import CheckpointReporter
 from broker.agent.reporting import current_url
 from broker.api.app import BackgroundServer, create_app
 from broker.clock import WallClock

@@ -110,11 +110,11 @@ def test_start_time_selects_the_tick(files: tuple[Path, Path], capsys: pytest.Ca
 
 @pytest.mark.parametrize(("args", "job_text", "message"), [
     (["--policy", "cheapest,broker"], None, "--policy: unknown policy cheapest"),
-    (["--starts", "0"], None, "--starts: expected a positive count"),
+    (["--starts", "0"], None, "--starts: expected a count from 1 to 100000, got 0"),
     (["--starts", "2", "--start", "2024-01-01T00:00:00Z"], None, "give one or the other"),
     (["--start", "2024-01-01T04:30:00Z"], None, "leaves no room for the deadline"),
     (["--restart-overhead", "soon"], None, "--restart-overhead: expected a duration"),
-    (["--egress-per-gb", "-1"], None, "--egress-per-gb: expected a number >= 0"),
+    (["--egress-per-gb", "-1"], None, "--egress-per-gb: expected a number from 0 to 1000, got -1.0"),
     ([], JOB.format(nodes=1, work="1h", deadline="2h").replace("V100:1", "A100:8"), "no rows for accelerators A100:8"),
     ([], JOB.format(nodes=1, work="1h", deadline="2h").replace("  work: 1h\n", ""), "broker.work: required"),
     ([], JOB.format(nodes=1, work="1h", deadline="9h"), "shorter than the job's deadline"),

@@ -12,6 +12,8 @@ from broker.cli import main
 
 HEADER = b"time,cloud,region,zone,instance_type,accelerator,gpus_per_node,spot_price,on_demand_price,available_nodes\n"
 ROW = b"2024-01-01T00:00:00Z,aws,us-east-1,us-east-1a,p3.2xlarge,V100,1,0.9,3.06,2\n"
+# A day of ticks a minute apart, one row each (a trace may hold one row per tick and zone).
+DAY_OF_ROWS = b"".join(ROW.replace(b"T00:00:", f"T{m // 60:02d}:{m % 60:02d}:".encode()) for m in range(1440))
 JOB = "name: t\nresources:\n  accelerators: V100:1\nrun: 'true'\n"
 
 
@@ -74,7 +76,7 @@ def test_home_that_is_a_file_from_the_environment(capsys: pytest.CaptureFixture[
 
 @pytest.mark.parametrize(("name", "content", "words"), [
     ("fake.csv.gz", b"time,cloud\nthis is not gzip\n", "not gzip data"),
-    ("cut.csv.gz", gzip.compress(HEADER + ROW * 5000)[:-200], "truncated or corrupt gzip"),
+    ("cut.csv.gz", gzip.compress(HEADER + DAY_OF_ROWS)[:-200], "truncated or corrupt gzip"),
     ("binary.csv", os.urandom(256) + b"\xff", "not text"),
     ("nul.csv", HEADER + ROW.replace(b"us-east-1a", b"us-east\x00-1a"), "column zone: a NUL byte"),
     ("nan.csv", HEADER + ROW.replace(b",0.9,", b",NaN,"), "nan.csv:2: column spot_price: expected a non-negative"),
