@@ -78,9 +78,22 @@ def test_a_team_gets_its_share_back_at_a_checkpoint_and_nothing_is_billed_twice(
                    if r.id in victims)
         assert [r.state for r in b_rows] == ["PROVISIONING", "PROVISIONING"]
         assert all(r.reason == "reclaiming 1 GPU from team a" for r in b_rows)
+        with engine.store.transaction() as s:  # nothing of b's is placed before a's gangs have let go
+            assert not list(s.scalars(select(AllocationRow).where(AllocationRow.job_id.in_(team_b))))
 
-        # Once they have checkpointed, they leave: PENDING with the reason, and b's gangs start on their GPUs.
+        # Once they have checkpointed, they leave: PENDING with the reason, and b's gangs are started on their
+        # GPUs within two engine steps (then RUNNING once their processes are up, which takes what it takes).
         run_until(engine, lambda: all(r.state == "PENDING" for r in _rows(engine, *victims)), timeout=600)
+
+        def b_started() -> bool:
+            with engine.store.transaction() as s:
+                return len(set(s.scalars(select(AllocationRow.job_id).where(AllocationRow.job_id.in_(team_b))))) == 2
+
+        steps = 0
+        while not b_started():
+            engine.step()
+            steps += 1
+            assert steps <= 2, [(r.state, r.reason) for r in _rows(engine, *team_b)]
         run_until(engine, lambda: all(r.state == "RUNNING" for r in _rows(engine, *team_b)), timeout=600)
         engine.step()
         assert [r.reason for r in _rows(engine, *victims)] == ["waiting: team a over its share (holds 2 of 2 GPUs "
