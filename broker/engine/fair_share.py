@@ -31,11 +31,10 @@ from sqlalchemy.orm import Session
 
 from broker.config.teams import FairShareConfig
 from broker.engine import machine, packing
-from broker.engine.checkpoints import current_allocation
 from broker.engine.notices import open_notice
-from broker.engine.parts import AfterCommit, Parts, cluster_info
+from broker.engine.parts import AfterCommit, Parts
 from broker.errors import UserError
-from broker.model import ACTIVE_STATES, CheckpointReason, ClusterState, JobState
+from broker.model import ACTIVE_STATES, ClusterState, JobState
 from broker.reports.build import period_start
 from broker.spec.job import JobSpec
 from broker.store import Store
@@ -118,20 +117,10 @@ class FairShare:
             plan = parts.preemption(request, packing.snapshot(s, row), candidates)
             if plan is None:
                 continue
-            for victim_id in plan.victims:
-                victim = s.get(JobRow, victim_id, with_for_update=True)
-                assert victim is not None
-                victim.preempted_by = owner.id
-                victim.checkpoint_requested_at = now
-                victim.reason = (f"{RECLAIMED}team {owner.team} takes back the GPUs team {victim.team} "
-                                 f"borrowed; checkpointing, then requeued to resume")
-                alloc = current_allocation(s, victim)
-                if alloc is not None:
-                    alloc.stopping_at = now
-                machine.checkpointing(s, parts.clock, victim, CheckpointReason.PREEMPTED,
-                                      reason=f"reclaimed by team {owner.team} for {owner.id}", cluster=row.id)
-                signal = parts.spec_of(victim).broker.checkpoint.signal
-                after.signals.append((cluster_info(row), victim.id, victim.attempt, signal))
+            packing.checkpoint_victims(
+                parts, s, after, row, plan.victims, owner.id, now, f"reclaimed by team {owner.team} for {owner.id}",
+                lambda victim: f"{RECLAIMED}team {owner.team} takes back the GPUs team {victim.team} "
+                               f"borrowed; checkpointing, then requeued to resume")
             owner.target_cluster_id, owner.target_gpus, owner.gpu_share = row.id, plan.placement.to_json(), None
             if owner.started_at is None:
                 owner.started_at = now

@@ -9,6 +9,7 @@ GPUs from lower-priority gangs (the preemption policy), which checkpoint and are
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Iterable
 from datetime import datetime
 
 from sqlalchemy import select
@@ -170,24 +171,32 @@ def preempt_for(parts: Parts, s: Session, job: JobRow, after: AfterCommit) -> bo
         plan = parts.preemption(request, snapshot(s, row), running)
         if plan is None:
             continue
-        for victim_id in plan.victims:
-            victim = s.get(JobRow, victim_id, with_for_update=True)
-            assert victim is not None
-            victim.preempted_by = job.id
-            victim.checkpoint_requested_at = now
-            victim_alloc = current_allocation(s, victim)
-            if victim_alloc is not None:
-                victim_alloc.stopping_at = now
-            machine.checkpointing(s, parts.clock, victim, CheckpointReason.PREEMPTED,
-                                  reason=f"preempted by {job.id}", cluster=row.id)
-            signal = parts.spec_of(victim).broker.checkpoint.signal
-            after.signals.append((cluster_info(row), victim.id, victim.attempt, signal))
+        checkpoint_victims(parts, s, after, row, plan.victims, job.id, now, f"preempted by {job.id}")
         # What it takes from lower-priority gangs it takes whole, a fraction's job included.
         job.target_cluster_id, job.target_gpus, job.gpu_share = row.id, plan.placement.to_json(), None
         machine.provisioning(s, parts.clock, job, cluster=row.id, preempting=list(plan.victims),
                              work_lost_gpu_s=plan.work_lost_gpu_s, gain_gpu_s=plan.gain_gpu_s)
         return True
     return False
+
+
+def checkpoint_victims(parts: Parts, s: Session, after: AfterCommit, row: ClusterRow, victims: Iterable[str],
+                       by: str, now: datetime, event: str, why: Callable[[JobRow], str] | None = None) -> None:
+    """Ask running gangs on ``row`` to checkpoint and give their GPUs to job ``by``: the one path of a
+    preemption for a waiting job and of a fair-share reclaim. ``why`` writes the reason each shows."""
+    for victim_id in victims:
+        victim = s.get(JobRow, victim_id, with_for_update=True)
+        assert victim is not None
+        victim.preempted_by = by
+        victim.checkpoint_requested_at = now
+        if why is not None:
+            victim.reason = why(victim)
+        alloc = current_allocation(s, victim)
+        if alloc is not None:
+            alloc.stopping_at = now
+        machine.checkpointing(s, parts.clock, victim, CheckpointReason.PREEMPTED, reason=event, cluster=row.id)
+        signal = parts.spec_of(victim).broker.checkpoint.signal
+        after.signals.append((cluster_info(row), victim.id, victim.attempt, signal))
 
 
 def _wait_avoided(s: Session, running: tuple[RunningGang, ...], now: datetime) -> float:

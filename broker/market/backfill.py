@@ -21,6 +21,7 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from broker.market.rows import quote_row
 from broker.store.tables import PriceQuoteRow
 from providers.base import SpotQuote
 
@@ -48,13 +49,7 @@ def insert_history(s: Session, cloud: str, quotes: Sequence[SpotQuote]) -> int:
         kept = [q for i, q in enumerate(ordered) if i == 0 or not _same(ordered[i - 1], q)]
         for i, q in enumerate(kept):
             until = kept[i + 1].observed_at if i + 1 < len(kept) else (bound or q.observed_at)
-            s.add(PriceQuoteRow(
-                cloud=q.cloud, region=q.region, zone=q.zone, instance_type=q.instance_type,
-                accelerator=q.accelerator, gpus_per_node=q.gpus_per_node, gpu_memory_gb=q.gpu_memory_gb,
-                spot_price=q.spot_price, on_demand_price=q.on_demand_price, capacity_score=q.capacity_score,
-                obtainability=q.obtainability, estimated_uptime_s=q.estimated_uptime_s,
-                placement_level=q.placement_level, preemption_rate=q.preemption_rate,
-                available_nodes=q.available_nodes, stale=False, observed_at=q.observed_at, confirmed_at=until))
+            s.add(quote_row(q, q.observed_at, until))
             inserted += 1
     return inserted
 

@@ -23,6 +23,7 @@ from sqlalchemy.orm import Session
 
 from broker.errors import UserError
 from broker.market.capacity import capacity_unlikely
+from broker.market.rows import quote_row
 from broker.store import Store
 from broker.store.tables import PriceQuoteRow
 from providers.base import OfferKey, SpotQuote
@@ -190,14 +191,7 @@ class PriceBook:
                     row.region, row.gpu_memory_gb = q.region, q.gpu_memory_gb
                     confirmed += 1
                     continue
-                s.add(PriceQuoteRow(
-                    cloud=q.cloud, region=q.region, zone=q.zone, instance_type=q.instance_type,
-                    accelerator=q.accelerator, gpus_per_node=q.gpus_per_node, gpu_memory_gb=q.gpu_memory_gb,
-                    spot_price=q.spot_price, on_demand_price=q.on_demand_price, capacity_score=q.capacity_score,
-                    obtainability=q.obtainability, estimated_uptime_s=q.estimated_uptime_s,
-                    placement_level=q.placement_level, preemption_rate=q.preemption_rate,
-                    available_nodes=q.available_nodes, stale=False, observed_at=at, confirmed_at=at,
-                ))
+                s.add(quote_row(q, at, at))
                 inserted += 1
             for key, row in latest.items():
                 if key not in seen and not row.stale and (regions is None or row.region in regions):
@@ -396,3 +390,4 @@ def _column(rows: list[PriceQuoteRow], ticks: np.ndarray, nodes_when_offered: in
     nodes_at = np.where(seen & (ticks <= np.array(confirmed)[index]), np.array(nodes)[index], 0)
     signals_at = np.where(seen[:, None], np.array([signal_values(r) for r in rows])[index], np.nan)
     return spot_at, on_demand_at, nodes_at, signals_at
+

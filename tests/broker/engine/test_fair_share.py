@@ -68,18 +68,22 @@ def test_a_team_gets_its_share_back_at_a_checkpoint_and_nothing_is_billed_twice(
         team_b = [_submit(engine, tmp_path, f"b{i}", "b", 40) for i in range(2)]
 
         before = [(r.state, r.reason) for r in _rows(engine, *team_a)]
-        # The fair-share step asks two of a's gangs to checkpoint for b's (at the first step that sees b's
-        # jobs; the wait only covers a machine too loaded to have finished the step before).
-        run_until(engine, lambda: any(r.state == "CHECKPOINTING" for r in _rows(engine, *team_a)), timeout=120)
+        # The fair-share step asks two of a's gangs to checkpoint for b's: marked taken by b's jobs, at the
+        # first step that sees them (the deadline only covers a machine too loaded to finish that step).
+        run_until(engine, lambda: sum(r.preempted_by in team_b for r in _rows(engine, *team_a)) >= 2, timeout=120)
         a_rows, b_rows = _rows(engine, *team_a), _rows(engine, *team_b)
-        victims = [r.id for r in a_rows if r.state == "CHECKPOINTING"]
+        victims = [r.id for r in a_rows if r.preempted_by in team_b]
         assert len(victims) == 2, (before, [(r.state, r.reason) for r in (*a_rows, *b_rows)])
-        assert all(r.reason and r.reason.startswith("reclaimed: team b takes back") for r in a_rows
-                   if r.id in victims)
-        assert [r.state for r in b_rows] == ["PROVISIONING", "PROVISIONING"]
-        assert all(r.reason == "reclaiming 1 GPU from team a" for r in b_rows)
-        with engine.store.transaction() as s:  # nothing of b's is placed before a's gangs have let go
-            assert not list(s.scalars(select(AllocationRow).where(AllocationRow.job_id.in_(team_b))))
+        assert sorted(r.preempted_by for r in a_rows if r.id in victims) == sorted(team_b)
+        assert all(r.state in ("CHECKPOINTING", "PENDING") for r in a_rows if r.id in victims)
+        assert all(r.state == "RUNNING" and r.reason is None for r in a_rows if r.id not in victims)
+        with engine.store.transaction() as s:
+            asked = list(s.scalars(select(JobEventRow).where(JobEventRow.job_id.in_(victims),
+                                                             JobEventRow.to_state == "CHECKPOINTING")))
+        assert len(asked) == 2 and all("reclaimed by team b" in str(e.detail) for e in asked), \
+            [(e.job_id, e.detail) for e in asked]
+        assert all((r.reason or "").startswith("reclaiming 1 GPU from team a") or r.state == "RUNNING"
+                   for r in b_rows)
 
         # Once they have checkpointed, they leave: PENDING with the reason, and b's gangs are started on their
         # GPUs within two engine steps (then RUNNING once their processes are up, which takes what it takes).
