@@ -62,7 +62,9 @@ def dashboard(db_url: str, broker_home: Path) -> Iterator[Dashboard]:
         store.dispose()
 
 
-@pytest.fixture(scope="session")
+# Per module, not per session: the Playwright driver is closed right after the browser tests that use it,
+# rather than at the session's end (one CI run hung there, closing a driver that had died meanwhile).
+@pytest.fixture(scope="module")
 def chromium() -> Iterator[Any]:
     if not os.path.exists(CHROMIUM):
         if os.environ.get("CI"):
