@@ -7,19 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from broker.cli import main
+from tests.broker.cli.running import run_cli as _run
 
 TRACE = "team,job_id,num_gpus,submit_time,duration\na,1,2,0,3600\na,2,2,0,3600\nb,3,1,600,1800\n"
 
 
-def _run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
-    try:
-        main(argv)
-        code = 0
-    except SystemExit as exc:
-        code = int(exc.code or 0)
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def test_a_replay_compares_the_policies(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

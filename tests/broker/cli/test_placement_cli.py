@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from broker.cli import main
+from tests.broker.cli.running import run_cli as run
 
 TINY = """job_id,num_gpus,submit_time,duration,model
 b,4,0,50,resnet50
@@ -17,14 +17,6 @@ big,32,20,10,BERT
 """
 
 
-def run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
-    try:
-        main(argv)
-        code = 0
-    except SystemExit as exc:
-        code = int(exc.code or 0)
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 @pytest.fixture

@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select
 
-from broker.cli import main
 from broker.config.settings import load_settings
 from broker.store import open_store
 from broker.store.tables import AllocationRow, ClusterRow
 from broker.tokens import create_api_token
+from tests.broker.cli.running import run_cli as _run
 from tests.broker.service.replicas import ROOT, Replica, start_replica, two_zone_trace
 
 JOB = """\
@@ -27,14 +27,6 @@ broker:
 """
 
 
-def _run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
-    try:
-        main(argv)
-        code = 0
-    except SystemExit as exc:
-        code = int(exc.code or 0)
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
 
 
 @pytest.fixture

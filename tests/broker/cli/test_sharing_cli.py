@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from broker.cli import main
+from tests.broker.cli.running import run_cli as run
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -21,14 +21,6 @@ PODS = ("name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos\n"
         "e,1000,1024,2,1000,T4,LS\nf,1000,1024,1,250,,LS\n")
 
 
-def run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
-    try:
-        main(argv)
-        code = 0
-    except SystemExit as exc:
-        code = int(exc.code or 0)
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 @pytest.fixture

@@ -6,23 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from broker.cli import main
 from broker.config.settings import ConfigError, load_settings
 from broker.config.teams import fair_share_config
 from policies.fair_share import Team
-
-JOB = "name: t\nresources:\n  accelerators: V100:1\nrun: 'true'\n"
-
-
-def _fails(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
-    with pytest.raises(SystemExit) as exit_info:
-        main(argv)
-    captured = capsys.readouterr()
-    assert exit_info.value.code == 2, captured.err
-    assert "Traceback" not in captured.err + captured.out
-    lines = [line for line in captured.err.splitlines() if line.strip()]
-    assert len(lines) == 1, captured.err
-    return lines[0]
+from tests.broker.config.test_settings import JOB, _fails
 
 
 def test_teams_from_the_file_and_the_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
