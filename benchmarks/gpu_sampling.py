@@ -4,9 +4,10 @@ Runs the agent's sampler (broker/agent/gpu_sampling.py) for ``--seconds`` on ``-
 through the stand-in ``pynvml`` (tests/fakenvml: the bindings' Python layer, no driver calls),
 sampling every ``--every`` seconds, and measures the sampler thread's CPU time; the baseline, in
 the same run, is the same thread with a reader that returns nothing (the loop, the aggregation and
-the timing alone). On a real GPU each NVML query adds its driver call (a few tens of microseconds).
+the timing alone). On a real GPU each NVML query adds its driver call (a few tens of microseconds):
+``--real`` reads the machine's own GPUs through the installed ``nvidia-ml-py`` instead.
 
-    python benchmarks/gpu_sampling.py [--gpus 8] [--seconds 20] [--every 0.05]
+    python benchmarks/gpu_sampling.py [--gpus 8] [--seconds 20] [--every 0.05] [--real]
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT / "tests" / "fakenvml"), str(ROOT)]
+REAL = "--real" in sys.argv[1:]  # the machine's GPUs through the real bindings, not the stand-in
+sys.path[:0] = [str(ROOT)] if REAL else [str(ROOT / "tests" / "fakenvml"), str(ROOT)]
 
 from broker.agent.gpu import GpuReading, open_reader  # noqa: E402
 from broker.agent.gpu_sampling import GpuSampler  # noqa: E402
@@ -61,6 +63,7 @@ def main() -> None:
     parser.add_argument("--gpus", type=int, default=8)
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--every", type=float, default=0.05, help="sampling interval (the agent's default: 5 s)")
+    parser.add_argument("--real", action="store_true", help="every GPU of this machine, through nvidia-ml-py")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         readings = Path(tmp) / "readings.json"
@@ -69,7 +72,9 @@ def main() -> None:
              "readings": [{"gpu": 40 + i, "memory": 10, "used_mb": 30000, "power_w": 250.0}]}
             for i in range(args.gpus)]}))
         os.environ["FAKE_NVML_READINGS"] = str(readings)
-        nvml = open_reader({"CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in range(args.gpus))})
+        nvml = open_reader({} if args.real else {"CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in range(args.gpus))})
+        if args.real:
+            args.gpus = len(nvml.read(frozenset()))
         base_cpu, base_sweeps = _run(_Nothing(), args.seconds, args.every)
         cpu, sweeps = _run(nvml, args.seconds, args.every)
     per_sweep = cpu / sweeps if sweeps else float("nan")

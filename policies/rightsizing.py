@@ -8,8 +8,12 @@ advice, each with the saving at the prices the job actually paid, never applied 
 - ``fewer_gpus``: a multi-GPU job whose GPUs, busy ``u`` of the time, would be ``TARGET_BUSY``
   busy on ``ceil(n * u / TARGET_BUSY)`` of them (where its work divides across fewer);
 - ``cheaper_gpu``: the GPU type with enough memory (peak times ``MEMORY_HEADROOM``) that would have
-  cost least: the busy share of its time stretched by the speed ratio (``speeds``: measured where
-  known, else the documented default table), the idle share not.
+  cost least: the busy share of its time stretched by the speed ratio, the idle share not. The
+  ratio is the job's own where its step times were measured on both types (``measured_speeds``,
+  from ``speeds_from_step_times``), else the documented default table (``speeds``), and says which.
+
+For a recurring job (same name and team) the figures may pool its earlier runs (``runs``): the
+highest peak memory of any of them and the utilisation over all their measured GPU time.
 
 Pure: no I/O; the report gathers the figures (``broker/reports/rightsizing.py``).
 """
@@ -17,7 +21,8 @@ Pure: no I/O; the report gathers the figures (``broker/reports/rightsizing.py``)
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+import statistics
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 MEMORY_HEADROOM = 1.2  # the peak must fit with 20 % to spare
@@ -44,8 +49,9 @@ class RightSizingRequest:
     cost: float  # what those cost
     gpu_share: float | None = None
     offers: tuple[GpuOffer, ...] = ()
-    speeds: Mapping[str, float] = field(default_factory=dict)  # relative training speed per GPU type
-    speeds_measured: bool = False
+    speeds: Mapping[str, float] = field(default_factory=dict)  # relative training speed per GPU type (a table)
+    measured_speeds: Mapping[str, float] = field(default_factory=dict)  # the job's own, from its step times
+    runs: int = 1  # the runs of the (recurring) job its figures pool
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +70,10 @@ def suggest(request: RightSizingRequest) -> tuple[Suggestion, ...]:
     return tuple(sorted(found, key=lambda s: -s.saving))
 
 
+def _over(r: RightSizingRequest) -> str:
+    return f" over its last {r.runs} runs" if r.runs > 1 else ""
+
+
 def _fraction(r: RightSizingRequest) -> Suggestion | None:
     if r.gpus != 1 or r.gpu_share is not None or r.gpu_memory_gb <= 0:
         return None
@@ -73,8 +83,8 @@ def _fraction(r: RightSizingRequest) -> Suggestion | None:
         return None
     saving = r.cost * (1 - share)
     return Suggestion("fraction", f"it would have fit {share:g} of its {r.accelerator} (peak {r.peak_memory_gb:.1f} "
-                                  f"of {r.gpu_memory_gb:.0f} GB, {100 * r.mean_utilization:.0f}% busy): ask for "
-                                  f"{r.accelerator}:{share:g} and save ${saving:,.2f}", saving)
+                                  f"of {r.gpu_memory_gb:.0f} GB, {100 * r.mean_utilization:.0f}% busy{_over(r)}): "
+                                  f"ask for {r.accelerator}:{share:g} and save ${saving:,.2f}", saving)
 
 
 def _fewer(r: RightSizingRequest) -> Suggestion | None:
@@ -84,27 +94,44 @@ def _fewer(r: RightSizingRequest) -> Suggestion | None:
     if fewer >= r.gpus:
         return None
     saving = r.cost * (1 - fewer / r.gpus)
-    return Suggestion("fewer_gpus", f"its {r.gpus} GPUs were {100 * r.mean_utilization:.0f}% busy: {fewer} would have "
-                                    f"been {100 * min(r.gpus * r.mean_utilization / fewer, 1.0):.0f}% busy, saving "
-                                    f"${saving:,.2f} where its work divides across fewer GPUs", saving)
+    return Suggestion("fewer_gpus", f"its {r.gpus} GPUs were {100 * r.mean_utilization:.0f}% busy{_over(r)}: "
+                                    f"{fewer} would have been {100 * min(r.gpus * r.mean_utilization / fewer, 1.0):.0f}"
+                                    f"% busy, saving ${saving:,.2f} where its work divides across fewer GPUs", saving)
+
+
+def speeds_from_step_times(step_seconds: Mapping[str, Sequence[float]]) -> dict[str, float]:
+    """Relative speed per GPU type from a job's measured seconds per step there (1 / their median).
+
+    Empty unless at least two types were measured: one type alone compares with nothing.
+    """
+    medians = {gpu: statistics.median(s) for gpu, s in step_seconds.items()
+               if s and all(math.isfinite(x) and x > 0 for x in s)}
+    return {gpu: 1.0 / m for gpu, m in medians.items()} if len(medians) >= 2 else {}
+
+
+def _ratio(r: RightSizingRequest, other: str) -> tuple[float, bool]:
+    """How many times as long the busy time takes on ``other`` as on the job's own type; True if measured."""
+    mine, theirs = r.measured_speeds.get(r.accelerator), r.measured_speeds.get(other)
+    if mine and theirs:
+        return mine / theirs, True
+    mine, theirs = r.speeds.get(r.accelerator), r.speeds.get(other)
+    return (mine / theirs if mine and theirs else 1.0), False
 
 
 def _cheaper(r: RightSizingRequest) -> Suggestion | None:
-    own_speed = r.speeds.get(r.accelerator)
-    best: tuple[float, float, GpuOffer] | None = None
+    best: tuple[float, float, GpuOffer, bool] | None = None
     for offer in r.offers:
         if offer.accelerator == r.accelerator or offer.memory_gb < r.peak_memory_gb * MEMORY_HEADROOM:
             continue
-        speed = r.speeds.get(offer.accelerator)
-        ratio = own_speed / speed if own_speed and speed else 1.0
+        ratio, measured = _ratio(r, offer.accelerator)
         slower = r.mean_utilization * ratio + (1 - r.mean_utilization)
         cost = r.gpu_hours * slower * offer.price_per_gpu_hour
         if best is None or cost < best[0]:
-            best = (cost, slower, offer)
+            best = (cost, slower, offer, measured)
     if best is None:
         return None
-    cost, slower, offer = best
-    source = "measured" if r.speeds_measured else "from the default speed table, not measured"
+    cost, slower, offer, measured = best
+    source = "measured from its step times on both" if measured else "from the default speed table, not measured"
     pace = f"about {slower:.2f}x as long" if abs(slower - 1) > 0.005 else "as fast"
     return Suggestion("cheaper_gpu", f"{r.gpus}x {offer.accelerator} ({offer.memory_gb:.0f} GB, at least "
                                      f"{MEMORY_HEADROOM:g}x its {r.peak_memory_gb:.1f} GB peak) at "

@@ -90,6 +90,7 @@ class JobLaunch:
     gpu_memory_mb: int | None = None  # the GPU memory that share may pin, when known
     # Its ``setup`` already ran on these nodes ahead of the start (``Provisioner.prepare_job``): only ``run`` is left.
     setup_done: bool = False
+    gpu_sampler: str | None = None  # the ``gpu_sampler`` setting: the agents' GPU reader instead of NVML
 
     def env(self, node_rank: int, node_ips: list[str]) -> dict[str, str]:
         """The variables node ``node_rank`` of the gang sees (its rank in the gang, not the cluster).
@@ -97,7 +98,9 @@ class JobLaunch:
         The broker's checkpoint contract plus the variables SkyPilot gives a task.
         """
         gpus = self.placement.visible_devices(self.placement.nodes[node_rank])
+        sampler = {"BROKER_GPU_SAMPLER": self.gpu_sampler} if self.gpu_sampler else {}
         return {
+            **sampler,  # the job's own envs may name another
             **self.spec.envs,
             "BROKER_JOB_ID": self.job_id,
             "BROKER_CHECKPOINT_DIR": self.checkpoint_dir,

@@ -55,6 +55,7 @@ class EngineOptions:
     pool_idle_s: float = 0.0  # market seconds an unheld cluster is kept for the queue
     queue_max_gpus: tuple[tuple[str, int], ...] = ()  # (queue, GPUs its jobs' clusters may hold)
     gpu_idle_below: float = 0.10  # a measured GPU-minute below this mean utilisation is held idle
+    gpu_sampler: str | None = None  # module:callable replacing the agents' NVML reader (BROKER_GPU_SAMPLER)
     # Pass over the queued jobs that certainly wait (broker.engine.queue); False: the full decision for
     # every queued job on every pass (the reference the benchmark and the parity test compare against).
     queue_fast_path: bool = True
@@ -78,6 +79,7 @@ def engine_options(settings: Settings, broker_url: str | None, **extra: Any) -> 
         eager_policy=settings.eager_policy, eager_lead_s=settings.eager_lead_seconds,
         pool_idle_s=settings.pool_idle_seconds, queue_max_gpus=tuple(sorted(settings.queue_max_gpus.items())),
         start_retries=settings.start_retries, gpu_idle_below=settings.gpu_idle_below,
+        gpu_sampler=settings.gpu_sampler,
         fair_share=fair_share_config(settings), **extra,
     )
 

@@ -1,34 +1,119 @@
 """The quickstart end to end with a stand-in ``pynvml`` first on the nodes' path (the default NVML path,
-no sampler setting) replaying 3 % utilisation: its running GPU-hours become held idle (mostly stalled)
-and its status shows the mean."""
+no sampler setting) replaying 3 % utilisation: its running GPU-hours become held idle (mostly stalled),
+its status shows the mean, and what ``/metrics`` exports while it runs fires the idle alert under promtool."""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import time
+from dataclasses import dataclass
+from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
+import yaml
 from sqlalchemy import func, select
 
+from broker.api.gpu_metrics import GpuCollector
 from broker.store import open_store
 from broker.store.gpu import GpuMinuteRow
+from broker.store.tables import JobRow
 from tests.fakenvml import pynvml as fake
 
 ROOT = Path(__file__).resolve().parents[2]
+ALERTS = ROOT / "monitoring" / "alerts.yml"
+
+
+@dataclass
+class _At:
+    """The broker's clock at one instant (the launch's own clock runs in its process)."""
+
+    at: datetime
+    speed: float = 1.0
+
+    def now(self) -> datetime:
+        return self.at
+
+    def to_clock(self, wall_epoch: float) -> datetime:
+        return self.at
+
+
+def _exported_while_running(home: Path, launch: subprocess.Popen[str]) -> list[str]:
+    """The DCGM series ``/metrics`` exports for the running job, collected from its store while it runs."""
+    url = f"sqlite:///{home / 'broker.db'}"
+    while launch.poll() is None:
+        time.sleep(0.5)
+        if not (home / "broker.db").exists():
+            continue
+        store = open_store(url)
+        try:
+            with store.transaction() as s:
+                running = s.query(JobRow).filter(JobRow.state == "RUNNING").first()
+                latest = s.query(func.max(GpuMinuteRow.started_at)).scalar()
+            if running is None or latest is None:
+                continue
+            lines = []
+            for family in GpuCollector(store, _At(latest + timedelta(minutes=1))).collect():
+                for sample in family.samples:
+                    labels = ",".join(f'{k}="{v}"' for k, v in sorted(sample.labels.items()))
+                    lines.append(f"{sample.name}{{{labels}}} {sample.value}")
+            if lines:
+                return lines
+        except Exception:  # the launch's engine may hold the database a moment: look again
+            continue
+        finally:
+            store.dispose()
+    return []
+
+
+def _alert_fires_on(series: list[str], tmp: Path) -> str:
+    """promtool's verdict on BrokerJobGpusIdle over these exported series held for 45 minutes."""
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        if os.environ.get("CI"):
+            pytest.fail("promtool is missing: scripts/test.sh installs Debian's prometheus package")
+        pytest.skip("promtool is missing (apt-get install prometheus)")
+    util = [line for line in series if line.startswith("DCGM_FI_DEV_GPU_UTIL{")]
+    job = util[0].split('job_id="')[1].split('"')[0]
+    team = util[0].split('team="')[1].split('"')[0]
+    case = {"rule_files": [str(ALERTS)], "evaluation_interval": "1m", "tests": [{
+        "interval": "1m",
+        "input_series": [{"series": line.rsplit(" ", 1)[0], "values": f"{float(line.rsplit(' ', 1)[1]):g}x45"}
+                         for line in util],
+        "alert_rule_test": [{"eval_time": "35m", "alertname": "BrokerJobGpusIdle", "exp_alerts": [{
+            "exp_labels": {"severity": "warning", "job_id": job, "team": team},
+            "exp_annotations": {
+                "summary": f"Job {job} (team {team}) holds its GPUs idle",
+                "description": "Its busiest GPU has been under 10 % busy for 30 minutes: see its page on the "
+                               "dashboard."}}]}]}]}
+    (tmp / "quickstart_test.yml").write_text(yaml.safe_dump(case))
+    done = subprocess.run([promtool, "test", "rules", str(tmp / "quickstart_test.yml")], capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return job
 
 
 @pytest.mark.slow
-def test_the_quickstart_at_3_percent_is_held_idle_stalled(broker_home: Path) -> None:
+def test_the_quickstart_at_3_percent_is_held_idle_stalled(broker_home: Path, tmp_path: Path) -> None:
     readings = ROOT / "examples" / "gpu" / "idle-3pct.json"  # what docs/gpu-utilisation.md runs
     env = {**os.environ, "BROKER_HOME": str(broker_home), "FAKE_NVML_READINGS": str(readings),
            "PYTHONPATH": os.pathsep.join([str(Path(fake.__file__).parent), str(ROOT)])}
-    launched = subprocess.run([sys.executable, "-m", "broker", "launch", "examples/quickstart.yaml", "--json"],
-                              cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
-    assert launched.returncode == 0, launched.stderr[-3000:]
-    summary = json.loads(launched.stdout.strip().splitlines()[-1])
+    launch = subprocess.Popen([sys.executable, "-m", "broker", "launch", "examples/quickstart.yaml", "--json"],
+                              cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        exported = _exported_while_running(broker_home, launch)
+        out, err = launch.communicate(timeout=300)
+    finally:
+        if launch.poll() is None:
+            launch.kill()
+    assert launch.returncode == 0, err[-3000:]
+    summary = json.loads(out.strip().splitlines()[-1])
+    assert exported and all(line.endswith(" 3.0") for line in exported if line.startswith("DCGM_FI_DEV_GPU_UTIL"))
+    assert _alert_fires_on(exported, tmp_path) == summary["job_id"]
     assert summary["state"] == "SUCCEEDED"
     store = open_store(f"sqlite:///{broker_home / 'broker.db'}")
     with store.transaction() as s:

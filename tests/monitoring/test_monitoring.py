@@ -161,7 +161,5 @@ def test_every_alert_has_a_promtool_case_where_it_fires() -> None:
     scrape = yaml.safe_load((MONITORING / "prometheus.yml").read_text())["scrape_configs"]
     assert [c["job_name"] for c in scrape] == ["spot-broker"]  # the job BrokerReplicaDown watches
     for rule in rules:
-        if rule["alert"] == "BrokerJobGpusIdle":  # its DCGM case lives in tests/broker/api/test_gpu_metrics.py
-            continue
         mine = [c for c in cases if c["alertname"] == rule["alert"]]
         assert any(c["exp_alerts"] for c in mine), f"{rule['alert']}: no case where it fires"

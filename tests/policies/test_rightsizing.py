@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
-from policies.rightsizing import GpuOffer, RightSizingRequest, suggest
+from policies.rightsizing import GpuOffer, RightSizingRequest, speeds_from_step_times, suggest
 
 
 def _req(**kw: object) -> RightSizingRequest:
@@ -50,3 +52,29 @@ def test_nothing_fits_or_nothing_is_known() -> None:
     assert suggest(_req(peak_memory_gb=39.0, mean_utilization=0.2, offers=(GpuOffer("T4", 16.0, 0.1),))) == ()
     assert suggest(_req(cost=0.0)) == ()
     assert suggest(_req(mean_utilization=float("nan"))) == ()
+
+
+def test_speeds_from_step_times_are_one_over_the_median_and_need_two_types() -> None:
+    # A100: median of 2, 2.5, 3 = 2.5 s a step -> 0.4; T4: median of 4, 6 = 5 -> 0.2. One type alone: nothing.
+    assert speeds_from_step_times({"A100": [3.0, 2.0, 2.5], "T4": [4.0, 6.0]}) == pytest.approx({"A100": 0.4,
+                                                                                                  "T4": 0.2})
+    assert speeds_from_step_times({"A100": [2.0], "T4": []}) == {}
+    assert speeds_from_step_times({"A100": [2.0], "T4": [float("nan")]}) == {}
+
+
+def test_measured_speeds_replace_the_table_only_where_both_types_were_measured() -> None:
+    # 1 GPU, peak 12 GB, 15 % busy, 1 GPU-h for $3; a T4 at $0.60. Measured: the T4 2.5x slower ->
+    # 0.15 * 2.5 + 0.85 = 1.225x as long, $0.735. An L4 (24 GB, $0.50) not measured: the table's
+    # 2.2 / 0.6 -> 0.15 * 3.667 + 0.85 = 1.4x, $0.70: cheaper, and said to be from the table.
+    offers = (GpuOffer("T4", 16.0, 0.60),)
+    request = _req(peak_memory_gb=12.0, mean_utilization=0.15, gpu_hours=1.0, cost=3.0, offers=offers,
+                   speeds={"A100": 2.2, "T4": 0.35, "L4": 0.6}, measured_speeds={"A100": 0.5, "T4": 0.2}, runs=3)
+    found = {s.kind: s for s in suggest(request)}
+    assert found["cheaper_gpu"].saving == pytest.approx(3.0 - 1.225 * 0.60)
+    assert found["cheaper_gpu"].text.endswith("(speeds measured from its step times on both)")
+    assert "15% busy over its last 3 runs" in found["fraction"].text
+    with_l4 = suggest(dataclasses.replace(request, offers=(*offers, GpuOffer("L4", 24.0, 0.50))))
+    cheapest = next(s for s in with_l4 if s.kind == "cheaper_gpu")
+    assert cheapest.slower == pytest.approx(0.15 * 2.2 / 0.6 + 0.85)
+    assert cheapest.text.startswith("1x L4") and cheapest.text.endswith("(speeds from the default speed table, "
+                                                                        "not measured)")

@@ -140,3 +140,23 @@ def test_a_store_behind_the_newest_migration_is_still_migrated(tmp_path: Path) -
     assert store.at_head() and head_revision() is not None
     assert "ledger_rollup" in inspect(store.engine).get_table_names()
     store.dispose()
+
+
+def test_the_cli_never_imports_nvml_even_where_it_could(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Only the node agent reads GPUs (broker.agent.gpu): with a `pynvml` importable first on the path (the
+    stand-in, as a GPU node would have the real one), `status` and `report` on measured jobs still leave it be."""
+    from tests.status_stores import store_with_every_kind_of_job
+
+    root = Path(__file__).resolve().parents[3]
+    home = tmp_path / "home"
+    store_with_every_kind_of_job(f"sqlite:///{home / 'broker.db'}")
+    monkeypatch.setenv("BROKER_HOME", str(home))
+    monkeypatch.setenv("PYTHONPATH", f"{root / 'tests' / 'fakenvml'}:{root}")
+    probe = subprocess.run([sys.executable, "-c", "import pynvml; print(pynvml.__file__)"], capture_output=True,
+                           text=True, timeout=60)
+    assert "fakenvml" in probe.stdout  # importable: leaving it out below is the CLI's doing
+    for args, read in ((["status", "j-running", "--json"], "broker.status.summary"),
+                       (["report", "--json"], "broker.reports.build"), (["--help"], "broker.cli")):
+        loaded = _modules(*args)
+        assert read in loaded, args  # it did read the measured jobs
+        assert not {m for m in loaded if m == "pynvml" or m.startswith("broker.agent.gpu")}, args

@@ -112,6 +112,12 @@ def test_a_binary_or_fake_gzip_market_file(tmp_path: Path, capsys: pytest.Captur
     ("gpu_idle_below", -0.1, "gpu_idle_below: Input should be greater than or equal to 0"),
     ("gpu_idle_below", float("nan"), "gpu_idle_below"),
     ("gpu_idle_below", "idle\ud800", "gpu_idle_below: Input should be a valid"),
+    ("gpu_sampler", "os:system; rm -rf /", "gpu_sampler: String should match pattern"),
+    ("gpu_sampler", "tests.fakenvml", "gpu_sampler: String should match pattern"),  # no callable
+    ("gpu_sampler", "../evil:read", "gpu_sampler: String should match pattern"),
+    ("gpu_sampler", "m:f\n", "gpu_sampler: String should match pattern"),
+    ("gpu_sampler", "m" * 300 + ":f", "gpu_sampler: String should have at most 200 characters"),
+    ("gpu_sampler", 42, "gpu_sampler: Input should be a valid string"),
     ("capacity_request_interval_seconds", float("inf"), "capacity_request_interval_seconds"),
     ("capacity_request_interval_seconds", -1, "capacity_request_interval_seconds"),
     ("capacity_cache_seconds", 10**12, "capacity_cache_seconds: Input should be less than or equal to 86400"),
@@ -171,3 +177,16 @@ def test_infinite_or_huge_numbers_in_flags_and_settings_are_one_line(
     line = _fails(argv, capsys)
     assert field in line
     assert not (tmp_path / "home" / "broker.db").exists()
+
+
+def test_a_hostile_gpu_sampler_in_the_environment_is_refused_naming_the_setting(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from broker.config.file import ConfigError
+    from broker.config.settings import load_settings
+
+    monkeypatch.setenv("BROKER_GPU_SAMPLER", "os:system(\"rm -rf ~\")")
+    with pytest.raises(ConfigError) as error:
+        load_settings()
+    assert str(error.value).startswith("invalid settings: gpu_sampler: String should match pattern")
+    monkeypatch.setenv("BROKER_GPU_SAMPLER", "tests.fakenvml.pynvml:nvmlInit")
+    assert load_settings().gpu_sampler == "tests.fakenvml.pynvml:nvmlInit"

@@ -154,7 +154,7 @@ def test_idle_gpus_inside_a_running_job_are_held_idle_by_part(tmp_path: Path, db
            "stalled 0.1" in summary_lines(report)
     # Right-sizing: 290 utilisation-minutes over 14 measured GPU-minutes = 20.7 % busy on 2 GPUs:
     # ceil(2 * 0.207 / 0.8) = 1 GPU would do, saving half the job's 0.32 $.
-    assert report.right_sizing == [{"job_id": "j", "label": "train (ml)", "suggestions": [{
+    assert report.right_sizing == [{"job_id": "j", "label": "train (ml)", "runs": 1, "suggestions": [{
         "kind": "fewer_gpus", "saving": pytest.approx(0.16), "slower": 1.0,
         "text": "its 2 GPUs were 21% busy: 1 would have been 41% busy, saving $0.16 where its work divides "
                 "across fewer GPUs"}]}]

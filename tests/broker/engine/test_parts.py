@@ -3,6 +3,7 @@ job events as JSON holds them, and the provisioner calls made after commit, in o
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 from collections.abc import Iterator
@@ -60,15 +61,31 @@ def test_engine_options_carry_every_setting_the_engine_reads(broker_home: Path) 
                              preemption_policy="checkpoint_aware",
                              max_gpus=64, restart_overhead_s=240.0, eager_policy="eager", eager_lead_seconds=30.0,
                              pool_idle_seconds=90.0, queue_max_gpus={"training": 16, "inference": 8},
-                             start_retries=5)
+                             start_retries=5, gpu_idle_below=0.2, gpu_sampler="tests.fakenvml.pynvml:sampler")
     options = engine_parts.engine_options(settings, "http://127.0.0.1:8765", checkpoint_gb=12.5)
     assert options == EngineOptions(
         home=settings.home, selection_policy="greedy", placement_policy="first_fit",
         preemption_policy="checkpoint_aware",
         broker_url="http://127.0.0.1:8765", restart_overhead_s=240.0, checkpoint_gb=12.5, max_gpus=64,
         start_retries=5, eager_policy="eager", eager_lead_s=30.0, pool_idle_s=90.0,
-        queue_max_gpus=(("inference", 8), ("training", 16)))
+        queue_max_gpus=(("inference", 8), ("training", 16)), gpu_idle_below=0.2,
+        gpu_sampler="tests.fakenvml.pynvml:sampler")
     assert options.home == broker_home
+
+
+def test_the_gpu_sampler_setting_reaches_every_node_of_the_job_unless_its_envs_name_another() -> None:
+    """Set in the config file it is not in the broker's environment: the launch carries it to the agents."""
+    spec = parse_job_spec("name: j\nresources:\n  accelerators: A100:2\nrun: 'true'\n", offline=True)
+    placement = GangPlacement("c", ((0, (0,)), (1, (1,))))
+
+    def launch(sampler: str | None, envs: dict[str, str]) -> JobLaunch:
+        return JobLaunch("j", 1, dataclasses.replace(spec, envs=envs), placement, "/c", None, None, "/l",
+                         gpu_sampler=sampler)
+
+    ips = ["10.0.0.1", "10.0.0.2"]
+    assert [launch("m:f", {}).env(rank, ips)["BROKER_GPU_SAMPLER"] for rank in (0, 1)] == ["m:f", "m:f"]
+    assert launch("m:f", {"BROKER_GPU_SAMPLER": "mine:reader"}).env(0, ips)["BROKER_GPU_SAMPLER"] == "mine:reader"
+    assert "BROKER_GPU_SAMPLER" not in launch(None, {}).env(0, ips)  # unset: the agents read NVML
 
 
 def test_defaults_give_the_registrys_policies_and_no_limits(broker_home: Path) -> None:

@@ -68,6 +68,15 @@ def test_every_page_renders_without_console_errors(dashboard: Dashboard, tab: Ta
 @pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
 def test_the_job_page_charts_each_gpu_s_measured_utilisation_with_the_job_s_moments(dashboard: Dashboard,
                                                                                     tab: Tab) -> None:
+    from datetime import timedelta
+
+    from broker.store.tables import CheckpointReportRow
+    from tests.broker.web.seed import DAY0
+
+    written = DAY0 + timedelta(days=1, hours=2, minutes=1)  # the checkpoint before its migration
+    with dashboard.store.transaction() as s:
+        s.add(CheckpointReportRow(job_id=dashboard.jobs["alpha"], cluster_id="c-gcp", node="0", path="step-900",
+                                  step=900, written_at=written, received_at=written))
     tab.sign_in(dashboard.tokens["alpha"])
     tab.goto(f"/jobs/{dashboard.jobs['alpha']}")
     chart = tab.page.locator("svg.gpu-chart")
@@ -78,6 +87,8 @@ def test_the_job_page_charts_each_gpu_s_measured_utilisation_with_the_job_s_mome
     assert idle.text_content() == "attempt 2, node 0, GPU 3: mean 2%"
     assert chart.locator(".marker.attempt").count() == 2 and chart.locator(".marker.notice").count() == 1
     assert chart.locator(".marker.migration").count() >= 1
+    assert chart.locator(".marker.checkpoint").count() == 1
+    assert (chart.locator(".marker.checkpoint title").text_content() or "").startswith("checkpoint")
     box = chart.bounding_box()
     assert box is not None and box["width"] > 300 and box["height"] > 50  # drawn, not collapsed
     tab.screenshot("job-gpu")
