@@ -373,9 +373,11 @@ def weighted_fair_share(request: FairShareRequest) -> FairShareDecision:
 def _oldest(books: _Books, request: FairShareRequest) -> QueuedGang | None:
     """The gang FIFO would take first among those only GPUs keep waiting (not exempt, within budget and limits)."""
     exempt = request.exempt_priority
-    ready = [g for g in request.queued if (exempt is None or g.priority < exempt)
-             and books.over_budget(g) is None and books.over_limit(g) is None]
-    return min(ready, key=lambda g: (-g.priority, g.order, g.job_id), default=None)
+    for gang in sorted(request.queued, key=lambda g: (-g.priority, g.order, g.job_id)):
+        if (exempt is None or gang.priority < exempt) and books.over_budget(gang) is None \
+                and books.over_limit(gang) is None:
+            return gang
+    return None
 
 
 def _reclaim_or_wait(books: _Books, owed: dict[str, float], gang: QueuedGang) -> bool:
