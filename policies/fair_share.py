@@ -416,6 +416,8 @@ def _reclaim_or_wait(books: _Books, owed: dict[str, float], gang: QueuedGang) ->
     books.reclaims.append(Reclaim(gang.job_id, need, tuple(taken)))
     books.hold(gang, f"waiting: reclaiming {need} GPU{'s' if need != 1 else ''} from team {', '.join(taken)}")
     books.admitted[gang.team] += gang.gpus
+    if gang.gpu_type is not None:
+        books.admitted_type[(gang.team, gang.gpu_type)] += gang.gpus
     books.free = 0.0
     if books.reservation is not None:
         books.reservation.spare -= usable

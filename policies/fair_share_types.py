@@ -62,4 +62,6 @@ def reclaim_by_type(books: _Books, owed: dict[str, float], gang: QueuedGang, usa
     books.admitted[gang.team] += gang.gpus
     books.admitted_type[(gang.team, gpu_type)] += gang.gpus
     books.free = max(books.free - usable, 0.0)
+    if books.reservation is not None:
+        books.reservation.spare -= usable
     return True

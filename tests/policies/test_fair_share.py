@@ -188,8 +188,12 @@ def situations(draw: st.DrawFn) -> FairShareRequest:
     for name in TEAM_NAMES:
         for i in range(draw(st.integers(0, 6))):
             priority, order = draw(st.sampled_from([100, 500])), draw(st.integers(0, 99))
-            queued.append(QueuedGang(f"{name}{i}", name, 1, priority, order))
-    return FairShareRequest(capacity, teams, tuple(usage), tuple(queued))
+            runtime = draw(st.one_of(st.none(), st.floats(60, 36000)))
+            queued.append(QueuedGang(f"{name}{i}", name, 1, priority, order, runtime_s=runtime))
+    # Predicted ends for some of the held GPUs: reservations come and go with them.
+    held_total = capacity - held_left
+    releases = tuple((draw(st.floats(0, 36000)), 1) for _ in range(draw(st.integers(0, held_total))))
+    return FairShareRequest(capacity, teams, tuple(usage), tuple(queued), releases=releases)
 
 
 @settings(max_examples=400, deadline=None)
