@@ -1,14 +1,15 @@
 """Fair-share benchmark: four teams built from the Philly workloads share one fleet under the fair-share
 policy and its baselines (FIFO, today's behaviour; static quotas without borrowing), in one run.
 
-    python benchmarks/fair_share.py [--traces DIR] [--gpus N] [--seed S]
+    python benchmarks/fair_share.py [--traces DIR] [--gpus N] [--seed S | --seeds S,S,...]
 
 The trace: ``vision`` (weight 2) and ``nlp`` submit steadily over a day, ``speech`` and ``rl`` in
 three seeded bursts each (``broker.sim.fair_share.philly_teams``). Printed per policy: the fleet's
 utilisation, mean and p95 wait, and per team the GPU share it received against the share it was
 owed over the whole replay and the worst one-hour window in which it had work waiting throughout;
 then reclaims, the time from a reclaim to the owner's gang starting, and the time a reclaimed gang
-lost, against the checkpoint time plus one engine step and one checkpoint interval.
+lost, against the checkpoint time plus one engine step and one checkpoint interval. With ``--seeds``,
+one line per seed and policy instead: utilisation, the worst window, and the reclaim bounds.
 """
 
 from __future__ import annotations
@@ -69,12 +70,47 @@ def bounded(low: int, high: int) -> Callable[[str], int]:
     return parse
 
 
+def seeds(text: str) -> list[int]:
+    parse = bounded(0, 2**31)
+    values = [parse(part) for part in text.split(",") if part.strip()]
+    if not 1 <= len(values) <= 50:
+        raise argparse.ArgumentTypeError(f"expected 1 to 50 seeds separated by commas, got {len(values)}")
+    return values
+
+
+def per_seed(traces: Path, gpus: int, chosen: list[int]) -> None:
+    """One line per seed and policy, every policy replayed on the same trace in this run."""
+    print(f"Philly workloads 1-4 as four teams, {gpus} GPUs, step {STEP_S:.0f} s, checkpoints {CHECKPOINT_S:.0f} s; "
+          f"reclaim bounds: handover {CHECKPOINT_S + STEP_S:.0f} s, lost {CHECKPOINT_INTERVAL_S:.0f} s")
+    print(f"{'seed':>4} {'policy':<20}{'utilisation':>12}{'makespan h':>11}{'mean wait h':>12}{'worst window':>13}"
+          f"{'reclaims':>9}{'handover s':>11}{'lost s':>7}{'unfinished':>11}")
+    wins = 0
+    for seed in chosen:
+        jobs = philly_teams(traces, seed)
+        results = [replay(jobs, PHILLY_TEAMS, gpus, kinds.fair_share.get(name), name, step_s=STEP_S,
+                          checkpoint_s=CHECKPOINT_S) for name in POLICIES]
+        for r in results:
+            print(f"{seed:>4} {r.policy:<20}{r.utilisation:>12.1%}{r.makespan_s / 3600:>11.1f}"
+                  f"{r.mean_wait_s / 3600:>12.2f}{r.worst_window_error:>13.1%}{len(r.handovers_s):>9}"
+                  f"{max(r.handovers_s, default=0):>11.0f}{max(r.lost_per_reclaim_s, default=0):>7.0f}"
+                  f"{r.unfinished:>11}", flush=True)
+        wins += results[0].utilisation >= results[1].utilisation
+    print(f"{POLICIES[0]} at least FIFO's utilisation on {wins} of {len(chosen)} seeds")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--traces", type=Path, default=DEFAULT_TRACES)
     parser.add_argument("--gpus", type=bounded(1, 100_000), default=128)
     parser.add_argument("--seed", type=bounded(0, 2**31), default=31)
+    parser.add_argument("--seeds", type=seeds, default=None, help="several seeds, one line each: 1,2,3")
     args = parser.parse_args(argv)
+    if args.seeds is not None:
+        try:
+            per_seed(args.traces, args.gpus, args.seeds)
+        except WorkloadError as exc:
+            parser.exit(2, f"error: --traces: {exc}\n")
+        return 0
     try:
         jobs = philly_teams(args.traces, args.seed)
     except WorkloadError as exc:

@@ -16,6 +16,14 @@ Every policy is ``policy(request: FairShareRequest) -> FairShareDecision``, pure
   not punished for it; within a team, higher priority first, then the earlier submission.
 - **admit**: a gang that fits the free GPUs is admitted, even past its team's share (it borrows
   what others leave unused), unless its team (or an ancestor) would pass its limit or its budget.
+- **reserve**: the gang waiting longest (by priority, then submission, as FIFO takes them), when it
+  does not fit the free GPUs, gets a reservation: when the predicted ends of the running gangs
+  (``releases``) free enough for it. A gang that would borrow starts before it only if it ends before
+  then by its own estimate (``runtime_s``) or fits in what the reservation leaves spare; a gang within
+  its team's share is never held back by it (``policies/backfill.py``). Without it, a large gang
+  waits for a moment when enough GPUs happen to be free, which the small ones keep from coming.
+- **per GPU type**: a quota per type (``Team.type_quotas``) is guaranteed per type: a gang within it
+  counts as within its team's share, and takes back only GPUs of its type (``policies/fair_share_types.py``).
 - **reclaim**: a gang that does not fit, whose team would stay within its share, takes GPUs back
   from the teams holding more than theirs (the most over first); the caller picks the borrowers'
   gangs to checkpoint by the least work lost and requeues them.
@@ -24,7 +32,7 @@ Every policy is ``policy(request: FairShareRequest) -> FairShareDecision``, pure
 
 ``fifo`` (today's behaviour: priority, then submission, admitted while they fit) and
 ``static_quota`` (each team a fixed part of the fleet, by quota or weight, no borrowing) are the
-baselines; budgets hold under every policy.
+baselines (``policies/fair_share_baselines.py``); budgets hold under every policy.
 """
 
 from __future__ import annotations
@@ -35,6 +43,8 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from policies.backfill import Reservation, reserve
+from policies.fair_share_types import reclaim_by_type, within_type_quota
 from policies.registry import Registry
 
 DEFAULT_WEIGHT = 1.0
@@ -45,9 +55,10 @@ EPSILON = 1e-9
 class Team:
     name: str
     weight: float = DEFAULT_WEIGHT
-    quota_gpus: int | None = None  # guaranteed, as far as its work needs it
+    quota_gpus: int | None = None  # guaranteed, as far as its work needs it (in total)
     limit_gpus: int | None = None  # never more, borrowed or not
     parent: str | None = None
+    type_quotas: tuple[tuple[str, int], ...] = ()  # (GPU type, GPUs of it guaranteed): policies/fair_share_types.py
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.weight) and self.weight > 0):
@@ -55,6 +66,9 @@ class Team:
         for name, value in (("quota_gpus", self.quota_gpus), ("limit_gpus", self.limit_gpus)):
             if value is not None and value < 0:
                 raise ValueError(f"team {self.name!r}: {name} must be >= 0, got {value!r}")
+        for gpu_type, count in self.type_quotas:
+            if count < 0:
+                raise ValueError(f"team {self.name!r}: quota_gpus.{gpu_type} must be >= 0, got {count!r}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +77,7 @@ class TeamUsage:
     held_gpus: int  # GPUs its started gangs hold now (gangs already giving theirs back excluded)
     decayed_gpu_s: float = 0.0  # GPU-seconds it used recently, each second weighted 2^(-age / half-life)
     budget_left: float | None = None  # USD left of an enforced budget this period; None: none enforced
+    held_by_type: tuple[tuple[str, int], ...] = ()  # (GPU type, GPUs of it held): for quotas per type
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +88,8 @@ class QueuedGang:
     priority: int
     order: int  # submission order, lower first
     predicted_cost: float = 0.0  # USD, at the prices being paid
+    runtime_s: float | None = None  # predicted run time once started; None: not known
+    gpu_type: str | None = None  # its accelerator (A100...), for quotas per type
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,10 +100,14 @@ class FairShareRequest:
     queued: tuple[QueuedGang, ...]
     half_life_s: float = 3600.0
     exempt_priority: int | None = 1000
+    # (seconds from now, GPUs): when the held GPUs are predicted to be given back; those without a prediction left out
+    releases: tuple[tuple[float, int], ...] = ()
 
     def __post_init__(self) -> None:
         if self.capacity_gpus is not None and self.capacity_gpus < 0:
             raise ValueError(f"capacity_gpus must be >= 0, got {self.capacity_gpus!r}")
+        if any(not (math.isfinite(in_s) and in_s >= 0 and gpus >= 0) for in_s, gpus in self.releases):
+            raise ValueError("releases must be (seconds >= 0, GPUs >= 0) pairs")
         if not (math.isfinite(self.half_life_s) and self.half_life_s > 0):
             raise ValueError(f"half_life_s must be a positive number, got {self.half_life_s!r}")
 
@@ -129,9 +150,14 @@ class _Books:
     free: float
     admitted: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     given_back: dict[str, int] = field(default_factory=lambda: defaultdict(int))  # reclaimed from it
+    held_type: dict[tuple[str, str], int] = field(default_factory=dict)  # (team, GPU type) -> GPUs held
+    admitted_type: dict[tuple[str, str], int] = field(default_factory=lambda: defaultdict(int))
+    given_back_type: dict[tuple[str, str], int] = field(default_factory=lambda: defaultdict(int))
     admit: list[str] = field(default_factory=list)
     waits: list[tuple[str, str]] = field(default_factory=list)
     reclaims: list[Reclaim] = field(default_factory=list)
+    releases: list[tuple[float, int]] = field(default_factory=list)
+    reservation: Reservation | None = None  # for the gang waiting longest, when it does not fit
     _ancestors: dict[str, list[str]] = field(default_factory=dict)
 
     def ancestors(self, team: str) -> list[str]:
@@ -171,7 +197,13 @@ class _Books:
     def take(self, gang: QueuedGang) -> None:
         self.admit.append(gang.job_id)
         self.admitted[gang.team] += gang.gpus
+        if gang.gpu_type is not None:
+            self.admitted_type[(gang.team, gang.gpu_type)] += gang.gpus
         self.free = max(self.free - gang.gpus, 0.0)
+        if gang.runtime_s is not None:
+            self.releases.append((gang.runtime_s, gang.gpus))
+        if self.reservation is not None:
+            self.reservation.use(gang.gpus, gang.runtime_s)
         left = self.budget.get(gang.team)
         if left is not None:
             self.budget[gang.team] = left - gang.predicted_cost
@@ -185,7 +217,9 @@ def _books(request: FairShareRequest) -> _Books:
     held = {u.team: u.held_gpus for u in request.usage}
     budget = {u.team: u.budget_left for u in request.usage}
     capacity = math.inf if request.capacity_gpus is None else float(request.capacity_gpus)
-    return _Books(request, teams, held, budget, max(capacity - sum(held.values()), 0.0))
+    return _Books(request, teams, held, budget, max(capacity - sum(held.values()), 0.0),
+                  releases=list(request.releases),
+                  held_type={(u.team, t): n for u in request.usage for t, n in u.held_by_type})
 
 
 def _queues(request: FairShareRequest) -> dict[str, list[QueuedGang]]:
@@ -269,8 +303,10 @@ def owed_shares(request: FairShareRequest) -> dict[str, float]:
 
 
 def _below_share(books: _Books, owed: dict[str, float], gang: QueuedGang) -> bool:
-    """Whether the team stays within its share with this gang: those teams go before any that would borrow."""
-    return books.held.get(gang.team, 0) + books.admitted[gang.team] + gang.gpus <= owed.get(gang.team, 0.0) + EPSILON
+    """Whether the team stays within its share (or its quota of the gang's GPU type) with this gang: those teams
+    go before any that would borrow."""
+    return books.held.get(gang.team, 0) + books.admitted[gang.team] + gang.gpus <= owed.get(gang.team, 0.0) + EPSILON \
+        or within_type_quota(books, gang)
 
 
 def _standing(books: _Books, owed: dict[str, float], usage: dict[str, float], totals: tuple[float, float],
@@ -303,24 +339,53 @@ def weighted_fair_share(request: FairShareRequest) -> FairShareDecision:
     # A team's place changes only when one of its own gangs is decided: a heap, each team in it once.
     heap = [(key(team), team) for team in queues]
     heapq.heapify(heap)
+    oldest = _oldest(books, request)
+    if oldest is not None and oldest.gpus > books.free + EPSILON:
+        books.reservation = reserve(oldest.job_id, oldest.gpus, books.free, books.releases)
     while heap:
         _, team = heapq.heappop(heap)
         gang = queues[team].pop(0)
         why = books.over_budget(gang) or books.over_limit(gang)
         exempt = request.exempt_priority is not None and gang.priority >= request.exempt_priority
+        # The reservation stops borrowing only: a gang its team's share covers is never held back by it.
+        blocking = books.reservation
+        if blocking is not None and (blocking.job_id == gang.job_id or _below_share(books, owed, gang)
+                                     or blocking.allows(gang.gpus, gang.runtime_s)):
+            blocking = None
         if why is not None:
             books.hold(gang, why)
-        elif gang.gpus <= books.free + EPSILON or exempt:
+        elif exempt:
             books.take(gang)
-        else:
-            _reclaim_or_wait(books, owed, gang)
+        elif gang.gpus <= books.free + EPSILON:
+            if blocking is None:
+                books.take(gang)
+            else:
+                books.hold(gang, blocking.why())
+        elif _reclaim_or_wait(books, owed, gang) and books.reservation is not None \
+                and books.reservation.job_id == gang.job_id:
+            books.reservation = None  # it takes borrowed GPUs back instead
         if queues[team]:
             heapq.heappush(heap, (key(team), team))
     return FairShareDecision(tuple(books.admit), tuple(books.reclaims), tuple(books.waits),
                              tuple(sorted(owed.items())))
 
 
-def _reclaim_or_wait(books: _Books, owed: dict[str, float], gang: QueuedGang) -> None:
+def _oldest(books: _Books, request: FairShareRequest) -> QueuedGang | None:
+    """The gang FIFO would take first among those only GPUs keep waiting (not exempt, within budget and limits)."""
+    exempt = request.exempt_priority
+    for gang in sorted(request.queued, key=lambda g: (-g.priority, g.order, g.job_id)):
+        if (exempt is None or gang.priority < exempt) and books.over_budget(gang) is None \
+                and books.over_limit(gang) is None:
+            return gang
+    return None
+
+
+def _reclaim_or_wait(books: _Books, owed: dict[str, float], gang: QueuedGang) -> bool:
+    """Reclaim borrowed GPUs for a gang that does not fit (with the free ones), or hold it with why; True if
+    reclaimed."""
+    usable = math.floor(books.free + EPSILON)
+    if within_type_quota(books, gang):
+        return reclaim_by_type(books, owed, gang, usable)
     held = books.held.get(gang.team, 0) + books.admitted[gang.team]
     mine = owed.get(gang.team, 0.0)
     if held + gang.gpus > mine + EPSILON:
@@ -329,8 +394,8 @@ def _reclaim_or_wait(books: _Books, owed: dict[str, float], gang: QueuedGang) ->
                              "it starts when that many are free")
         else:
             books.hold(gang, f"waiting: team {gang.team} over its share (holds {held} of {mine:g} GPUs owed)")
-        return
-    need = gang.gpus - math.floor(books.free + EPSILON)
+        return False
+    need = gang.gpus - usable
     # What each other team holds past its share, in whole GPUs (a part of one counts: 4 GPUs among 3
     # teams owe each 1.33, and the team holding 2 gives one back to the team holding none).
     # Only running gangs give GPUs back, so only what a team held at the start counts.
@@ -339,7 +404,7 @@ def _reclaim_or_wait(books: _Books, owed: dict[str, float], gang: QueuedGang) ->
     borrowers = sorted((t for t, n in spare.items() if n >= 1), key=lambda t: (-spare[t], t))
     if sum(spare[t] for t in borrowers) < need:
         books.hold(gang, "waiting: for GPUs (every team is within its share)")
-        return
+        return False
     taken, left = [], need
     for team in borrowers:
         if left <= 0:
@@ -351,51 +416,9 @@ def _reclaim_or_wait(books: _Books, owed: dict[str, float], gang: QueuedGang) ->
     books.reclaims.append(Reclaim(gang.job_id, need, tuple(taken)))
     books.hold(gang, f"waiting: reclaiming {need} GPU{'s' if need != 1 else ''} from team {', '.join(taken)}")
     books.admitted[gang.team] += gang.gpus
+    if gang.gpu_type is not None:
+        books.admitted_type[(gang.team, gang.gpu_type)] += gang.gpus
     books.free = 0.0
-
-
-@FAIR_SHARE_POLICIES.register("fifo")
-def fifo(request: FairShareRequest) -> FairShareDecision:
-    """Today's engine: priority, then submission, each admitted while it fits; budgets and limits hold."""
-    books = _books(request)
-    for gang in sorted(request.queued, key=lambda g: (-g.priority, g.order, g.job_id)):
-        why = books.over_budget(gang) or books.over_limit(gang)
-        if why is not None:
-            books.hold(gang, why)
-        elif gang.gpus <= books.free + EPSILON:
-            books.take(gang)
-        else:
-            books.hold(gang, "waiting: for GPUs")
-    return FairShareDecision(tuple(books.admit), (), tuple(books.waits))
-
-
-@FAIR_SHARE_POLICIES.register("static_quota")
-def static_quota(request: FairShareRequest) -> FairShareDecision:
-    """Each team a fixed part of the fleet (its quota, else by weight among the teams named or with
-    work), never more: nothing borrowed, so nothing reclaimed."""
-    books = _books(request)
-    names = sorted({t.name for t in request.teams} | {u.team for u in request.usage}
-                   | {g.team for g in request.queued})
-    capacity = request.capacity_gpus
-    fixed: dict[str, float] = {}
-    if capacity is not None:
-        unquoted = [n for n in names if books.teams.get(n, Team(n)).quota_gpus is None]
-        quoted = sum(books.teams[n].quota_gpus or 0 for n in names if n not in unquoted)
-        weights = sum(books.teams.get(n, Team(n)).weight for n in unquoted)
-        for n in names:
-            team = books.teams.get(n, Team(n))
-            fixed[n] = float(team.quota_gpus) if team.quota_gpus is not None else (
-                max(capacity - quoted, 0) * team.weight / weights)
-    for gang in sorted(request.queued, key=lambda g: (-g.priority, g.order, g.job_id)):
-        why = books.over_budget(gang) or books.over_limit(gang)
-        held = books.held.get(gang.team, 0) + books.admitted[gang.team]
-        if why is None and capacity is not None and held + gang.gpus > math.floor(fixed[gang.team] + EPSILON):
-            why = f"waiting: team {gang.team} at its fixed part of {math.floor(fixed[gang.team] + EPSILON)} GPUs"
-        if why is not None:
-            books.hold(gang, why)
-        elif gang.gpus <= books.free + EPSILON:
-            books.take(gang)
-        else:
-            books.hold(gang, "waiting: for GPUs")
-    return FairShareDecision(tuple(books.admit), (), tuple(books.waits),
-                             tuple(sorted(fixed.items())))
+    if books.reservation is not None:
+        books.reservation.spare -= usable
+    return True

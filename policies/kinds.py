@@ -13,6 +13,7 @@ from typing import Any
 
 import policies.baselines
 import policies.broker_policy
+import policies.fair_share_baselines
 import policies.optimal
 import policies.sharing
 from policies.admission import ADMISSION_POLICIES, AdmissionPolicy
@@ -27,7 +28,8 @@ from policies.sharing_model import SHARING_POLICIES, SharingPolicy
 
 # Modules that register policies into a kind defined in another module (each kind's own module is
 # imported above for its registry).
-REGISTERING: tuple[ModuleType, ...] = (policies.baselines, policies.broker_policy, policies.optimal, policies.sharing)
+REGISTERING: tuple[ModuleType, ...] = (policies.baselines, policies.broker_policy, policies.fair_share_baselines,
+                                       policies.optimal, policies.sharing)
 
 selection = SELECTION_POLICIES
 placement = PLACEMENT_POLICIES

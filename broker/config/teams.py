@@ -9,6 +9,7 @@ named team, a cycle of parents, a name that is empty, too long or holds control 
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,6 +23,19 @@ MAX_TEAM_GPUS = 1_000_000
 MAX_DEPTH = 16  # of the hierarchy
 MAX_JSON_CHARS = 1_000_000
 MAX_JSON_DEPTH = 8
+
+
+MAX_GPU_TYPES = 100
+
+
+def _gpus(value: Any, where: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int | float) or \
+            (isinstance(value, float) and not (math.isfinite(value) and value.is_integer())):
+        shown = repr(value)[:40] if isinstance(value, int | float | str) else type(value).__name__
+        raise ValueError(f"{where}expected a whole number of GPUs (or a mapping {{GPU type: GPUs}}), got {shown}")
+    if not 0 <= value <= MAX_TEAM_GPUS:
+        raise ValueError(f"{where}expected GPUs between 0 and {MAX_TEAM_GPUS}, got {value:g}")
+    return int(value)
 
 
 def check_team_name(name: str) -> str:
@@ -54,19 +68,24 @@ class TeamSettings(BaseModel):
             raise ValueError(f"expected a positive number, got {type(value).__name__}")
         return value
 
-    @field_validator("quota_gpus", mode="after")
+    @field_validator("quota_gpus", mode="before")
     @classmethod
-    def _quota(cls, value: int | dict[str, int] | None) -> int | dict[str, int] | None:
-        counts = value.values() if isinstance(value, dict) else [] if value is None else [value]
-        for count in counts:
-            if not 0 <= count <= MAX_TEAM_GPUS:
-                raise ValueError(f"expected GPUs between 0 and {MAX_TEAM_GPUS}, got {count}")
+    def _quota(cls, value: Any) -> int | dict[str, int] | None:
+        """A whole number of GPUs, or a mapping {GPU type: whole number}; anything else refused here, in one
+        line naming the type, rather than as both arms of the union."""
+        if value is None:
+            return None
         if isinstance(value, dict):
-            for gpu in value:
-                if not gpu or len(gpu) > 50 or not gpu.replace("-", "").replace("_", "").isalnum() or \
-                        not gpu.isascii():
-                    raise ValueError(f"expected a GPU type like A100, got {gpu[:60]!r}")
-        return value
+            if len(value) > MAX_GPU_TYPES:
+                raise ValueError(f"expected at most {MAX_GPU_TYPES} GPU types, got {len(value)}")
+            quotas = {}
+            for gpu, count in value.items():
+                if not isinstance(gpu, str) or not gpu or len(gpu) > 50 or not gpu.isascii() or \
+                        not gpu.replace("-", "").replace("_", "").isalnum():
+                    raise ValueError(f"expected a GPU type like A100, got {str(gpu)[:60]!r}")
+                quotas[gpu] = _gpus(count, f"{gpu}: ")
+            return quotas
+        return _gpus(value, "")
 
     @field_validator("parent", mode="after")
     @classmethod
@@ -134,7 +153,10 @@ class FairShareConfig:
 
 
 def policy_teams(teams: dict[str, TeamSettings]) -> tuple[Team, ...]:
-    return tuple(Team(name, t.weight, t.total_quota, t.limit_gpus, t.parent) for name, t in sorted(teams.items()))
+    """The policy's teams; a quota per GPU type is guaranteed per type (and its sum in total)."""
+    return tuple(Team(name, t.weight, t.total_quota, t.limit_gpus, t.parent,
+                      tuple(sorted(t.quota_gpus.items())) if isinstance(t.quota_gpus, dict) else ())
+                 for name, t in sorted(teams.items()))
 
 
 def fair_share_config(settings: Any) -> FairShareConfig | None:

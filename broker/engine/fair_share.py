@@ -145,9 +145,17 @@ class FairShare:
 
 
 def build_request(s: Session, config: FairShareConfig, jobs: list[JobRow], now: datetime) -> FairShareRequest:
-    """The policy's request from the store: ``jobs`` are the active ones."""
+    """The policy's request from the store: ``jobs`` are the active ones. A job's ``work`` is its predicted
+    run time; a running one gives its GPUs back that long after its allocation began running."""
     held: dict[str, int] = defaultdict(int)
+    held_type: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
     queued: list[QueuedGang] = []
+    releases: list[tuple[float, int]] = []
+    running_since: dict[str, datetime | None] = {
+        job_id: at for job_id, at in s.execute(
+            select(AllocationRow.job_id, func.max(AllocationRow.running_at))
+            .where(AllocationRow.ended_at.is_(None), AllocationRow.running_at.is_not(None))
+            .group_by(AllocationRow.job_id))}
     price = _paid_price_per_gpu_hour(s, period_start(now, config.budget_period)) if config.budgets else 0.0
     for order, job in enumerate(sorted(jobs, key=lambda j: (j.created_at, j.id))):
         gpus = job.num_nodes * job.gpus_per_node
@@ -155,16 +163,25 @@ def build_request(s: Session, config: FairShareConfig, jobs: list[JobRow], now: 
             continue
         if job.state == JobState.PENDING.value:
             cost = gpus * (job.work_s or 0.0) / 3600 * price
-            queued.append(QueuedGang(job.id, job.team, gpus, job.priority, order, cost))
+            queued.append(QueuedGang(job.id, job.team, gpus, job.priority, order, cost, runtime_s=job.work_s,
+                                     gpu_type=job.accelerator))
         elif not (job.state == JobState.CHECKPOINTING.value and job.preempted_by is not None):
             held[job.team] += gpus
+            if job.accelerator is not None:
+                held_type[job.team][job.accelerator] += gpus
+            began = running_since.get(job.id)
+            if job.work_s is not None and began is not None:
+                releases.append((max(job.work_s - (now - began).total_seconds(), 0.0), gpus))
     usage = _decayed_usage(s, now, config.half_life_s)
     left = _budget_left(s, config, now)
     teams = set(held) | set(usage) | set(left) | {g.team for g in queued}
     return FairShareRequest(
         capacity_gpus=config.capacity_gpus, teams=config.teams,
-        usage=tuple(TeamUsage(t, held.get(t, 0), usage.get(t, 0.0), left.get(t)) for t in sorted(teams)),
-        queued=tuple(queued), half_life_s=config.half_life_s, exempt_priority=config.exempt_priority)
+        usage=tuple(TeamUsage(t, held.get(t, 0), usage.get(t, 0.0), left.get(t),
+                              tuple(sorted(held_type[t].items())) if t in held_type else ())
+                    for t in sorted(teams)),
+        queued=tuple(queued), half_life_s=config.half_life_s, exempt_priority=config.exempt_priority,
+        releases=tuple(releases))
 
 
 def _decayed_usage(s: Session, now: datetime, half_life_s: float) -> dict[str, float]:

@@ -120,8 +120,9 @@ def replay(jobs: list[TeamJob], teams: tuple[Team, ...], capacity: int, policy: 
         request = FairShareRequest(
             capacity, teams,
             tuple(TeamUsage(t, held.get(t, 0), usage.get(t, 0.0)) for t in sorted(set(held) | set(usage))),
-            tuple(QueuedGang(r.job.job_id, r.job.team, r.job.gpus, r.job.priority, order[r.job.job_id])
-                  for r in queued), half_life_s=half_life_s)
+            tuple(QueuedGang(r.job.job_id, r.job.team, r.job.gpus, r.job.priority, order[r.job.job_id],
+                             runtime_s=r.left_s + (restart_s if r.started_s is not None else 0.0))
+                  for r in queued), half_life_s=half_life_s, releases=_releases(holding, now))
         decision = policy(request)
         for job_id in decision.admit:
             run = runs[job_id]
@@ -164,8 +165,14 @@ def replay(jobs: list[TeamJob], teams: tuple[Team, ...], capacity: int, policy: 
         for run in holding:
             if run.running_since is not None and run.leaving_at is None and now >= run.running_since:
                 run.left_s -= step_s
-        for team in set(usage) | set(held):
-            usage[team] = usage[team] * decay + held.get(team, 0) * step_s
+        # Usage counts the GPUs running this step, those started by this step's decision too (as the engine
+        # counts an allocation from when it runs).
+        running: dict[str, int] = defaultdict(int)
+        for run in holding:
+            if run.running_since is not None:
+                running[run.job.team] += run.job.gpus
+        for team in set(usage) | set(running):
+            usage[team] = usage[team] * decay + running.get(team, 0) * step_s
         now += step_s
         if (now - first) % window_s < step_s / 2:
             _close_window(window, backlogged, figures)
@@ -177,6 +184,16 @@ def replay(jobs: list[TeamJob], teams: tuple[Team, ...], capacity: int, policy: 
     return ReplayResult(name, held_gpu_s / (capacity * span) if span > 0 else 0.0, span, dict(figures), handovers,
                         lost, sum(r.ended_s is None for r in runs.values()),
                         contended[0] / contended[1] if contended[1] else 0.0)
+
+
+def _releases(holding: list[_Run], now: float) -> tuple[tuple[float, int], ...]:
+    """When the gangs holding GPUs give them back, by the work they have left (the replay's estimate is exact)."""
+    ends = []
+    for run in holding:
+        if run.leaving_at is None:
+            begins = run.waiting_for if run.waiting_for is not None else run.running_since or now
+            ends.append((max(begins - now, 0.0) + max(run.left_s, 0.0), run.job.gpus))
+    return tuple(ends)
 
 
 def _start(run: _Run, now: float, restart_s: float) -> None:

@@ -176,9 +176,13 @@ def mount_dashboard(app: FastAPI, store: Store, clock: Clock, home: Path,
     def teams_page(viewer: Signed) -> Response:
         from broker.config.teams import FairShareConfig as Config
         from broker.status.teams import team_lines
+        from broker.web.team_chart import load_usage
 
         config = fair_share or Config(teams=())
-        body = teams.render(team_lines(store, config, clock.now()), viewer, config.capacity_gpus)
+        now = clock.now()
+        with store.transaction() as s:
+            series = load_usage(s, config, now)
+        body = teams.render(team_lines(store, config, now), viewer, config.capacity_gpus, series)
         return HTMLResponse(page("Teams", body, viewer, "/teams"))
 
     @app.get("/market", include_in_schema=False)

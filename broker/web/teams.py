@@ -5,10 +5,12 @@ from __future__ import annotations
 from broker.status.teams import TeamLine
 from broker.web.html import e, money, table
 from broker.web.session import Viewer
+from broker.web.team_chart import TeamSeries, usage_svg
 
 
-def render(lines: list[TeamLine], viewer: Viewer, capacity: int | None) -> str:
-    """Every team for an admin; a team's own line for the others (budgets are theirs to see)."""
+def render(lines: list[TeamLine], viewer: Viewer, capacity: int | None, series: TeamSeries | None = None) -> str:
+    """Every team for an admin; a team's own line (and its own line of the chart) for the others (budgets are
+    theirs to see)."""
     shown = [line for line in lines if viewer.admin or line.team == viewer.team]
     fleet = f"{capacity} GPUs" if capacity is not None else "no limit (GPUs are never short)"
     rows = [[e(line.team), e(f"{line.weight:g}"), e(f"{line.owed_gpus:g}"), e(line.held_gpus),
@@ -19,4 +21,6 @@ def render(lines: list[TeamLine], viewer: Viewer, capacity: int | None) -> str:
                   "budget left", "reclaims given", "taken", "work lost to reclaims"], rows, 'class="teams"')
     return (f"<p>Fleet: {e(fleet)}. A team is owed its weighted part of the GPUs among the teams with work; "
             "it may borrow what others leave unused, and gives it back at a checkpoint when an owner's job "
-            "waits.</p>" + (body if shown else "<p>No team has work or a share yet.</p>"))
+            "waits.</p>" + (body if shown else "<p>No team has work or a share yet.</p>")
+            + ("" if series is None else '<h2>GPUs held over the last 24 hours, against the share owed</h2>'
+               + usage_svg(series, sorted(set(series.held) | set(series.owed)) if viewer.admin else [viewer.team])))

@@ -1,4 +1,5 @@
-"""The live engine and the simulator ask the selection policy the same question, so it answers the same."""
+"""The live engine and the simulator ask a policy the same question, so it answers the same: the selection
+policy, and the fair-share policy (the engine's fair-share step against the multi-team replay)."""
 
 from __future__ import annotations
 
@@ -7,22 +8,30 @@ from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import pytest
+from sqlalchemy import select
+
 from broker.backends.local.provisioner import LocalProvisioner, LocalWorld
 from broker.backends.local.runtime import BUNDLED_MARKET
 from broker.backends.skypilot.provisioner import SkyPilotProvisioner
 from broker.backends.skypilot.runtime import store_specs
 from broker.clock import AcceleratedClock
 from broker.config.settings import load_settings
+from broker.config.teams import FairShareConfig
 from broker.engine import Engine, EngineOptions, engine_options
+from broker.engine.fair_share import build_request
 from broker.engine.planning import JobLimits
 from broker.market.book import PriceBook
 from broker.market.price_market import PriceBookMarket
+from broker.sim.fair_share import TeamJob, replay
 from broker.sim.market import Market, RunState, SimJob, _asker
 from broker.spec.job import parse_job_spec
 from broker.store import open_store
-from broker.store.tables import JobRow
+from broker.store.tables import AllocationRow, ClusterRow, JobRow
 from broker.tokens import SharedAgentTokens
 from policies import kinds
+from policies.fair_share import FairShareDecision, FairShareRequest, Team
+from policies.fair_share import weighted_fair_share as fair
 from policies.selection import IDLE, Location, Plan, SelectionRequest
 from providers.trace import read_trace
 from tests.skystandin.server import SkyStandIn
@@ -160,3 +169,69 @@ def test_on_the_price_book_the_engine_sees_the_past_the_simulator_sees(tmp_path:
         answers.append(_labels(policy(request)))
     store.dispose()
     assert len(set(map(tuple, answers))) >= 2  # the ticks compared include different decisions
+
+
+def test_the_fair_share_step_and_the_replay_ask_the_same_question_and_get_the_same_answer(db_url: str) -> None:
+    """Team a's gangs hold 2 of the 4-GPU fleet (a0's GPU comes free in 10 minutes, a1's in almost 4 hours),
+    b's 4-GPU gang waits longest, c (a tiny share: it can only borrow) has a short and a long gang waiting: the
+    engine's request from the store and the replay's at the same moment carry the same shares, gangs, run
+    times and predicted ends, and the fair-share policy decides the same (b's gang gets the reservation; c's
+    short gang starts in a free GPU, its long one waits for b's)."""
+    teams = (Team("a"), Team("b"), Team("c", weight=0.01))
+    submitted, step = 600.0, 60.0
+    jobs = [TeamJob("a", "a0", 1, 0.0, 1200.0), TeamJob("a", "a1", 1, 0.0, 4 * 3600.0),
+            TeamJob("b", "b0", 4, submitted, 3600.0), TeamJob("c", "c0", 1, submitted, 1800.0),
+            TeamJob("c", "c1", 1, submitted, 5 * 3600.0)]
+    seen: list[FairShareRequest] = []
+
+    def recording(request: FairShareRequest) -> FairShareDecision:
+        seen.append(request)
+        return fair(request)
+
+    replay(jobs, teams, 4, recording, "fair", step_s=step, checkpoint_s=60.0, restart_s=60.0,
+           horizon_s=submitted + step)
+    assert len(seen) == submitted / step + 1
+    sim = seen[-1]  # the step at which b's and c's gangs are first queued
+
+    t0 = datetime(2026, 3, 10, 12, tzinfo=UTC)
+    now = t0 + timedelta(seconds=submitted)
+    store = open_store(db_url)
+    with store.transaction() as s:
+        s.add(ClusterRow(id="c1", launch_key="c1", backend="local", cloud="aws", region="r", zone="z",
+                         instance_type="p3.8xlarge", accelerator="V100", gpus_per_node=4, num_nodes=1, spot=True,
+                         price_per_node_hour=4.0, on_demand_price_per_node_hour=12.0, state="UP", handle={},
+                         created_at=t0))
+        for job in jobs:
+            created = t0 + timedelta(seconds=job.submit_s)
+            running = job.team == "a"
+            s.add(JobRow(id=job.job_id, name=job.job_id, team=job.team, state="RUNNING" if running else "PENDING",
+                         priority=500, spec={}, backend="local", num_nodes=1, gpus_per_node=job.gpus,
+                         checkpoint_dir="/c", created_at=created, updated_at=created,
+                         started_at=created if running else None, zones=[], work_s=job.duration_s))
+        s.flush()
+        s.add(AllocationRow(job_id="a0", cluster_id="c1", attempt=1, gpus={"0": [0]}, started_at=t0, running_at=t0))
+        s.add(AllocationRow(job_id="a1", cluster_id="c1", attempt=1, gpus={"0": [1]}, started_at=t0,
+                            running_at=t0))
+    config = FairShareConfig(teams=teams, half_life_s=3600.0, capacity_gpus=4)
+    with store.transaction() as s:
+        live = build_request(s, config, list(s.scalars(select(JobRow))), now)
+    store.dispose()
+
+    assert (live.capacity_gpus, live.teams, live.half_life_s) == (sim.capacity_gpus, sim.teams, sim.half_life_s)
+    assert {u.team: u.held_gpus for u in live.usage if u.held_gpus} == {u.team: u.held_gpus for u in sim.usage}
+    # Usage: the engine integrates the allocations, the replay sums its steps.
+    sim_usage = {u.team: u.decayed_gpu_s for u in sim.usage}
+    assert {u.team: u.decayed_gpu_s for u in live.usage if u.decayed_gpu_s} == pytest.approx(sim_usage, rel=0.02)
+
+    def gangs(request: FairShareRequest) -> list[tuple[str, str, int, int, float | None]]:
+        return [(g.job_id, g.team, g.gpus, g.priority, g.runtime_s)
+                for g in sorted(request.queued, key=lambda g: g.order)]
+
+    assert gangs(live) == gangs(sim) == [("b0", "b", 4, 500, 3600.0), ("c0", "c", 1, 500, 1800.0),
+                                         ("c1", "c", 1, 500, 5 * 3600.0)]
+    assert sorted(live.releases) == sorted(sim.releases) == [(600.0, 1), (4 * 3600.0 - submitted, 1)]
+    live_decision, sim_decision = fair(live), fair(sim)
+    assert live_decision == sim_decision
+    assert sim_decision.admit == ("c0",)
+    assert sim_decision.reason_of("c1") == \
+        "waiting: the free GPUs are reserved for b0 (4 GPUs), which starts first, in about 230 min"

@@ -16,12 +16,11 @@ from policies.fair_share import (
     Reclaim,
     Team,
     TeamUsage,
-    fifo,
     owed_shares,
-    static_quota,
     water_fill,
     weighted_fair_share,
 )
+from policies.fair_share_baselines import fifo, static_quota
 
 
 def gangs(team: str, count: int, gpus: int = 1, priority: int = 500, start: int = 0) -> tuple[QueuedGang, ...]:
@@ -189,8 +188,12 @@ def situations(draw: st.DrawFn) -> FairShareRequest:
     for name in TEAM_NAMES:
         for i in range(draw(st.integers(0, 6))):
             priority, order = draw(st.sampled_from([100, 500])), draw(st.integers(0, 99))
-            queued.append(QueuedGang(f"{name}{i}", name, 1, priority, order))
-    return FairShareRequest(capacity, teams, tuple(usage), tuple(queued))
+            runtime = draw(st.one_of(st.none(), st.floats(60, 36000)))
+            queued.append(QueuedGang(f"{name}{i}", name, 1, priority, order, runtime_s=runtime))
+    # Predicted ends for some of the held GPUs: reservations come and go with them.
+    held_total = capacity - held_left
+    releases = tuple((draw(st.floats(0, 36000)), 1) for _ in range(draw(st.integers(0, held_total))))
+    return FairShareRequest(capacity, teams, tuple(usage), tuple(queued), releases=releases)
 
 
 @settings(max_examples=400, deadline=None)
@@ -222,3 +225,59 @@ def test_the_fleet_is_never_over_admitted_and_reclaims_only_take_from_teams_over
         assert sum(queued[j].gpus for j in policy(request).admit) <= free
     decided = set(decision.admit) | {j for j, _ in decision.waits}
     assert decided == set(queued)
+
+
+def _reserving(**extra: object) -> FairShareRequest:
+    # b's 8-GPU gang waits longest; a's 4 GPUs come free in 10 minutes; c (a tiny share) can only borrow.
+    queued = (QueuedGang("b0", "b", 8, 500, 0, runtime_s=3600.0), QueuedGang("c0", "c", 1, 500, 1, runtime_s=300.0),
+              QueuedGang("c1", "c", 1, 500, 2, runtime_s=7200.0), QueuedGang("c2", "c", 1, 500, 3),
+              QueuedGang("d0", "d", 2, 500, 4, runtime_s=7200.0))
+    teams = (Team("a"), Team("b"), Team("c", weight=0.01), Team("d"))
+    return FairShareRequest(8, teams, (TeamUsage("a", 4),), queued, **extra)  # type: ignore[arg-type]
+
+
+def test_the_gang_waiting_longest_gets_a_reservation_that_only_short_borrowers_pass() -> None:
+    decision = weighted_fair_share(_reserving(releases=((600.0, 4),)))
+    # c0 ends before the 8 GPUs are free for b0; c1 would run past it, c2 has no estimate; d0 is within d's share.
+    assert set(decision.admit) == {"c0", "d0"}
+    assert decision.reason_of("c1") == decision.reason_of("c2") == \
+        "waiting: the free GPUs are reserved for b0 (8 GPUs), which starts first, in about 10 min"
+    # Without predicted ends nothing can be reserved: the gangs that fit start (d's share first), as before.
+    assert set(weighted_fair_share(_reserving()).admit) == {"d0", "c0", "c1"}
+    assert set(fifo(_reserving(releases=((600.0, 4),))).admit) == {"c0", "c1", "c2"}  # FIFO reserves nothing
+
+
+def test_a_quota_per_gpu_type_is_guaranteed_per_type() -> None:
+    # a is owed 1 GPU of 4 by weight and holds 2 V100s; its quota of 2 A100s still holds.
+    teams = (Team("a", quota_gpus=2, type_quotas=(("A100", 2),)), Team("b", weight=3))
+    usage = (TeamUsage("a", 2, held_by_type=(("V100", 2),)), TeamUsage("b", 2, held_by_type=(("A100", 2),)))
+    queued = (QueuedGang("a-v", "a", 1, 500, 0, gpu_type="V100"), QueuedGang("a-a", "a", 1, 500, 1, gpu_type="A100"),
+              QueuedGang("b-v", "b", 1, 500, 2, gpu_type="V100"))
+    decision = weighted_fair_share(FairShareRequest(4, teams, usage, queued))
+    assert decision.reclaims == (Reclaim("a-a", 1, ("b",)),)  # an A100 of b's, though a is past its share
+    assert decision.reason_of("a-a") == "waiting: reclaiming 1 A100 GPU from team b"
+    assert (decision.reason_of("a-v") or "").startswith("waiting: team a over")
+    # A total quota of 2 alone gives a nothing more: it holds 2 already.
+    total = weighted_fair_share(FairShareRequest(4, (Team("a", quota_gpus=2), Team("b", weight=3)), usage, queued))
+    assert total.reclaims == () and (total.reason_of("a-a") or "").startswith("waiting: team a over its share")
+
+
+def test_a_type_quota_takes_back_only_that_type_and_not_from_a_team_within_its_own() -> None:
+    teams = (Team("a", quota_gpus=2, type_quotas=(("A100", 2),)), Team("b", quota_gpus=2, type_quotas=(("A100", 2),)),
+             Team("c"))
+    usage = (TeamUsage("b", 2, held_by_type=(("A100", 2),)), TeamUsage("c", 4, held_by_type=(("V100", 4),)))
+    queued = (QueuedGang("a0", "a", 1, 500, 0, gpu_type="A100"),)
+    decision = weighted_fair_share(FairShareRequest(6, teams, usage, queued))
+    # b holds its own A100 quota, c holds only V100s: no A100 to take back.
+    assert decision.reclaims == ()
+    assert decision.reason_of("a0") == ("waiting: for A100 GPUs (within team a's A100 quota; every team holding "
+                                        "them is within its own)")
+    # b holds 3 A100s (1 past its quota), c 4 GPUs, 1 an A100 (1 past its share of 3): c gives back first.
+    usage = (TeamUsage("b", 3, held_by_type=(("A100", 3),)), TeamUsage("c", 4, held_by_type=(("A100", 1), ("V100", 3))))
+    decision = weighted_fair_share(FairShareRequest(7, teams, usage, queued))
+    assert decision.reclaims == (Reclaim("a0", 1, ("c",)),)
+
+
+def test_a_negative_type_quota_is_refused() -> None:
+    with pytest.raises(ValueError, match=r"quota_gpus\.A100 must be >= 0"):
+        Team("a", type_quotas=(("A100", -1),))

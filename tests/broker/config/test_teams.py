@@ -20,7 +20,8 @@ def test_teams_from_the_file_and_the_environment(tmp_path: Path, monkeypatch: py
     settings = load_settings(config)
     fair = fair_share_config(settings)
     assert fair is not None
-    assert fair.teams == (Team("nlp", 2.0, 6, None, "research"), Team("research", 3.0, None, 16, None))
+    assert fair.teams == (Team("nlp", 2.0, 6, None, "research", (("A100", 4), ("H100", 2))),
+                          Team("research", 3.0, None, 16, None))
     assert (fair.half_life_s, fair.capacity_gpus, fair.policy) == (7200.0, 8, None)
 
     monkeypatch.setenv("BROKER_TEAMS", '{"a": {"weight": 1.5}, "b": {"parent": "a", "quota_gpus": 2}}')
@@ -57,6 +58,14 @@ HUGE = '{"a": {"weight": 1}' + ', "b": {}' * 200_000 + "}"
     ('{"a": {"quota_gpus": -1}}', "teams.a.quota_gpus"),
     ('{"a": {"quota_gpus": {"A100": -1}}}', "teams.a.quota_gpus"),
     ('{"a": {"quota_gpus": {"A1\\u000000": 1}}}', "expected a GPU type"),
+    ('{"a": {"quota_gpus": {"A100": NaN}}}', "teams.a.quota_gpus: Value error, A100: expected a whole number of GPUs"),
+    ('{"a": {"quota_gpus": {"A100": 1.5}}}', "teams.a.quota_gpus: Value error, A100: expected a whole number of GPUs"),
+    ('{"a": {"quota_gpus": {"A100": {"count": 2}}}}',
+     "teams.a.quota_gpus: Value error, A100: expected a whole number of GPUs"),
+    ('{"a": {"quota_gpus": {"A100": "lots"}}}',
+     "teams.a.quota_gpus: Value error, A100: expected a whole number of GPUs"),
+    ('{"a": {"quota_gpus": {"": 2}}}', "expected a GPU type"),
+    ('{"a": {"quota_gpus": [4]}}', "teams.a.quota_gpus"),
     ('{"a": {"quota_gpus": 5, "limit_gpus": 2}}', "a.quota_gpus: 5 GPUs guaranteed is more than its limit_gpus 2"),
     ('{"a": {"limit_gpus": 1e400}}', "teams.a.limit_gpus"),
     ('{"a": {"limit_gpus": 10000000000}}', "teams.a.limit_gpus"),
@@ -68,7 +77,9 @@ HUGE = '{"a": {"weight": 1}' + ', "b": {}' * 200_000 + "}"
     (HUGE, "at most 1000000 characters"),
 ], ids=["negative-weight", "zero-weight", "nan-weight", "inf-weight", "bool-weight", "list-weight", "cycle",
         "own-parent", "unknown-parent", "nul-name", "surrogate-name", "spaced-name", "empty-name", "long-name",
-        "negative-quota", "negative-typed-quota", "nul-gpu-type", "quota-over-limit", "inf-limit", "huge-limit",
+        "negative-quota", "negative-typed-quota", "nul-gpu-type", "nan-typed-quota", "fractional-typed-quota",
+        "nested-typed-quota", "text-typed-quota", "empty-gpu-type", "list-quota", "quota-over-limit", "inf-limit",
+        "huge-limit",
         "unknown-field", "list", "not-a-mapping", "bad-json", "deep", "huge"])
 def test_hostile_teams_are_refused_at_load_naming_the_field(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], value: str,

@@ -155,20 +155,20 @@ class _Fixed:
 
 
 def _job(s: object, job_id: str, team: str, state: str, gpus: int, created: datetime, work_s: float | None = None,
-         preempted_by: str | None = None) -> None:
+         preempted_by: str | None = None, accelerator: str | None = None) -> None:
     s.add(JobRow(id=job_id, name=job_id, team=team, state=state, priority=500, spec={}, backend="local",  # type: ignore[attr-defined]
                  num_nodes=1, gpus_per_node=gpus, checkpoint_dir="/c", created_at=created, updated_at=created,
-                 zones=[], work_s=work_s, preempted_by=preempted_by))
+                 zones=[], work_s=work_s, preempted_by=preempted_by, accelerator=accelerator))
 
 
 def test_the_request_from_the_store(db_url: str, tmp_path: Path) -> None:
     now = datetime(2026, 3, 10, 12, tzinfo=UTC)
     store = open_store(db_url)
     with store.transaction() as s:
-        _job(s, "a-run", "a", "RUNNING", 2, now - timedelta(hours=3))
+        _job(s, "a-run", "a", "RUNNING", 2, now - timedelta(hours=3), work_s=3 * 3600.0, accelerator="V100")
         _job(s, "a-leaving", "a", "CHECKPOINTING", 1, now - timedelta(hours=3), preempted_by="b-wait")
         _job(s, "b-old", "b", "SUCCEEDED", 4, now - timedelta(hours=5))
-        _job(s, "b-wait", "b", "PENDING", 1, now - timedelta(minutes=5), work_s=7200.0)
+        _job(s, "b-wait", "b", "PENDING", 1, now - timedelta(minutes=5), work_s=7200.0, accelerator="A100")
         _job(s, "cpu", "c", "PENDING", 0, now)
         s.flush()
         s.add(ClusterRow(id="c1", launch_key="c1", job_id="a-run", backend="local", cloud="aws", region="r",
@@ -212,6 +212,11 @@ def test_the_request_from_the_store(db_url: str, tmp_path: Path) -> None:
     (gang,) = request.queued  # the CPU job is not gated
     # Paid this month: 32 USD for 4 GPU-hours: 8 USD per GPU-hour; b-wait is 2 h of 1 GPU.
     assert (gang.job_id, gang.gpus, gang.predicted_cost) == ("b-wait", 1, pytest.approx(16.0))
+    # Per GPU type, for quotas per type; run times and predicted ends, for the reservation: a-run's 3 h of
+    # work, running for the last hour, gives its 2 GPUs back in 2 h.
+    assert (gang.gpu_type, gang.runtime_s) == ("A100", 7200.0)
+    assert usage["a"].held_by_type == (("V100", 2),) and usage["b"].held_by_type == ()
+    assert request.releases == ((pytest.approx(7200.0), 2),)
     decision = fair.policy(request)
     assert decision.reason_of("b-wait") == "waiting: budget: team b has $10.00 left this period, " \
                                            "the job is predicted to cost $16.00"

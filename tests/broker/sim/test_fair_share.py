@@ -8,7 +8,8 @@ import pytest
 
 from broker.sim.fair_share import BURST_S, MAX_DURATION_S, PHILLY_TEAMS, TeamJob, philly_teams, replay
 from policies import kinds
-from policies.fair_share import Team, fifo, static_quota, weighted_fair_share
+from policies.fair_share import Team, weighted_fair_share
+from policies.fair_share_baselines import fifo, static_quota
 
 TWO = (Team("a"), Team("b"))
 

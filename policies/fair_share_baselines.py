@@ -1,0 +1,58 @@
+"""The fair-share baselines: ``fifo`` (today's engine) and ``static_quota`` (fixed parts, no borrowing).
+
+Both are pure ``policy(FairShareRequest) -> FairShareDecision``, registered in the fair-share
+registry; budgets and limits hold under them as under ``weighted_fair_share``.
+"""
+
+from __future__ import annotations
+
+import math
+
+from policies.fair_share import EPSILON, FAIR_SHARE_POLICIES, FairShareDecision, FairShareRequest, Team, _books
+
+
+@FAIR_SHARE_POLICIES.register("fifo")
+def fifo(request: FairShareRequest) -> FairShareDecision:
+    """Today's engine: priority, then submission, each admitted while it fits; budgets and limits hold."""
+    books = _books(request)
+    for gang in sorted(request.queued, key=lambda g: (-g.priority, g.order, g.job_id)):
+        why = books.over_budget(gang) or books.over_limit(gang)
+        if why is not None:
+            books.hold(gang, why)
+        elif gang.gpus <= books.free + EPSILON:
+            books.take(gang)
+        else:
+            books.hold(gang, "waiting: for GPUs")
+    return FairShareDecision(tuple(books.admit), (), tuple(books.waits))
+
+
+@FAIR_SHARE_POLICIES.register("static_quota")
+def static_quota(request: FairShareRequest) -> FairShareDecision:
+    """Each team a fixed part of the fleet (its quota, else by weight among the teams named or with
+    work), never more: nothing borrowed, so nothing reclaimed."""
+    books = _books(request)
+    names = sorted({t.name for t in request.teams} | {u.team for u in request.usage}
+                   | {g.team for g in request.queued})
+    capacity = request.capacity_gpus
+    fixed: dict[str, float] = {}
+    if capacity is not None:
+        unquoted = [n for n in names if books.teams.get(n, Team(n)).quota_gpus is None]
+        quoted = sum(books.teams[n].quota_gpus or 0 for n in names if n not in unquoted)
+        weights = sum(books.teams.get(n, Team(n)).weight for n in unquoted)
+        for n in names:
+            team = books.teams.get(n, Team(n))
+            fixed[n] = float(team.quota_gpus) if team.quota_gpus is not None else (
+                max(capacity - quoted, 0) * team.weight / weights)
+    for gang in sorted(request.queued, key=lambda g: (-g.priority, g.order, g.job_id)):
+        why = books.over_budget(gang) or books.over_limit(gang)
+        held = books.held.get(gang.team, 0) + books.admitted[gang.team]
+        if why is None and capacity is not None and held + gang.gpus > math.floor(fixed[gang.team] + EPSILON):
+            why = f"waiting: team {gang.team} at its fixed part of {math.floor(fixed[gang.team] + EPSILON)} GPUs"
+        if why is not None:
+            books.hold(gang, why)
+        elif gang.gpus <= books.free + EPSILON:
+            books.take(gang)
+        else:
+            books.hold(gang, "waiting: for GPUs")
+    return FairShareDecision(tuple(books.admit), (), tuple(books.waits),
+                             tuple(sorted(fixed.items())))
