@@ -22,7 +22,7 @@ from broker.engine.parts import EngineOptions, Parts
 from broker.runtime import assemble
 from broker.spec.job import parse_job_spec
 from broker.store import open_store
-from broker.store.tables import AllocationRow, ClusterRow, JobEventRow, JobRow, LedgerRow
+from broker.store.tables import AllocationRow, ClusterRow, JobEventRow, JobRow, LedgerRow, ProgressRow
 from policies.fair_share import Team
 from tests.broker.engine.one_zone import one_zone_market, run_until
 
@@ -53,6 +53,11 @@ def _rows(engine: Engine, *job_ids: str) -> list[JobRow]:
         return rows  # type: ignore[return-value]
 
 
+def _reported_progress(engine: Engine, job_ids: list[str]) -> bool:
+    with engine.store.transaction() as s:
+        return len(set(s.scalars(select(ProgressRow.job_id).where(ProgressRow.job_id.in_(job_ids))))) == len(job_ids)
+
+
 @pytest.mark.slow
 def test_a_team_gets_its_share_back_at_a_checkpoint_and_nothing_is_billed_twice(
         tmp_path: Path, broker_home: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
@@ -64,24 +69,33 @@ def test_a_team_gets_its_share_back_at_a_checkpoint_and_nothing_is_billed_twice(
     try:
         team_a = [_submit(engine, tmp_path, f"a{i}", "a", 400) for i in range(4)]
         run_until(engine, lambda: all(r.state == "RUNNING" for r in _rows(engine, *team_a)), timeout=600)
-        time.sleep(1.0)  # let them make progress
+        # Each has reported progress, so its training loop (and its checkpoint signal handler) is up: a job
+        # asked before that is stopped without a checkpoint, which a loaded machine made happen here.
+        run_until(engine, lambda: _reported_progress(engine, team_a), timeout=600)
         team_b = [_submit(engine, tmp_path, f"b{i}", "b", 40) for i in range(2)]
 
         before = [(r.state, r.reason) for r in _rows(engine, *team_a)]
-        # The fair-share step asks two of a's gangs to checkpoint for b's: marked taken by b's jobs, at the
-        # first step that sees them (the deadline only covers a machine too loaded to finish that step).
-        run_until(engine, lambda: sum(r.preempted_by in team_b for r in _rows(engine, *team_a)) >= 2, timeout=120)
+        # The fair-share step asks two of a's gangs to checkpoint for b's, at the first step that sees them (the
+        # deadline only covers a machine too loaded to finish that step). Keyed on the events, which stay: a
+        # victim that checkpoints within the same step is already PENDING and no longer marked taken.
+        def asked() -> list[JobEventRow]:
+            with engine.store.transaction() as s:
+                events = list(s.scalars(select(JobEventRow).where(JobEventRow.job_id.in_(team_a),
+                                                                  JobEventRow.to_state == "CHECKPOINTING")))
+                for event in events:
+                    s.expunge(event)
+                return events
+
+        run_until(engine, lambda: len(asked()) >= 2, timeout=120)
         a_rows, b_rows = _rows(engine, *team_a), _rows(engine, *team_b)
-        victims = [r.id for r in a_rows if r.preempted_by in team_b]
-        assert len(victims) == 2, (before, [(r.state, r.reason) for r in (*a_rows, *b_rows)])
-        assert sorted(r.preempted_by for r in a_rows if r.id in victims) == sorted(team_b)
+        events = asked()
+        victims = [e.job_id for e in events]
+        assert len(set(victims)) == 2, (before, [(r.state, r.reason) for r in (*a_rows, *b_rows)])
+        named = sorted(b for e in events for b in team_b if f"for {b}" in str(e.detail))  # one of b's each
+        assert named == sorted(team_b), [(e.job_id, e.detail) for e in events]
+        assert all("reclaimed by team b" in str(e.detail) for e in events), [(e.job_id, e.detail) for e in events]
         assert all(r.state in ("CHECKPOINTING", "PENDING") for r in a_rows if r.id in victims)
         assert all(r.state == "RUNNING" and r.reason is None for r in a_rows if r.id not in victims)
-        with engine.store.transaction() as s:
-            asked = list(s.scalars(select(JobEventRow).where(JobEventRow.job_id.in_(victims),
-                                                             JobEventRow.to_state == "CHECKPOINTING")))
-        assert len(asked) == 2 and all("reclaimed by team b" in str(e.detail) for e in asked), \
-            [(e.job_id, e.detail) for e in asked]
         assert all((r.reason or "").startswith("reclaiming 1 GPU from team a") or r.state == "RUNNING"
                    for r in b_rows)
 
