@@ -43,7 +43,8 @@ def simulate_command(
     from providers.trace import parse_time, read_trace
 
     whole = read_trace(market)
-    spec = load_job_spec(job_file, market=market_offers(whole.zones))  # judged by the trace, not a catalog
+    # Judged by the trace, not a catalog (the built-in one only words a choice the trace lacks and no cloud sells).
+    spec = load_job_spec(job_file, offline=True, market=market_offers(whole.zones))
     if not spec.accelerators:
         raise UsageError(f"{job_file}: resources.accelerators: required for simulate, expected NAME:COUNT "
                          "(e.g. V100:1) to pick the trace's rows")
