@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from broker.clock import Clock
-from broker.engine.feasibility import never_held
+from broker.engine.feasibility import NodeKind, never_held
 from broker.engine.machine import Within, submit_job, submit_pipeline
 from broker.spec.job import JobSpec, Pipeline, SpecError, market_offers, parse_job_file, parse_job_quoted
 from broker.store import Store
@@ -26,8 +26,8 @@ class Intake:
 
     home: Path
     backend: str
-    # (accelerator, GPUs per node) the market offers; None when any may be asked for.
-    offered: frozenset[tuple[str, int]] | None = None
+    # (accelerator, GPUs per node, instance type) the market offers; None when any may be asked for.
+    offered: frozenset[NodeKind] | None = None
     # Validate against the built-in catalog only (an air-gapped service: SkyPilot's cannot be fetched).
     offline: bool = False
     max_gpus: int | None = None  # GPUs the broker may hold: a gang bigger than this is refused

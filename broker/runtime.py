@@ -25,7 +25,7 @@ from broker.clock import Clock, WallClock
 from broker.config.settings import Settings
 from broker.config.teams import budget_refusal
 from broker.engine import Engine, engine_options
-from broker.intake import Intake, submit
+from broker.intake import Intake, NodeKind, submit
 from broker.market.book import Market
 from broker.spec.job import JobSpec, Pipeline
 from broker.store import Store, open_store
@@ -105,7 +105,7 @@ class Backend(Protocol):
     @property
     def world(self) -> LocalWorld | None: ...
 
-    def offered(self) -> frozenset[tuple[str, int]] | None:
+    def offered(self) -> frozenset[NodeKind] | None:
         """(accelerator, GPUs per node) the market offers; None when a job file's catalog check is enough."""
 
     def api_address(self, settings: Settings) -> tuple[str, int]:
@@ -157,7 +157,7 @@ class Runtime:
         """The local replay, on the local backend."""
         return self.backend.world
 
-    def offered(self) -> frozenset[tuple[str, int]] | None:
+    def offered(self) -> frozenset[NodeKind] | None:
         return self.backend.offered()
 
     def intake(self) -> Intake:

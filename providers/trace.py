@@ -17,7 +17,7 @@ import gzip
 import io
 import math
 import zlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Collection, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -143,13 +143,16 @@ class MarketTrace:
         offset = (when - self.start).total_seconds() / self.tick_seconds
         return max(0, min(self.num_ticks - 1, int(offset)))
 
-    def select(self, accelerator: str | None = None, gpus_per_node: int | None = None) -> MarketTrace:
-        """The sub-trace of zones whose accelerator and GPUs per node match."""
+    def select(self, accelerator: str | None = None, gpus_per_node: int | None = None,
+               instance_types: Collection[str] = ()) -> MarketTrace:
+        """The sub-trace of zones whose accelerator and GPUs per node match (and whose instance type is
+        one of ``instance_types``, unless that is empty)."""
         keep = [
             i
             for i, z in enumerate(self.zones)
             if (accelerator is None or z.accelerator.lower() == accelerator.lower())
             and (gpus_per_node is None or z.gpus_per_node == gpus_per_node)
+            and (not instance_types or z.instance_type in instance_types)
         ]
         return MarketTrace(
             start=self.start,

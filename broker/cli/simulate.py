@@ -43,7 +43,8 @@ def simulate_command(
     from providers.trace import parse_time, read_trace
 
     whole = read_trace(market)
-    spec = load_job_spec(job_file, market=market_offers(whole.zones))  # judged by the trace, not a catalog
+    # Judged by the trace, not a catalog (the built-in one only words a choice the trace lacks and no cloud sells).
+    spec = load_job_spec(job_file, offline=True, market=market_offers(whole.zones))
     if not spec.accelerators:
         raise UsageError(f"{job_file}: resources.accelerators: required for simulate, expected NAME:COUNT "
                          "(e.g. V100:1) to pick the trace's rows")
@@ -65,10 +66,14 @@ def simulate_command(
     if not 0 <= seed < 2**63:
         raise UsageError(f"--seed: expected a whole number from 0 to 2**63 - 1, got {seed}")
 
-    present = [a for a in spec.accelerators if whole.select(a.name, a.count).zones]
+    # A choice tied to instance types (`instance_type` with `accelerators`) takes only their rows, as at placement.
+    present = [a for a in spec.accelerators if whole.select(a.name, a.count, a.instance_types).zones]
     if not present:
-        have = sorted({f"{z.accelerator}:{z.gpus_per_node}" for z in whole.zones})
-        wanted = ", ".join(f"{a.name}:{a.count}" for a in spec.accelerators)
+        tied = any(a.instance_types for a in spec.accelerators)
+        have = sorted({f"{z.accelerator}:{z.gpus_per_node}" + (f" ({z.instance_type})" if tied else "")
+                       for z in whole.zones})
+        wanted = ", ".join(f"{a.name}:{a.count}" + (f" on {'|'.join(a.instance_types)}" if a.instance_types else "")
+                           for a in spec.accelerators)
         raise UsageError(f"{market}: no rows for accelerators {wanted}; the trace has {', '.join(have)}")
     if spec.num_nodes < 1:
         raise UsageError(f"{job_file}: num_nodes: expected a positive count, got {spec.num_nodes}")
@@ -77,7 +82,7 @@ def simulate_command(
     speed = 1.0
     if len(present) > 1:
         accelerator, speed, choice = _choose_accelerator(whole, spec, present, _first_tick(whole, start))
-    trace = whole.select(accelerator.name, accelerator.count)
+    trace = whole.select(accelerator.name, accelerator.count, accelerator.instance_types)
     job = SimJob(num_nodes=spec.num_nodes, work_s=spec.broker.work.total_seconds() / speed,
                  deadline_s=spec.broker.deadline.total_seconds(), restart_overhead_s=overhead,
                  checkpoint_gb=checkpoint_gb, egress_per_gb=egress_per_gb, accelerator=accelerator.name,
@@ -136,7 +141,7 @@ def _choose_accelerator(whole: Any, spec: Any, present: list[Any],
 
     prices = []
     for alt in present:
-        sub = whole.select(alt.name, alt.count)
+        sub = whole.select(alt.name, alt.count, alt.instance_types)
         up = sub.available_nodes[tick] >= spec.num_nodes
         row = sub.spot_price[tick][up] if up.any() else sub.spot_price[tick]
         prices.append((alt.name, float(row.min())))

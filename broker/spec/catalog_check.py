@@ -71,13 +71,14 @@ class DroppedChoice:
 
 
 def check_catalog(alternatives: list[ResourceAlternative], allowed_clouds: tuple[str, ...], doc: LoadedYaml,
-                  source: str, *, offline: bool = False,
-                  timeout: float = CATALOG_TIMEOUT_SECONDS) -> list[DroppedChoice]:
+                  source: str, *, offline: bool = False, timeout: float = CATALOG_TIMEOUT_SECONDS,
+                  others_left: bool = False) -> list[DroppedChoice]:
     """The accelerator choices to drop; ``SpecError`` when no choice is left, or on a name no
     catalog knows that is not an accelerator choice (an instance type, a region).
 
     ``allowed_clouds`` are the ``broker.clouds`` (empty: any); they narrow where an alternative
-    without its own cloud may run. ``offline`` skips SkyPilot's catalog altogether.
+    without its own cloud may run. ``offline`` skips SkyPilot's catalog altogether. ``others_left``:
+    the job has choices besides ``alternatives`` (the ones a market quotes), so none is refused.
     """
     candidates = _candidate_clouds(allowed_clouds)
     queries: dict[str, _Queries] = {}
@@ -108,6 +109,8 @@ def check_catalog(alternatives: list[ResourceAlternative], allowed_clouds: tuple
         unknown += not_sold
         unavailable += problems
         choices += max(1, len(alt.accelerators))
+    if others_left:
+        return unknown
     if unknown and len(unknown) + len(unavailable) >= choices:
         raise unknown[0].error
     if unavailable and len(unknown) + len(unavailable) >= choices:

@@ -143,7 +143,8 @@ def parse_job_quoted(text: str, source: str, offers: tuple[MarketOffer, ...], *,
     Any other, and a pipeline's stages, are judged by the catalogs, which word the refusal."""
     if offers:
         try:
-            return parse_job_file(text, source=source, market=offers)
+            return parse_job_file(text, source=source, offline=offline, catalog_timeout=catalog_timeout,
+                                  market=offers)
         except SpecError:
             pass
     return parse_job_file(text, source=source, offline=offline, catalog_timeout=catalog_timeout)

@@ -81,6 +81,9 @@ def build_task(doc: LoadedYaml, source: str, now: datetime | None, offline: bool
     warnings: tuple[str, ...] = ()
     if market is not None:
         _check_market(alternatives, market, doc, source)
+        dropped = _unquoted_unsold(alternatives, market, tuple(c for c, _ in section.clouds), doc, source,
+                                   offline, catalog_timeout)
+        alternatives, warnings = _without(alternatives, dropped)
     else:
         dropped = check_catalog(alternatives, tuple(c for c, _ in section.clouds), doc, source, offline=offline,
                                 timeout=catalog_timeout)
@@ -192,6 +195,27 @@ def _check_market(alternatives: list[ResourceAlternative], market: tuple[MarketO
     raise SpecError(f"the market has no rows for {wanted}; it has {have or 'nothing'}",
                     field=format_path(path),
                     line=doc.line_of(path), source=source)
+
+
+def _unquoted_unsold(alternatives: list[ResourceAlternative], market: tuple[MarketOffer, ...],
+                     allowed_clouds: tuple[str, ...], doc: LoadedYaml, source: str, offline: bool,
+                     timeout: float) -> list[DroppedChoice]:
+    """The accelerator choices of a job the market holds that the market does not quote and no catalog
+    knows (L40 in {L4, L40, A10G} on a price book quoting L4 and A10G): dropped as on the catalog
+    path. A choice the market does not quote but a catalog knows stays (the book may not have polled
+    it yet); so does every choice of an alternative tied to an instance type (the market judged it)."""
+    quoted = {(o.cloud, o.accelerator.lower()) for o in market}
+    rest = []
+    for alt in alternatives:
+        if alt.instance_type:
+            continue
+        left = tuple(r for r in alt.accelerators
+                     if not any(name == r.name.lower() and alt.cloud in (None, cloud) for cloud, name in quoted))
+        if left:
+            rest.append(dataclasses.replace(alt, accelerators=left, region=None, zone=None))
+    if not rest:
+        return []
+    return check_catalog(rest, allowed_clouds, doc, source, offline=offline, timeout=timeout, others_left=True)
 
 
 def _has_text(value: Any) -> bool:

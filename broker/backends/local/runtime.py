@@ -79,9 +79,10 @@ class LocalBackend:
     def clock(self) -> AcceleratedClock:
         return self.world.clock
 
-    def offered(self) -> frozenset[tuple[str, int]]:
-        """(accelerator, GPUs per node) of every zone the trace replays: a job asking for more is never held."""
-        return frozenset((z.accelerator, z.gpus_per_node) for z in self.market.trace.zones)
+    def offered(self) -> frozenset[tuple[str, int, str]]:
+        """(accelerator, GPUs per node, instance type) of every zone the trace replays: a job asking for
+        more, or for a type the trace lacks, is never held."""
+        return frozenset((z.accelerator, z.gpus_per_node, z.instance_type) for z in self.market.trace.zones)
 
     def api_address(self, settings: Settings) -> tuple[str, int]:
         return "127.0.0.1", 0  # the agents are local processes

@@ -115,6 +115,19 @@ def test_bad_files_name_file_row_and_column(files: tuple[Path, Path], capsys: py
     assert err.count("\n") == 1 and "Traceback" not in err
 
 
+@pytest.mark.slow
+def test_a_million_row_pod_list_is_refused_at_the_row_past_the_limit(files: tuple[Path, Path],
+                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    from broker.sim.sharing import MAX_POD_ROWS
+
+    pods, nodes = files
+    pods.write_text("name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec\n" + "p,1,1,1,100,\n" * 1_000_000)
+    code, out, err = run(["simulate-placement", "--workload", str(pods), "--nodes", str(nodes)], capsys)
+    assert code == 2, err
+    assert err == f"error: {pods}: row {MAX_POD_ROWS + 2}: more than {MAX_POD_ROWS} rows\n"
+    assert out == ""
+
+
 def test_a_missing_file_is_one_line(files: tuple[Path, Path], tmp_path: Path,
                                     capsys: pytest.CaptureFixture[str]) -> None:
     pods, _ = files

@@ -201,3 +201,33 @@ def test_any_of_runs_on_the_cheapest_unit_of_work(tmp_path: Path, capsys: pytest
     cli([str(job), "--market", str(market), "--policy", "cheapest_spot"])
     table = capsys.readouterr().out
     assert "cheapest unit of work" in table and chosen in table
+
+
+TIED = """name: tied
+resources:
+  instance_type: {instance_type}
+  accelerators: A100:8
+run: python train.py
+broker:
+  work: 10h
+  deadline: 30h
+"""
+
+
+def test_a_choice_tied_to_an_instance_type_is_simulated_on_that_type_only(tmp_path: Path,
+                                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    # A100:8 sold as two types, always up: a2-highgpu-8g at $10 a node-hour, p4d.24xlarge at $18. A job
+    # pinned to p4d.24xlarge is placed only there, so the simulation may not run it at $10.
+    body = trace_text([[4]] * 480, spot=[[10.0]] * 480, on_demand=[[30.0]] * 480, zones=ZONES[:1], tick_s=300)
+    cheap = [row.replace("p3.2xlarge,V100,1,", "a2-highgpu-8g,A100,8,") for row in body.splitlines()[1:]]
+    dear = [row.replace("p3.2xlarge,V100,1,10.0,30.0", "p4d.24xlarge,A100,8,18.0,32.8")
+            for row in body.splitlines()[1:]]
+    market = tmp_path / "two-types.csv"
+    market.write_text("\n".join(body.splitlines()[:1] + cheap + dear) + "\n")
+    job = tmp_path / "job.yaml"
+    ticks = 120 + 3  # 10 h of work and the 0.2 h restart, in 5-minute ticks
+    for instance_type, hourly in (("p4d.24xlarge", 18.0), ("a2-highgpu-8g", 10.0)):
+        job.write_text(TIED.format(instance_type=instance_type))
+        cli([str(job), "--market", str(market), "--policy", "cheapest_spot", "--json"])
+        run = json.loads(capsys.readouterr().out)["cheapest_spot"]["runs"][0]
+        assert run["cost"] == pytest.approx(hourly * ticks / 12, rel=1e-6), instance_type

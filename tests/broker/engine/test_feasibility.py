@@ -99,3 +99,44 @@ def test_the_api_refuses_with_a_422_naming_the_field_and_stores_nothing(db_url: 
             assert s.scalar(select(func.count()).select_from(JobRow)) == 1
     finally:
         store.dispose()
+
+
+TIED = "name: t\nresources:\n  instance_type: p4d.24xlarge\n  accelerators: A100:8\nrun: python train.py\n"
+TYPED = frozenset({("A100", 8, "a2-highgpu-8g"), ("V100", 1, "p3.2xlarge")})
+
+
+def test_a_choice_tied_to_an_instance_type_needs_that_type_in_the_market() -> None:
+    # `instance_type` with `accelerators` pins the choice to that type at placement: a market selling
+    # A100:8 only as another type can never hold it.
+    spec = parse_job_spec(TIED, source="job.yaml", offline=True)
+    problem = never_held(spec, TYPED, None)
+    assert problem is not None and problem.field == "resources.accelerators"
+    assert ("no zone of the market offers A100:8 on p4d.24xlarge per node (the market has A100:8 (a2-highgpu-8g), "
+            "V100:1 (p3.2xlarge))") in str(problem)
+    assert never_held(spec, TYPED | {("A100", 8, "p4d.24xlarge")}, None) is None
+    untied = parse_job_spec(_job("A100:8"), offline=True)
+    assert never_held(untied, TYPED, None) is None
+    assert never_held(spec, {("A100", 8)}, None) is None  # a market that does not say its types: any may
+
+
+def test_launch_refuses_a_job_tied_to_a_type_the_market_lacks_and_stores_nothing(
+        tmp_path: Path, broker_home: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    market = tmp_path / "market.csv"
+    market.write_text("time,cloud,region,zone,instance_type,accelerator,gpus_per_node,spot_price,on_demand_price,"
+                      "available_nodes\n"
+                      "2025-01-01T00:00:00Z,gcp,us-central1,us-central1-a,a2-highgpu-8g,A100,8,9.0,29.4,2\n"
+                      "2025-01-01T00:05:00Z,gcp,us-central1,us-central1-a,a2-highgpu-8g,A100,8,9.0,29.4,2\n")
+    job = tmp_path / "job.yaml"
+    job.write_text(TIED)
+    with pytest.raises(SystemExit) as exit_info:
+        main(["launch", str(job), "--market", str(market), "--detach"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert "resources.accelerators: no zone of the market offers A100:8 on p4d.24xlarge per node" in err
+    store = open_store(f"sqlite:///{broker_home / 'broker.db'}")
+    try:
+        with store.transaction() as s:
+            assert s.scalar(select(func.count()).select_from(JobRow)) == 0
+    finally:
+        store.dispose()

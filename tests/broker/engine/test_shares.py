@@ -1,4 +1,5 @@
-"""Fractions of a GPU through the engine: two ``A100:0.5`` jobs on one GPU of one node, at once."""
+"""Fractions of a GPU through the engine: two ``A100:0.5`` jobs on one GPU of one node, at once, and
+gangs of a share per node (``T4:0.5`` and ``A100:0.5`` on two nodes)."""
 
 from __future__ import annotations
 
@@ -178,7 +179,7 @@ GANG_JOB = """\
 name: {name}
 num_nodes: 2
 resources:
-  accelerators: A100:0.5
+  accelerators: {accelerator}:0.5
 run: |
   env | grep -E '^(CUDA_VISIBLE|BROKER_GPU_SHARE|SKYPILOT_NODE_RANK)' | sort > {out}/{name}-$SKYPILOT_NODE_RANK.env
   for i in $(seq 600); do [ -f {out}/{other}-$SKYPILOT_NODE_RANK.env ] && break; sleep 0.1; done
@@ -187,21 +188,27 @@ run: |
 
 
 @pytest.mark.slow
-def test_two_gangs_of_half_gpus_share_one_gpu_on_each_of_two_nodes(tmp_path: Path, broker_home: Path) -> None:
-    # SkyPilot's job-queue example: A100:0.5 on each of 2 nodes. One share per node, on two distinct
-    # nodes of one cluster (so one GPU type); the second gang joins the first's GPUs, as a half joins
-    # a half on one node.
+@pytest.mark.parametrize(("accelerator", "where", "instance_type", "gpus"), [
+    ("A100", ("gcp", "us-central1", "us-central1-a"), "a2-highgpu-2g", 2),
+    ("T4", ("aws", "us-east-1", "us-east-1a"), "g4dn.12xlarge", 4),  # SkyPilot's own example asks for T4:0.5
+])
+def test_two_gangs_of_half_gpus_share_one_gpu_on_each_of_two_nodes(tmp_path: Path, broker_home: Path, accelerator: str,
+                                                                   where: tuple[str, str, str], instance_type: str,
+                                                                   gpus: int) -> None:
+    # SkyPilot's job-queue example: T4:0.5 (or A100:0.5) on each of 2 nodes. One share per node, on two
+    # distinct nodes of one cluster (so one GPU type); the second gang joins the first's GPUs, as a
+    # half joins a half on one node.
     out = tmp_path / "out"
     out.mkdir()
     start = datetime(2026, 1, 1, tzinfo=UTC)
     market = tmp_path / "m.csv"
-    write_trace(market, [SpotQuote("gcp", "us-central1", "us-central1-a", "a2-highgpu-2g", "A100", 2, 2.2, 7.35,
+    write_trace(market, [SpotQuote(*where, instance_type, accelerator, gpus, 2.2, 7.35,
                                    start + timedelta(minutes=t), available_nodes=2) for t in range(600)])
-    settings = load_settings(market=market, speed=30.0, local_provision_seconds=60.0, max_gpus=4)
+    settings = load_settings(market=market, speed=30.0, local_provision_seconds=60.0, max_gpus=2 * gpus)
     broker = assemble(settings, fresh_market=True)
     engine = broker.start()
     try:
-        ids = [engine.submit(parse_job_spec(GANG_JOB.format(name=name, other=other, out=out),
+        ids = [engine.submit(parse_job_spec(GANG_JOB.format(name=name, other=other, out=out, accelerator=accelerator),
                                             source=str(tmp_path / f"{name}.yaml")))
                for name, other in (("a", "b"), ("b", "a"))]
         deadline = time.time() + 180
@@ -216,7 +223,7 @@ def test_two_gangs_of_half_gpus_share_one_gpu_on_each_of_two_nodes(tmp_path: Pat
         broker.close()
 
     assert [j.state for j in jobs] == ["SUCCEEDED", "SUCCEEDED"], [j.reason for j in jobs]
-    assert len(clusters) == 1 and clusters[0].num_nodes == 2
+    assert len(clusters) == 1 and (clusters[0].num_nodes, clusters[0].accelerator) == (2, accelerator)
     a, b = (allocations[j] for j in ids)
     assert sorted(a.gpus) == ["0", "1"] and all(len(g) == 1 for g in a.gpus.values())
     assert a.gpus == b.gpus and a.gpu_share == b.gpu_share == 0.5
