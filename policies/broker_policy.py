@@ -69,6 +69,7 @@ from policies.broker_policy_runs import (
     capacity_wait,
     finished_runs,
     fresh_ratio,
+    origin_runs,
     recent_preemptions,
     spot_only_need,
     told_runs,
@@ -337,7 +338,8 @@ def _price(request: SelectionRequest, budget: Budget, offer: ZoneOffer, worth: f
     if history is not None and column is not None:
         age = int(history.age(request.job.num_nodes)[column])
         window = round(RUN_WINDOW_S / budget.step_s)
-        runs = finished_runs(history, request.job.num_nodes, column, window)
+        runs = (origin_runs(history, request.job.num_nodes, column, window)
+                or finished_runs(history, request.job.num_nodes, column, window))
         if not runs.x:
             runs = None  # no run has ended anywhere yet: the history says nothing about run lengths
         if told is not None:

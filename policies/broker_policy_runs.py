@@ -86,13 +86,53 @@ def capacity_wait(request: SelectionRequest, budget: Budget, horizon: int) -> fl
     window = round(RUN_WINDOW_S / budget.step_s)
     ages = history.age(n)
     still_down = np.ones(horizon)
+    partly: np.ndarray | None = None
     for offer in eligible_offers(request):
         column = history.column(offer.location)
         if column is None:
             continue
+        if offer.available_nodes is not None and 0 < offer.available_nodes < n:
+            # Part of the gang is obtainable: such outages have mostly ended within a few steps,
+            # whatever their age (the zone's outages by age mix them with the ones at nothing).
+            if partly is None:
+                partly = partial_outage_survival(history, n, window, horizon)
+            if partly.size:
+                still_down *= partly
+                continue
         outages = finished_runs(history, n, column, window, down=True)
         still_down *= outages.survival(int(ages[column]), horizon)
     return float(still_down.sum())
+
+
+def partial_outage_survival(history: MarketHistory, n: int, window: int, horizon: int) -> np.ndarray:
+    """P(an outage still goes on after j more steps), j < ``horizon``, at a step where part of the
+    gang was obtainable (0 < available nodes < ``n``): from every zone's such steps of the last
+    ``window`` steps whose outage has ended by now. Empty with fewer than ``MIN_RUNS`` of them."""
+    key = ("broker.partial", n)
+    table = history.series.memo.get(key)
+    if table is None:
+        gang = history.series.gang(n)
+        available = history.series.available_nodes
+        ends: list[np.ndarray] = []
+        starts: list[np.ndarray] = []
+        for zone, zone_ends in enumerate(gang.down_end):
+            ticks = np.flatnonzero((available[:, zone] > 0) & ~gang.up[:, zone])
+            after = np.searchsorted(zone_ends, ticks, side="right")  # the outage's end, if it has one
+            ended = after < len(zone_ends)
+            ends.append(zone_ends[after[ended]])
+            starts.append(ticks[ended])
+        end, tick = np.concatenate(ends), np.concatenate(starts)
+        order = np.argsort(end, kind="stable")
+        table = history.series.memo[key] = (end[order], tick[order])
+    assert isinstance(table, tuple)
+    end, tick = table
+    now = history.now
+    seen = int(np.searchsorted(end, now, side="right"))
+    recent = tick[:seen] >= now - window
+    left = (end[:seen] - tick[:seen])[recent]
+    if len(left) < MIN_RUNS:
+        return np.empty(0)
+    return np.array([(left > j).mean() for j in range(horizon)])
 
 
 def recent_preemptions(request: SelectionRequest, offer: ZoneOffer) -> int:
@@ -194,5 +234,45 @@ def finished_runs(history: MarketHistory, n: int, zone: int, window: int, down: 
         else:
             lengths = all_lengths[zone][lo:hi]
         found = memo[key] = RunLengths(lengths)
+    assert isinstance(found, RunLengths)
+    return found
+
+
+def origin_runs(history: MarketHistory, n: int, zone: int, window: int) -> RunLengths | None:
+    """The finished up-runs of the last ``window`` steps that began as the zone's current run did:
+    right after a step where part of the gang was obtainable (0 < available nodes < ``n``), or
+    after one where none was. The zone's own with ``MIN_RUNS`` of them, else every zone's; None
+    with fewer even then, or where the market gives no partial counts (runs of one kind only)."""
+    gang = history.series.gang(n)
+    available = history.series.available_nodes
+    now = history.now
+    before = now - int(gang.age[now, zone])  # the step before the current run began
+    if not gang.up[now, zone] or before < 0:
+        return None
+    partial = bool(0 < available[before, zone] < n)
+    memo = history.series.memo
+    key = ("broker.origins", n)
+    flags = memo.get(key)
+    if flags is None:  # per zone, per finished run: did it begin right after a partial step?
+        flags = memo[key] = tuple(
+            (available[np.maximum(ends - lengths - 1, 0), z] > 0) & (ends - lengths - 1 >= 0)
+            for z, (ends, lengths) in enumerate(zip(gang.run_end, gang.run_length, strict=True)))
+    assert isinstance(flags, tuple)
+    if not any(f.any() for f in flags):
+        return None
+    bounds = [(int(np.searchsorted(ends, now - window, side="right")), int(np.searchsorted(ends, now, side="right")))
+              for ends in gang.run_end]
+    lo, hi = bounds[zone]
+    own = gang.run_length[zone][lo:hi][flags[zone][lo:hi] == partial]
+    if len(own) >= MIN_RUNS:
+        lengths = own
+    else:
+        lengths = np.concatenate([gang.run_length[z][a:b][flags[z][a:b] == partial] for z, (a, b) in enumerate(bounds)])
+        if len(lengths) < MIN_RUNS:
+            return None
+    found_key = ("broker.origin-runs", n, partial, zone if len(own) >= MIN_RUNS else None, tuple(bounds))
+    found = memo.get(found_key)
+    if found is None:
+        found = memo[found_key] = RunLengths(lengths)
     assert isinstance(found, RunLengths)
     return found
