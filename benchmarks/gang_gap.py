@@ -43,7 +43,7 @@ def split(market: Market, job: SimJob, run: RunResult) -> dict[str, float]:
     """One run's cost by item, and its step counts, replaying its locations as the simulator bills them."""
     k = Ticks.of(job, market.tick_seconds).overhead
     node_hours = job.num_nodes * market.tick_seconds / 3600.0
-    any_up = market.up.any(axis=1)
+    any_up: np.ndarray = np.asarray(market.up.any(axis=1))
     out = dict.fromkeys((*ITEMS, "od while up", "od entries", "idle while up", "idle while down"), 0.0)
     here, left = IDLE_CODE, 0
     for i, code in enumerate(run.locations.tolist()):
