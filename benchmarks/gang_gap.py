@@ -1,6 +1,6 @@
 """Where a gang's cost above the omniscient optimum goes, and what partial spot counts say.
 
-    python benchmarks/gang_gap.py [--traces DIR] [--starts 60] [--seed 0] [--only TRACE-SUBSTRING]
+    python benchmarks/gang_gap.py [--traces DIR] [--starts 60] [--seed 0] [--only TRACE-SUBSTRING] [--oracle]
 
 On the multi-zone traces, with the job of ``benchmarks/simulate.py``'s Part 2 (48 h of work, 60 h
 deadline, 0.2 h restart, 50 GB checkpoint at $0.02/GB; the gang is the trace's probe size), it runs
@@ -16,6 +16,12 @@ gang), it prints what a partial count says in hindsight: how long an outage goes
 where part of the gang was obtainable against one where none was, and how long runs last that
 began right after such a step against after none (the signals ``broker`` reads causally, see
 ``policies.broker_policy_runs``).
+
+``--oracle`` also runs ``broker`` told, in hindsight, how long each zone's current run will last
+(its run-length estimate replaced by the true one), how long each outage will go on (its expected
+wait for capacity replaced by the true one), and both: how close its rules get to the optimum
+with perfect capacity signals, which no cloud's signal is. Simulator only: it swaps those two
+estimates of ``policies.broker_policy`` for the truth while it runs, and puts them back.
 """
 
 from __future__ import annotations
@@ -31,8 +37,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from simulate import DEFAULT_TRACES, MULTI, job_for
 
+import policies.broker_policy as broker_policy
 from broker.sim.market import IDLE_CODE, ON_DEMAND_CODE, Market, RunResult, SimJob, Ticks
 from broker.sim.runs import random_starts, run_policy
+from policies.broker_policy_runs import RunLengths
+from policies.history import MarketHistory
+from policies.selection import Budget, SelectionRequest
 from providers.trace import read_trace
 
 POLICIES = ("up_multi", "skypilot_eager", "broker", "optimal")
@@ -68,7 +78,49 @@ def split(market: Market, job: SimJob, run: RunResult) -> dict[str, float]:
     return out
 
 
-def gap(traces: Path, file: str, nodes: int, starts: int, seed: int) -> None:
+def steps_left(up: np.ndarray) -> np.ndarray:
+    """[tick, zone]: steps the zone stays in its state (up or down) from that tick on, this one included."""
+    left = np.ones(up.shape, dtype=np.int64)
+    for t in range(up.shape[0] - 2, -1, -1):
+        same = up[t + 1] == up[t]
+        left[t, same] = left[t + 1, same] + 1
+    return left
+
+
+def oracle(market: Market, job: SimJob, ticks: list[int], best: float) -> None:
+    """``broker`` told the true length of every run and outage (see the module's doc)."""
+    gang = market.series.gang(job.num_nodes)
+    up, left = gang.up, steps_left(gang.up)
+    own_runs, own_wait = broker_policy.origin_runs, broker_policy.capacity_wait
+
+    def true_run(history: MarketHistory, n: int, zone: int, window: int) -> RunLengths | None:
+        now = history.now
+        if not up[now, zone]:
+            return own_runs(history, n, zone, window)
+        return RunLengths(np.array([gang.age[now, zone] + left[now, zone] - 1]))
+
+    def true_wait(request: SelectionRequest, budget: Budget, horizon: int) -> float:
+        assert request.history is not None
+        now = request.history.now
+        return float(min(0 if up[now].any() else int(left[now].min()), horizon))
+
+    print("broker told the truth, in hindsight:", end="")
+    for label, runs, wait in (("run lengths", true_run, own_wait), ("outage lengths", own_runs, true_wait),
+                              ("both", true_run, true_wait)):
+        broker_policy.origin_runs, broker_policy.capacity_wait = runs, wait  # type: ignore[assignment]
+        market.series.memo.clear()
+        try:
+            found = run_policy(market, job, "broker", ticks)
+        finally:
+            broker_policy.origin_runs, broker_policy.capacity_wait = own_runs, own_wait
+            market.series.memo.clear()
+        cost = float(np.mean([r.cost for r in found]))
+        met = float(np.mean([r.deadline_met for r in found]))
+        print(f"  {label} {cost:.2f} $ ({cost / best:.3f} x, {met:.0%} met)", end="")
+    print()
+
+
+def gap(traces: Path, file: str, nodes: int, starts: int, seed: int, told: bool) -> None:
     market = Market(read_trace(traces / file).select("V100", 1), nodes)
     job = job_for(nodes)
     ticks = random_starts(market, job, starts, seed)
@@ -99,6 +151,8 @@ def gap(traces: Path, file: str, nodes: int, starts: int, seed: int) -> None:
     ratio = costs["broker"] / costs["optimal"]
     print(f"broker vs the cheaper of up_multi and skypilot_eager: {b['cost'] / cheaper:.3f}; per start vs optimal: "
           f"quartiles {np.quantile(ratio, 0.25):.3f} / {np.median(ratio):.3f} / {np.quantile(ratio, 0.75):.3f}")
+    if told:
+        oracle(market, job, ticks, best)
     partial_counts(market, nodes)
 
 
@@ -138,6 +192,7 @@ def main() -> None:
     parser.add_argument("--starts", type=int, default=60)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--only", help="only traces whose file name contains this")
+    parser.add_argument("--oracle", action="store_true", help="also broker told each run's and outage's length")
     args = parser.parse_args()
     if not args.traces.is_dir():
         parser.error(f"--traces: no such directory {args.traces}")
@@ -145,7 +200,7 @@ def main() -> None:
         parser.error("--starts: at least 1")
     for file, nodes in MULTI:
         if args.only is None or args.only in file:
-            gap(args.traces, file, nodes, args.starts, args.seed)
+            gap(args.traces, file, nodes, args.starts, args.seed, args.oracle)
 
 
 if __name__ == "__main__":
