@@ -41,14 +41,15 @@ MIXED = [GANG, GANG, 2] * 25 + [GANG, GANG, 0, 0, 0, 0, 0] * 25
 def test_partial_outages_are_counted_from_those_ended_by_now_only() -> None:
     series = series_of([*MIXED, 2, 2, 2, 2])  # the last outage, partly obtainable, has not ended
     now = len(MIXED) + 3
-    survival = partial_outage_survival(MarketHistory(series, now), GANG, window=now, horizon=4)
+    survival = partial_outage_survival(MarketHistory(series, now), GANG, 0, window=now, horizon=4)
     # every partial step seen so far was followed by capacity the next step
     assert survival.tolist() == [1.0, 0.0, 0.0, 0.0]
     # too few such steps in a short window: nothing to say
-    assert partial_outage_survival(MarketHistory(series, now), GANG, window=MIN_RUNS, horizon=4).size == 0
+    assert partial_outage_survival(MarketHistory(series, now), GANG, 0, window=MIN_RUNS, horizon=4).size == 0
     # the same market cut at now gives the same answer (nothing from the future)
     cut = series_of([*MIXED, 2, 2, 2, 2][: now + 1])
-    assert partial_outage_survival(MarketHistory(cut, now), GANG, window=now, horizon=4).tolist() == survival.tolist()
+    again = partial_outage_survival(MarketHistory(cut, now), GANG, 0, window=now, horizon=4)
+    assert again.tolist() == survival.tolist()
 
 
 def test_a_partly_obtainable_zone_is_expected_back_sooner() -> None:
