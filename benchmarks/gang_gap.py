@@ -91,12 +91,12 @@ def oracle(market: Market, job: SimJob, ticks: list[int], best: float) -> None:
     """``broker`` told the true length of every run and outage (see the module's doc)."""
     gang = market.series.gang(job.num_nodes)
     up, left = gang.up, steps_left(gang.up)
-    own_runs, own_wait = broker_policy.origin_runs, broker_policy.capacity_wait
+    own_runs, own_wait = broker_policy.finished_runs, broker_policy.capacity_wait
 
-    def true_run(history: MarketHistory, n: int, zone: int, window: int) -> RunLengths | None:
+    def true_run(history: MarketHistory, n: int, zone: int, window: int, down: bool = False) -> RunLengths:
         now = history.now
-        if not up[now, zone]:
-            return own_runs(history, n, zone, window)
+        if down or not up[now, zone]:
+            return own_runs(history, n, zone, window, down)
         return RunLengths(np.array([gang.age[now, zone] + left[now, zone] - 1]))
 
     def true_wait(request: SelectionRequest, budget: Budget, horizon: int) -> float:
@@ -107,12 +107,12 @@ def oracle(market: Market, job: SimJob, ticks: list[int], best: float) -> None:
     print("broker told the truth, in hindsight:", end="")
     for label, runs, wait in (("run lengths", true_run, own_wait), ("outage lengths", own_runs, true_wait),
                               ("both", true_run, true_wait)):
-        broker_policy.origin_runs, broker_policy.capacity_wait = runs, wait  # type: ignore[assignment]
+        broker_policy.finished_runs, broker_policy.capacity_wait = runs, wait
         market.series.memo.clear()
         try:
             found = run_policy(market, job, "broker", ticks)
         finally:
-            broker_policy.origin_runs, broker_policy.capacity_wait = own_runs, own_wait
+            broker_policy.finished_runs, broker_policy.capacity_wait = own_runs, own_wait
             market.series.memo.clear()
         cost = float(np.mean([r.cost for r in found]))
         met = float(np.mean([r.deadline_met for r in found]))

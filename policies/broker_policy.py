@@ -38,8 +38,9 @@ cheapest (``policies.speed``). Then:
 - idle under pressure: enter spot cheaper than on-demand (slack it risks counted), unless
   letting young capacity prove itself is cheaper; with no such spot, wait if the outage is likely
   shorter than on-demand's two restarts would justify (time to capacity learned from the zones'
-  past outages) and waiting keeps the slack near its reserve or the work left is short next to
-  the slack (``SHORT_REST``: being caught by the floor then puts little work on on-demand), else
+  past outages; for a zone that can give part of the gang now, from its past steps that could)
+  and waiting keeps the slack near its reserve or the work left is short next to the slack
+  (``SHORT_REST``: being caught by the floor then puts little work on on-demand), else
   run on-demand; when spot is up but too short-lived to beat on-demand, that same wait would have
   no outage to wait out, so it enters the spot instead;
 - on on-demand: leave for the spot zone with the largest expected saving over staying (restarts
@@ -69,7 +70,6 @@ from policies.broker_policy_runs import (
     capacity_wait,
     finished_runs,
     fresh_ratio,
-    origin_runs,
     recent_preemptions,
     spot_only_need,
     told_runs,
@@ -338,8 +338,7 @@ def _price(request: SelectionRequest, budget: Budget, offer: ZoneOffer, worth: f
     if history is not None and column is not None:
         age = int(history.age(request.job.num_nodes)[column])
         window = round(RUN_WINDOW_S / budget.step_s)
-        runs = (origin_runs(history, request.job.num_nodes, column, window)
-                or finished_runs(history, request.job.num_nodes, column, window))
+        runs = finished_runs(history, request.job.num_nodes, column, window)
         if not runs.x:
             runs = None  # no run has ended anywhere yet: the history says nothing about run lengths
         if told is not None:

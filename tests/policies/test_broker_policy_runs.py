@@ -1,11 +1,10 @@
-"""What ``broker`` reads from partial spot counts: outages with part of the gang obtainable, and
-runs judged on the runs that began as they did."""
+"""What ``broker`` reads from partial spot counts: outages with part of the gang obtainable."""
 
 from __future__ import annotations
 
 from datetime import timedelta
 
-from policies.broker_policy_runs import MIN_RUNS, capacity_wait, origin_runs, partial_outage_survival
+from policies.broker_policy_runs import MIN_RUNS, capacity_wait, partial_outage_survival
 from policies.history import MarketHistory, MarketSeries
 from policies.selection import Budget, JobView, Location, SelectionRequest, ZoneOffer
 from providers.trace import MarketTrace
@@ -61,16 +60,3 @@ def test_a_partly_obtainable_zone_is_expected_back_sooner() -> None:
     assert partly == 1.0  # the partial outages all ended the next step
     assert nothing > 2.0  # the zone's outages by age mix in the five-step ones
 
-
-def test_runs_are_judged_on_the_runs_that_began_as_they_did() -> None:
-    # runs that begin after a partial step last six steps; after a step at nothing, one step
-    counts = ([2] + [GANG] * 6 + [0] + [GANG]) * (MIN_RUNS + 2)
-    series = series_of([*counts, 2, GANG, GANG])
-    after_partial = origin_runs(MarketHistory(series, len(counts) + 2), GANG, 0, window=len(counts) + 3)
-    assert after_partial is not None and set(after_partial.x) == {6}
-    series = series_of([*counts, 0, GANG])
-    after_nothing = origin_runs(MarketHistory(series, len(counts) + 1), GANG, 0, window=len(counts) + 2)
-    assert after_nothing is not None and set(after_nothing.x) == {1}
-    # a market without partial counts (all or nothing): no split, the zone's runs as before
-    plain = series_of(([0] + [GANG] * 6 + [0] + [GANG]) * (MIN_RUNS + 2))
-    assert origin_runs(MarketHistory(plain, plain.num_ticks - 1), GANG, 0, window=plain.num_ticks) is None
