@@ -235,4 +235,3 @@ def finished_runs(history: MarketHistory, n: int, zone: int, window: int, down: 
         found = memo[key] = RunLengths(lengths)
     assert isinstance(found, RunLengths)
     return found
-
