@@ -38,8 +38,9 @@ cheapest (``policies.speed``). Then:
 - idle under pressure: enter spot cheaper than on-demand (slack it risks counted), unless
   letting young capacity prove itself is cheaper; with no such spot, wait if the outage is likely
   shorter than on-demand's two restarts would justify (time to capacity learned from the zones'
-  past outages) and waiting keeps the slack near its reserve or the work left is short next to
-  the slack (``SHORT_REST``: being caught by the floor then puts little work on on-demand), else
+  past outages; for a zone that can give part of the gang now, from its past steps that could)
+  and waiting keeps the slack near its reserve or the work left is short next to the slack
+  (``SHORT_REST``: being caught by the floor then puts little work on on-demand), else
   run on-demand; when spot is up but too short-lived to beat on-demand, that same wait would have
   no outage to wait out, so it enters the spot instead;
 - on on-demand: leave for the spot zone with the largest expected saving over staying (restarts

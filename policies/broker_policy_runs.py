@@ -90,9 +90,48 @@ def capacity_wait(request: SelectionRequest, budget: Budget, horizon: int) -> fl
         column = history.column(offer.location)
         if column is None:
             continue
+        if offer.available_nodes is not None and 0 < offer.available_nodes < n:
+            # Part of the gang is obtainable: such outages have mostly ended within a few steps,
+            # whatever their age (the zone's outages by age mix them with the ones at nothing).
+            partly = partial_outage_survival(history, n, column, window, horizon)
+            if partly.size:
+                still_down *= partly
+                continue
         outages = finished_runs(history, n, column, window, down=True)
         still_down *= outages.survival(int(ages[column]), horizon)
     return float(still_down.sum())
+
+
+def partial_outage_survival(history: MarketHistory, n: int, zone: int, window: int, horizon: int) -> np.ndarray:
+    """P(an outage still goes on after j more steps), j < ``horizon``, at a step where part of the
+    gang was obtainable (0 < available nodes < ``n``): from the zone's such steps of the last
+    ``window`` steps whose outage has ended by now, every zone's when it has fewer than
+    ``MIN_RUNS``. Empty with fewer than ``MIN_RUNS`` even then."""
+    key = ("broker.partial", n)
+    table = history.series.memo.get(key)
+    if table is None:  # per zone: (the outage's end, the partial step), for every partial step of an ended outage
+        gang = history.series.gang(n)
+        available = history.series.available_nodes
+        steps: list[tuple[np.ndarray, np.ndarray]] = []
+        for column, zone_ends in enumerate(gang.down_end):
+            ticks = np.flatnonzero((available[:, column] > 0) & ~gang.up[:, column])
+            after = np.searchsorted(zone_ends, ticks, side="right")  # the outage's end, if it has one
+            ended = after < len(zone_ends)
+            steps.append((zone_ends[after[ended]], ticks[ended]))  # ends ascend with the steps
+        table = history.series.memo[key] = tuple(steps)
+    assert isinstance(table, tuple)
+    now = history.now
+
+    def left(end: np.ndarray, tick: np.ndarray) -> np.ndarray:
+        seen = int(np.searchsorted(end, now, side="right"))
+        return (end[:seen] - tick[:seen])[tick[:seen] >= now - window]
+
+    found = left(*table[zone])
+    if len(found) < MIN_RUNS:
+        found = np.concatenate([left(end, tick) for end, tick in table])
+        if len(found) < MIN_RUNS:
+            return np.empty(0)
+    return np.array([(found > j).mean() for j in range(horizon)])
 
 
 def recent_preemptions(request: SelectionRequest, offer: ZoneOffer) -> int:
