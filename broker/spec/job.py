@@ -128,12 +128,14 @@ def parse_job_spec(text: str, source: str = "job file", *, now: datetime | None 
 
 def parse_job_file(text: str, source: str = "job file", *, now: datetime | None = None, offline: bool = False,
                    catalog_timeout: float = CATALOG_TIMEOUT_SECONDS,
-                   market: tuple[MarketOffer, ...] | None = None) -> JobSpec | Pipeline:
+                   market: tuple[MarketOffer, ...] | None = None, skypilot: bool = True) -> JobSpec | Pipeline:
+    """``skypilot=False``: judged by SkyPilot's schema (the broker's copy) and the built-in catalog, without
+    importing SkyPilot, for a backend that never hands the task to it (``broker.spec.task.build_task``)."""
     documents = load_yaml_documents(text, source)
     when = now or datetime.now(UTC)
     if len(documents) == 1:
-        return build_task(documents[0], source, when, offline, catalog_timeout, market=market)
-    return build_pipeline(documents, source, when, offline, catalog_timeout)
+        return build_task(documents[0], source, when, offline, catalog_timeout, market=market, skypilot=skypilot)
+    return build_pipeline(documents, source, when, offline, catalog_timeout, skypilot=skypilot)
 
 
 def parse_job_quoted(text: str, source: str, offers: tuple[MarketOffer, ...], *, offline: bool = False,
