@@ -152,11 +152,13 @@ def parse_job_quoted(text: str, source: str, offers: tuple[MarketOffer, ...], *,
 
 
 def job_spec_from_data(data: dict[str, Any], source: str | None = None, *, offline: bool = False,
-                       catalog_timeout: float = CATALOG_TIMEOUT_SECONDS) -> JobSpec:
+                       catalog_timeout: float = CATALOG_TIMEOUT_SECONDS, skypilot: bool = True) -> JobSpec:
     """A stored ``to_data()`` back into a ``JobSpec``.
 
-    Validated as on submission, except that a deadline which has passed since is kept.
+    Validated as on submission, except that a deadline which has passed since is kept; ``skypilot=False``
+    without SkyPilot's own checks (``parse_job_file``), for a job they judged when it was submitted.
     """
-    return build_task(LoadedYaml(json_safe(data)), source or "stored job", None, offline, catalog_timeout)
+    return build_task(LoadedYaml(json_safe(data)), source or "stored job", None, offline, catalog_timeout,
+                      skypilot=skypilot)
 
 
