@@ -1,7 +1,7 @@
 """One way in for a job, whoever brings it (``broker launch``, ``POST /v1/jobs`` and ``/v1/pipelines``,
 the engine's tests): read the job file, judge it against the market, store it PENDING.
 
-On the SkyPilot backend a job file is judged by the price book's quotes first: any instance type or
+On the SkyPilot backend a job file is judged by SkyPilot and the price book's quotes first: any instance type or
 accelerator a cloud quotes is accepted, whether or not a catalog knows it; the catalogs judge the
 rest (a pipeline's stages among them), and word the refusal.
 """
@@ -38,9 +38,12 @@ class Intake:
 
 def read_job(text: str, source: str, intake: Intake, store: Store | None) -> JobSpec | Pipeline:
     """The job file's text as a task or a pipeline; a SpecError naming the field otherwise.
-    ``store``: where the price book is (on the SkyPilot backend)."""
+    ``store``: where the price book is (on the SkyPilot backend).
+
+    SkyPilot itself (seconds to import) judges the file only on the SkyPilot backend, which hands it the
+    task; the local backend judges it by SkyPilot's schema, the built-in catalog and its market."""
     if intake.backend != "skypilot":
-        return parse_job_file(text, source=source, offline=intake.offline)
+        return parse_job_file(text, source=source, offline=intake.offline, skypilot=False)
     from broker.market.book import PriceBook
 
     assert store is not None, "the SkyPilot backend judges a job by the price book in the store"

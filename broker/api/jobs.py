@@ -222,7 +222,7 @@ def jobs_router(store: Store, clock: Clock, intake: Intake, team_of: Any) -> API
         keyed = Keyed(store, request, team, "jobs", body)
         if (done := keyed.earlier(response)) is not None:
             with store.transaction() as s:
-                return job_summary(s, owned(s, str(done["job_ids"][0]), team))
+                return job_summary(s, owned(s, str(done["job_ids"][0]), team), clock_now=clock.now())
         loaded = read_submission(body, intake, store, pipeline=False)
         if isinstance(loaded, JSONResponse):
             return loaded
@@ -233,7 +233,7 @@ def jobs_router(store: Store, clock: Clock, intake: Intake, team_of: Any) -> API
         (job_id,) = keyed.submit(response, lambda within: intake_submit(
             store, clock, intake, loaded, queued=lambda spec: for_team(store, spec, team), within=within))
         with store.transaction() as s:
-            return job_summary(s, owned(s, job_id, team))
+            return job_summary(s, owned(s, job_id, team), clock_now=clock.now())
 
     @router.get("")
     def list_jobs(response: Response, team: str = Depends(team_of),
@@ -260,13 +260,14 @@ def jobs_router(store: Store, clock: Clock, intake: Intake, team_of: Any) -> API
             if len(page) > limit:
                 page = page[:limit]
                 response.headers["X-Next-After"] = page[-1].id
-            return [job_summary(s, job) for job in page]
+            now = clock.now()
+            return [job_summary(s, job, clock_now=now) for job in page]
 
     @router.get("/{job_id}")
     def get_job(job_id: JobId, team: str = Depends(team_of)) -> dict[str, Any]:
         """One job: the fields of `broker status JOB --json`."""
         with store.transaction() as s:
-            return job_summary(s, owned(s, job_id, team))
+            return job_summary(s, owned(s, job_id, team), clock_now=clock.now())
 
     @router.post("/{job_id}/cancel", response_model=CancelResult)
     def cancel(job_id: JobId, team: str = Depends(team_of)) -> CancelResult:

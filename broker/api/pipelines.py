@@ -64,6 +64,6 @@ def pipelines_router(store: Store, clock: Clock, intake: Intake, team_of: Any) -
         with store.transaction() as s:
             rows = list(s.scalars(select(JobRow).where(JobRow.id.in_(job_ids)).order_by(JobRow.stage)))
             return {"pipeline_id": rows[0].pipeline_id, "name": name, "kind": kind,
-                    "job_ids": job_ids, "stages": [job_summary(s, row) for row in rows]}
+                    "job_ids": job_ids, "stages": [job_summary(s, row, clock_now=clock.now()) for row in rows]}
 
     return router

@@ -13,12 +13,16 @@ from broker.cli.app import UsageError
 from broker.cli.job_output import progress_table
 
 if TYPE_CHECKING:
+    from datetime import datetime
+
     from broker.config.settings import Settings
     from broker.runtime import Runtime
     from broker.store import Store
 
 
-def job_summary_of(store: Store, job_id: str) -> dict[str, Any]:
+def job_summary_of(store: Store, job_id: str, clock_now: datetime | None = None) -> dict[str, Any]:
+    """``clock_now``: the broker's clock (the replayed market's on the local backend), which progress
+    estimates run on, as ``status`` and the API estimate them."""
     from broker.status.orm_source import job_summary
     from broker.store.tables import JobRow
 
@@ -26,7 +30,7 @@ def job_summary_of(store: Store, job_id: str) -> dict[str, Any]:
         job = s.get(JobRow, job_id)
         if job is None:
             raise UsageError(f"no job {job_id!r}")
-        return job_summary(s, job)
+        return job_summary(s, job, clock_now=clock_now)
 
 
 def drive(runtime: Runtime, settings: Settings, job_id: str | list[str] | None, show: bool) -> None:
@@ -50,7 +54,7 @@ def drive(runtime: Runtime, settings: Settings, job_id: str | list[str] | None, 
                 if engine is not None:
                     engine.step()
                 if watched:
-                    summaries = [job_summary_of(runtime.store, one) for one in watched]
+                    summaries = [job_summary_of(runtime.store, one, runtime.clock.now()) for one in watched]
                     going = [x for x in summaries if not JobState(x["state"]).terminal]
                     if show:
                         shown = (going or summaries)[0]

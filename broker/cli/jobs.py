@@ -43,13 +43,14 @@ def _read_job(job_file: Path, settings: Settings) -> JobSpec | Pipeline:
 
 
 def _precheck(job_file: Path) -> None:
-    """The job file judged on its own (no catalog, no market, no settings), before the settings, the store
-    and the engine are imported: a file the broker refuses by itself is refused in well under a second.
+    """The job file judged on its own (no catalog, no market, no settings, no SkyPilot: its schema as the
+    broker keeps it), before the settings, the store and the engine are imported: a file the broker or
+    SkyPilot's schema refuses is refused in well under a second.
     The full reading (``_read_job``) follows for a file that passes."""
     from broker.spec.job import SpecError, parse_job_file, read_job_file
 
     try:
-        parse_job_file(read_job_file(job_file), source=str(job_file), offline=True)
+        parse_job_file(read_job_file(job_file), source=str(job_file), offline=True, skypilot=False)
     except SpecError as exc:
         # The built-in catalog's answer is not the last word: the full reading judges by the market (local)
         # or SkyPilot's catalog, and a job the market offers is never refused.

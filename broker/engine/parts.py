@@ -171,8 +171,10 @@ class Parts:
 
     def spec_of(self, job: JobRow) -> JobSpec:
         if job.id not in self._specs:
-            # Validated at submission; re-reading it must not consult catalogs or the clock again.
-            self._specs[job.id] = job_spec_from_data(job.spec, source=job.spec_path or job.name, offline=True)
+            # Validated at submission; re-reading it must not consult catalogs, the clock or SkyPilot again
+            # (importing SkyPilot takes seconds: a detached engine or `broker serve` on the local backend never does).
+            self._specs[job.id] = job_spec_from_data(job.spec, source=job.spec_path or job.name, offline=True,
+                                                     skypilot=False)
         return self._specs[job.id]
 
     def event(self, s: Session, job_id: str | None, kind: str, **detail: object) -> None:

@@ -128,12 +128,14 @@ def parse_job_spec(text: str, source: str = "job file", *, now: datetime | None 
 
 def parse_job_file(text: str, source: str = "job file", *, now: datetime | None = None, offline: bool = False,
                    catalog_timeout: float = CATALOG_TIMEOUT_SECONDS,
-                   market: tuple[MarketOffer, ...] | None = None) -> JobSpec | Pipeline:
+                   market: tuple[MarketOffer, ...] | None = None, skypilot: bool = True) -> JobSpec | Pipeline:
+    """``skypilot=False``: judged by SkyPilot's schema (the broker's copy) and the built-in catalog, without
+    importing SkyPilot, for a backend that never hands the task to it (``broker.spec.task.build_task``)."""
     documents = load_yaml_documents(text, source)
     when = now or datetime.now(UTC)
     if len(documents) == 1:
-        return build_task(documents[0], source, when, offline, catalog_timeout, market=market)
-    return build_pipeline(documents, source, when, offline, catalog_timeout)
+        return build_task(documents[0], source, when, offline, catalog_timeout, market=market, skypilot=skypilot)
+    return build_pipeline(documents, source, when, offline, catalog_timeout, skypilot=skypilot)
 
 
 def parse_job_quoted(text: str, source: str, offers: tuple[MarketOffer, ...], *, offline: bool = False,
@@ -151,11 +153,13 @@ def parse_job_quoted(text: str, source: str, offers: tuple[MarketOffer, ...], *,
 
 
 def job_spec_from_data(data: dict[str, Any], source: str | None = None, *, offline: bool = False,
-                       catalog_timeout: float = CATALOG_TIMEOUT_SECONDS) -> JobSpec:
+                       catalog_timeout: float = CATALOG_TIMEOUT_SECONDS, skypilot: bool = True) -> JobSpec:
     """A stored ``to_data()`` back into a ``JobSpec``.
 
-    Validated as on submission, except that a deadline which has passed since is kept.
+    Validated as on submission, except that a deadline which has passed since is kept; ``skypilot=False``
+    without SkyPilot's own checks (``parse_job_file``), for a job they judged when it was submitted.
     """
-    return build_task(LoadedYaml(json_safe(data)), source or "stored job", None, offline, catalog_timeout)
+    return build_task(LoadedYaml(json_safe(data)), source or "stored job", None, offline, catalog_timeout,
+                      skypilot=skypilot)
 
 

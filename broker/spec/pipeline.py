@@ -15,9 +15,11 @@ _GROUP_HEADER_KEYS = frozenset({"name", "execution", "primary_tasks", "terminati
 
 
 def build_pipeline(documents: list[LoadedYaml], source: str, now: datetime, offline: bool,
-              catalog_timeout: float) -> Pipeline:
+              catalog_timeout: float, skypilot: bool = True) -> Pipeline:
     """SkyPilot's rules: a first document holding only ``name`` (and ``execution: serial``) names a
-    chain; one with ``execution: parallel`` heads a job group; every other document is a task."""
+    chain; one with ``execution: parallel`` heads a job group; every other document is a task.
+    SkyPilot judges the structure whatever ``skypilot`` says (the broker has no copy of those rules);
+    ``skypilot`` is for the tasks (``build_task``)."""
     first = documents[0]
     header: dict[str, Any] = {}
     kind = "chain"
@@ -46,7 +48,8 @@ def build_pipeline(documents: list[LoadedYaml], source: str, now: datetime, offl
     name = str(header.get("name") or Path(source).stem)
     for index, doc in enumerate(tasks):
         stage_source = f"{source} (stage {index + 1})"
-        spec = build_task(doc, stage_source, now, offline, catalog_timeout, default_name=f"{name}-{index}")
+        spec = build_task(doc, stage_source, now, offline, catalog_timeout, default_name=f"{name}-{index}",
+                          skypilot=skypilot)
         stages.append(spec)
     return Pipeline(name, kind, tuple(stages), header, source)
 

@@ -1,4 +1,5 @@
-"""The SkyPilot part of a job file, judged by SkyPilot itself (``sky.Task.from_yaml_config``).
+"""The SkyPilot part of a job file, judged by SkyPilot's schema (``check_schema``: the broker's copy of
+it, no SkyPilot import) and by SkyPilot itself (``validate_task``: ``sky.Task.from_yaml_config``).
 
 Its refusals come back as ``SpecError`` carrying SkyPilot's own message and hint, placed on the
 offending key: SkyPilot's messages name fields in one of a few ways (a json path, a quoted key,
@@ -42,10 +43,24 @@ def validate_task(config: dict[str, Any], doc: LoadedYaml, source: str) -> None:
         with sky_logging.silent():
             sky.Task.from_yaml_config(copy.deepcopy(config))
     except (ValueError, TypeError, KeyError, AssertionError) as exc:
-        message = _ANSI.sub("", str(exc)).strip() or type(exc).__name__
-        path = locate(message, doc)
-        raise SpecError(f"SkyPilot: {message}", field=format_path(path) if path else None,
-                        line=doc.line_of(path) if path else None, source=source) from None
+        raise _refusal(_ANSI.sub("", str(exc)).strip() or type(exc).__name__, doc, source) from None
+
+
+def check_schema(config: dict[str, Any], doc: LoadedYaml, source: str) -> None:
+    """Raise ``SpecError`` if SkyPilot's schema refuses ``config``: SkyPilot's words, on the same key as
+    ``validate_task`` would put them, in milliseconds (``broker.spec.sky_schema``)."""
+    from broker.spec.sky_schema import SkyRefusal, check
+
+    try:
+        check(config)
+    except SkyRefusal as exc:
+        raise _refusal(str(exc), doc, source) from None
+
+
+def _refusal(message: str, doc: LoadedYaml, source: str) -> SpecError:
+    path = locate(message, doc)
+    return SpecError(f"SkyPilot: {message}", field=format_path(path) if path else None,
+                     line=doc.line_of(path) if path else None, source=source)
 
 
 def locate(message: str, doc: LoadedYaml) -> Path | None:

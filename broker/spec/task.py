@@ -1,5 +1,6 @@
 """One task document of a job file into a ``JobSpec``: the ``broker:`` section by its pydantic model,
-the SkyPilot part by SkyPilot itself, the accelerators against a catalog or the given market."""
+the SkyPilot part by SkyPilot's schema and (``skypilot``) by SkyPilot itself, the accelerators against a
+catalog or the given market."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ from broker.spec.model import (
     narrow,
 )
 from broker.spec.resources import ResourceAlternative, ResourceError, resource_alternatives
-from broker.spec.skypilot import validate_task
+from broker.spec.skypilot import check_schema, validate_task
 from broker.spec.yaml_lines import LoadedYaml, format_path
 
 MAX_NUM_NODES = 1024
@@ -32,7 +33,12 @@ _NOT_GPUS = ("tpu", "inferentia", "trainium", "gaudi")
 
 
 def build_task(doc: LoadedYaml, source: str, now: datetime | None, offline: bool, catalog_timeout: float,
-           default_name: str | None = None, market: tuple[MarketOffer, ...] | None = None) -> JobSpec:
+           default_name: str | None = None, market: tuple[MarketOffer, ...] | None = None,
+           skypilot: bool = True) -> JobSpec:
+    """``skypilot``: judge the file by SkyPilot itself and its catalog too (imports SkyPilot: seconds).
+    Without, by SkyPilot's schema and the built-in catalog only: for a backend that never hands the
+    task to SkyPilot (the local one)."""
+    offline = offline or not skypilot
     if not isinstance(doc.data, dict):
         got = "an empty file" if doc.data is None else f"{type(doc.data).__name__} {doc.data!r}"
         raise SpecError(f"expected a mapping (a SkyPilot task with `run:`) at the top level, got {got}",
@@ -59,15 +65,19 @@ def build_task(doc: LoadedYaml, source: str, now: datetime | None, offline: bool
                         "(or a `setup:` for a task that only sets its nodes up)", field="run",
                         line=doc.line_of(("run",)) or doc.line_of(("setup",)), source=source)
     # The broker's own checks first, SkyPilot's last: importing SkyPilot takes seconds, and a file the
-    # broker can refuse by itself is refused without it. A shape the broker's reading does not take is
-    # left to SkyPilot's schema, which says why in its own words.
+    # broker can refuse by itself is refused without it: SkyPilot's schema is among those checks (the
+    # broker's copy of it, SkyPilot's words). A shape the broker's reading does not take otherwise is
+    # left to SkyPilot, which says why in its own words.
+    check_schema(task, doc, source)
     try:
         alternatives = resource_alternatives(task)
     except ResourceError as exc:
-        validate_task(task, doc, source)  # SkyPilot's message, where it has one, as before
+        if skypilot:
+            validate_task(task, doc, source)  # SkyPilot's message, where it has one, as before
         raise SpecError(str(exc), field=format_path(exc.path), line=doc.line_of(exc.path), source=source) from None
     except (TypeError, ValueError, AttributeError, KeyError):
-        validate_task(task, doc, source)
+        if skypilot:
+            validate_task(task, doc, source)
         raise
     for alt in alternatives:
         for request in alt.accelerators:
@@ -75,7 +85,8 @@ def build_task(doc: LoadedYaml, source: str, now: datetime | None, offline: bool
                 raise SpecError(f"{request.name} is not a GPU: the broker places GPUs and CPUs only "
                                 "(run TPU, Inferentia and Trainium tasks with SkyPilot directly)",
                                 field=format_path(request.path), line=doc.line_of(request.path), source=source)
-    validate_task(task, doc, source)
+    if skypilot:
+        validate_task(task, doc, source)
     # A fraction per node in a gang of several nodes (SkyPilot's job-queue examples: T4:0.5 on 2 nodes)
     # is one share of one GPU on each node, all of the same type: SkyPilot judged it above.
     warnings: tuple[str, ...] = ()

@@ -160,3 +160,37 @@ def test_the_cli_never_imports_nvml_even_where_it_could(tmp_path: Path, monkeypa
         loaded = _modules(*args)
         assert read in loaded, args  # it did read the measured jobs
         assert not {m for m in loaded if m == "pynvml" or m.startswith("broker.agent.gpu")}, args
+
+
+UNKNOWN_KEY = "name: t\nresources:\n  accelerators: V100:1\nrun: echo done\nnot_a_skypilot_key: 1\n"
+
+
+def test_a_file_only_skypilots_schema_refuses_is_refused_before_skypilot_or_the_store_is_imported(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    job = tmp_path / "job.yaml"
+    job.write_text(UNKNOWN_KEY)
+    monkeypatch.setenv("BROKER_HOME", str(tmp_path / "home"))
+    done = subprocess.run([sys.executable, "-c", _PROBE, json.dumps(["launch", str(job)])], capture_output=True,
+                          text=True, timeout=120)
+    assert done.stderr.strip() == (f"error: {job}:5: not_a_skypilot_key: SkyPilot: Invalid task YAML: Found "
+                                   "unsupported field 'not_a_skypilot_key'.")
+    line = next(ln for ln in done.stdout.splitlines() if ln.startswith("MODULES="))
+    loaded = set(json.loads(line.removeprefix("MODULES=")))
+    assert not loaded & {"sky", "sqlalchemy", "alembic", "numpy", "fastapi"}, sorted(loaded)
+    assert not (tmp_path / "home" / "broker.db").exists()
+
+
+def test_launch_detach_on_the_local_backend_imports_no_skypilot(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    from tests.broker.cli.running import run_cli
+
+    job = tmp_path / "job.yaml"
+    job.write_text(UNKNOWN_KEY.replace("not_a_skypilot_key: 1\n", ""))
+    monkeypatch.setenv("BROKER_HOME", str(tmp_path / "home"))
+    done = subprocess.run([sys.executable, "-c", _PROBE, json.dumps(["launch", str(job), "--backend", "local",
+                                                                     "--detach", "--json"])],
+                          capture_output=True, text=True, timeout=300)
+    job_id = json.loads(done.stdout.split("\nMODULES=")[0])["job_id"]
+    run_cli(["cancel", job_id], capsys)  # the engine it started ends with its only job
+    loaded = set(json.loads(done.stdout.split("\nMODULES=")[1]))
+    assert "sky" not in loaded and "sqlalchemy" in loaded  # it stored the job, without SkyPilot
