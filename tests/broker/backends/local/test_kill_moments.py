@@ -207,7 +207,7 @@ def _resumed_from_newest(run: Run) -> list[str]:
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(1500)  # twelve quickstarts side by side: 5-7 minutes on a 2-core machine at load 15-30
+@pytest.mark.timeout(1500)  # twelve quickstarts side by side, 2 cores: 3.5 min at load 8-17, 5 min at 15-24
 def test_an_engine_killed_at_any_moment_loses_no_more_than_an_uninterrupted_run_plus_one_interval(
         broker_home: Path, tmp_path: Path) -> None:
     draw = random.Random(KILL_SEED)
