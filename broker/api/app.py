@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import socket
 import threading
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -26,7 +27,7 @@ from broker.api.teams import teams_router
 from broker.api.validation import user_error_response, validation_error_response
 from broker.clock import Clock
 from broker.config.teams import FairShareConfig
-from broker.errors import user_errors
+from broker.errors import BrokerError, user_errors
 from broker.intake import Intake
 from broker.store import Store
 
@@ -70,6 +71,9 @@ def create_app(store: Store, clock: Clock, intake: Intake | None = None,
     return app
 
 
+START_TIMEOUT_S = 120.0  # a loaded machine starts uvicorn in well under a second; never this slowly
+
+
 class BackgroundServer:
     """Serve an app on a loopback port chosen by the OS, in a daemon thread."""
 
@@ -88,7 +92,17 @@ class BackgroundServer:
         return f"http://{self.host}:{self.port}"
 
     def start(self) -> BackgroundServer:
+        """Serve; returns once uvicorn listens and has run the app's startup, so a request made right
+        after is answered (before, one could be refused or wait on a socket nothing accepted yet)."""
         self.thread.start()
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while not self.server.started:
+            if not self.thread.is_alive():
+                raise BrokerError(f"the API server on {self.url} stopped while starting (see the log above)")
+            if time.monotonic() > deadline:
+                self.stop()
+                raise BrokerError(f"the API server on {self.url} did not start within {START_TIMEOUT_S:g} s")
+            time.sleep(0.005)
         return self
 
     def stop(self) -> None:

@@ -16,19 +16,20 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, HTTPException, Query, Request, Response, status
 from fastapi import Path as PathParam
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, Field
+from pydantic import AfterValidator, BaseModel, Field
 from sqlalchemy import and_, or_, select
 from sqlalchemy.exc import IntegrityError
 
 from broker.api.idempotency import REPLAYED_HEADER, earlier, idempotency_key, remember, request_digest
 from broker.api.limits import out_of_time
-from broker.api.validation import PlainLine, Text, body_schema, json_body
+from broker.api.validation import Document, PlainLine, body_schema, json_body, no_nul
 from broker.clock import Clock
 from broker.engine.machine import Within, cancel_job
 from broker.intake import Intake, market_problem, read_job
 from broker.intake import submit as intake_submit
 from broker.service.timepolicy import priority_for, queue_of
 from broker.spec.job import JobSpec, Pipeline, SpecError
+from broker.spec.yaml_lines import SURROGATE_PROBLEM, lone_surrogate
 from broker.status.joblogs import read_new
 from broker.status.orm_source import job_summary
 from broker.store import Store
@@ -37,8 +38,18 @@ from broker.store.tables import JobRow
 log = logging.getLogger(__name__)
 
 
+def _surrogate_in_job_file(text: str) -> tuple[tuple[str | int, ...], str]:
+    """The job file's field holding its first lone surrogate, and the message naming its line."""
+    found = lone_surrogate(text)
+    field, line = found if found is not None else (None, None)
+    return tuple(field.split(".")) if field else (), f"line {line}: {SURROGATE_PROBLEM}"
+
+
+JobFileText = Annotated[str, AfterValidator(no_nul), Document(_surrogate_in_job_file)]
+
+
 class JobSubmission(BaseModel):
-    spec: Text = Field(min_length=1, max_length=1_000_000, description="the job file's text (YAML)")
+    spec: JobFileText = Field(min_length=1, max_length=1_000_000, description="the job file's text (YAML)")
     source: PlainLine | None = Field(None, max_length=4096,
                                 description="the job file's path; a relative workdir is resolved against it")
 

@@ -3,12 +3,17 @@
 Bodies are read by ``json_body`` as a dependency declared after the route's authentication, so a
 caller without a valid token gets 401 before anything about the body is said. String fields
 refuse NUL bytes and carry the length of the column they end up in, so PostgreSQL never sees a
-value it would refuse.
+value it would refuse. A lone surrogate escaped in the JSON (``"\\ud800"``), which pydantic's parser
+refuses for the whole body, is refused naming the field that holds it, inside a job file's text (a
+``Document`` field) the job file's field.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+import json
+import re
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Annotated, Any, TypeVar
 
@@ -44,6 +49,15 @@ def plain_line(value: str) -> str:
     if any(ord(c) < 0x20 or 0x7F <= ord(c) <= 0x9F or 0xD800 <= ord(c) <= 0xDFFF for c in value):
         raise ValueError("control characters, NUL and lone surrogates are not allowed")
     return value
+
+
+@dataclass(frozen=True)
+class Document:
+    """Marks a field holding a document another reader checks field by field (a job file's YAML).
+    ``locate`` gives, for text holding a lone surrogate, the path of the document's field that holds
+    it and a message, so that a refusal names that field."""
+
+    locate: Callable[[str], tuple[tuple[str | int, ...], str]]
 
 
 Text = Annotated[str, AfterValidator(no_nul)]
@@ -83,10 +97,56 @@ def json_body(model: type[Model]) -> Callable[[Request], Awaitable[Model]]:
         try:
             return model.model_validate_json(raw or b"null")
         except ValidationError as exc:
-            raise RequestValidationError(
-                [{**e, "loc": ("body", *e.get("loc", ()))} for e in exc.errors(include_input=False)]) from None
+            errors = exc.errors(include_input=False)
+            if any(e["type"] == "json_invalid" for e in errors):
+                _with_lone_surrogates(model, raw)
+            raise RequestValidationError([{**e, "loc": ("body", *e.get("loc", ()))} for e in errors]) from None
 
     return read
+
+
+_LONE_SURROGATE = re.compile(r"[\ud800-\udfff]")
+SURROGATE_MESSAGE = "contains a lone surrogate (not valid Unicode text)"
+
+
+def _with_lone_surrogates(model: type[Model], raw: bytes) -> None:
+    """A body pydantic's JSON parser refused, read again by Python's, which takes an escaped lone
+    surrogate: refused naming the first field that holds one (inside a ``Document`` field, the
+    document's own field). Returns when Python's parser refuses it too or finds none (the first
+    refusal stands).
+
+    The body has passed the request limits (size, depth, container count), and ``json.loads`` is
+    linear in it."""
+    try:
+        data = json.loads(raw, parse_constant=_no_constant)
+    except (ValueError, RecursionError):
+        return
+    documents = {name: next(m for m in info.metadata if isinstance(m, Document))
+                 for name, info in model.model_fields.items() if any(isinstance(m, Document) for m in info.metadata)}
+    for path in _lone_surrogates(data, ()):
+        message = SURROGATE_MESSAGE
+        if len(path) == 1 and path[0] in documents and isinstance(data, dict) and isinstance(data[path[0]], str):
+            inner, message = documents[str(path[0])].locate(data[path[0]])
+            path = (*path, *inner)
+        raise RequestValidationError([{"loc": ("body", *path), "msg": message, "type": "string_unicode"}])
+
+
+def _no_constant(name: str) -> None:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _lone_surrogates(value: Any, path: tuple[str | int, ...]) -> Iterator[tuple[str | int, ...]]:
+    """The path of every string (key or value) holding a lone surrogate; a key's is its object's."""
+    if isinstance(value, str):
+        if _LONE_SURROGATE.search(value):
+            yield path
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            yield from _lone_surrogates(key, path)
+            yield from _lone_surrogates(item, (*path, key))
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            yield from _lone_surrogates(item, (*path, index))
 
 
 def body_schema(model: type[BaseModel]) -> dict[str, Any]:

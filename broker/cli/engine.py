@@ -14,6 +14,7 @@ import logging
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -25,7 +26,8 @@ if TYPE_CHECKING:
 
 
 def engine_alive(home: Path) -> bool:
-    """Some process holds the home's engine lock (an engine, or a service replica on this home)."""
+    """Some process holds the home's engine lock (an engine, or a service replica on this home), or an
+    engine just started in the background is about to take it."""
     path = home / "engine.lock"
     if not path.exists():
         return False
@@ -35,10 +37,37 @@ def engine_alive(home: Path) -> bool:
         except BlockingIOError:
             return True
         fcntl.flock(handle, fcntl.LOCK_UN)
-    return False
+    return _starting(path)
 
 
 ENGINE_LOCK_WAIT_S = 2.0  # how long a spawned engine waits for the lock its spawner is handing over
+# How long after ``spawn_engine`` named it in the lock an engine still counts as starting while it lives:
+# its Python starts and takes the lock within seconds, or gives up ENGINE_LOCK_WAIT_S after and exits.
+ENGINE_START_GRACE_S = 120.0
+
+
+def _starting(path: Path) -> bool:
+    """The lock is free but names a live process, written moments ago: an engine ``spawn_engine`` handed
+    the lock to (or one between taking the lock and driving), which has not taken it yet. Without
+    this, a ``broker logs --follow`` right after ``broker status`` restarted the engine found no
+    engine and started a second."""
+    try:
+        pid = int(path.read_text().split()[0])
+        age = time.time() - path.stat().st_mtime
+    except (OSError, ValueError, IndexError):
+        return False
+    if pid == os.getpid() or not 0 <= age <= ENGINE_START_GRACE_S:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # alive, another user's
+    try:  # an engine that exited but its spawner, still running, has not reaped it (Linux)
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True
 
 
 def spawn_engine(config: Path | None, home: Path) -> None:

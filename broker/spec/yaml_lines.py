@@ -6,6 +6,7 @@ import math
 import re
 from dataclasses import dataclass, field
 from datetime import date, datetime
+from itertools import chain
 from typing import Any
 
 import yaml
@@ -78,6 +79,9 @@ def load_yaml_documents(text: str, source: str) -> list[LoadedYaml]:
     anchors is refused at the alias that would blow up instead of being expanded.
     """
     _check_text(text, source)
+    surrogate = lone_surrogate(text)
+    if surrogate is not None:
+        raise SpecError(SURROGATE_PROBLEM, surrogate[0], surrogate[1], source)
     try:
         loader = _Loader(text)  # reads the first characters already: may raise a ReaderError
     except yaml.YAMLError as exc:
@@ -148,6 +152,48 @@ def _check_values(value: Any, path: Path, loaded: LoadedYaml, source: str) -> No
             _check_values(item, (*path, index), loaded, source)
     if problem is not None:
         raise SpecError(problem, field, loaded.line_of(path), source)
+
+
+_LONE_SURROGATE = re.compile(r"[\ud800-\udfff]")
+SURROGATE_PROBLEM = "contains a lone surrogate (not valid Unicode text)"
+
+
+def lone_surrogate(text: str) -> tuple[str | None, int] | None:
+    """Where the first raw lone surrogate in ``text`` is (an API body's ``\\ud800`` escape gives one):
+    the field whose key or value holds it (None when no field does, or the rest cannot be read) and
+    its line; None when there is none. PyYAML's reader refuses the character itself, naming no
+    field, so the text is read again with each surrogate replaced by a character it does not hold."""
+    found = _LONE_SURROGATE.search(text)
+    if found is None:
+        return None
+    line = text.count("\n", 0, found.start()) + 1
+    held = set(text)
+    stand_in = next((chr(c) for c in chain(range(0xE000, 0xF900), range(0xF0000, 0xFFFFE)) if chr(c) not in held), None)
+    try:
+        documents = load_yaml_documents(_LONE_SURROGATE.sub(stand_in, text), "") if stand_in else []
+    except SpecError:
+        documents = []  # something else is wrong too: the surrogate, on its line, is refused first
+    for loaded in documents:
+        path = _holding(loaded.data, (), stand_in or "")
+        if path is not None:
+            return ".".join(str(p) for p in path) or None, loaded.line_of(path) or line
+    return None, line
+
+
+def _holding(value: Any, path: Path, char: str) -> Path | None:
+    """The path of the first string (key or value) holding ``char``; a key's is its mapping's."""
+    if isinstance(value, str):
+        return path if char in value else None
+    items: list[tuple[Any, Any]] = list(value.items()) if isinstance(value, dict) else []
+    if isinstance(value, list):
+        items = list(enumerate(value))
+    for key, item in items:
+        if isinstance(value, dict) and isinstance(key, str) and char in key:
+            return path
+        found = _holding(item, (*path, key), char)
+        if found is not None:
+            return found
+    return None
 
 
 def _check_text(text: str, source: str) -> None:

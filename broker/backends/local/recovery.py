@@ -10,13 +10,16 @@ to an older one. Two things close that gap on the local backend, whose nodes are
 - as it starts, the engine reads each active job's ``LATEST`` and records the newest complete
   checkpoint of the job's current attempt through ``checkpoint_reports.record``: the same
   validation as an agent's report (a path inside the job's directory, from a cluster that ran
-  the job), and one checkpoint is recorded once whoever reports it.
+  the job), and one checkpoint is recorded once whoever reports it. The step it names is recorded
+  as the job's progress when no report said as much: a job that went on (or finished) while no
+  engine ran showed the step it had reached when the engine died.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+from datetime import datetime
 from pathlib import Path
 
 from sqlalchemy import select
@@ -27,7 +30,7 @@ from broker.engine.checkpoint_reports import CheckpointRefused, ReportedCheckpoi
 from broker.model import ACTIVE_STATES
 from broker.store import Store
 from broker.store.private import private_directory, private_opener
-from broker.store.tables import AllocationRow, JobRow
+from broker.store.tables import AllocationRow, JobRow, ProgressRow
 
 log = logging.getLogger("broker.engine")
 
@@ -68,7 +71,22 @@ def recover_checkpoints(store: Store, clock: Clock) -> list[str]:
         except CheckpointRefused as exc:
             log.warning("job %s: checkpoint %r on disk not taken: %s", job_id, mark.path[:200], exc)
             continue
+        if mark.step is not None:
+            _record_progress(store, job_id, mark.step, written)
         if not duplicate:
             log.info("job %s: recovered checkpoint %s, which its agents could not report", job_id, mark.path[:200])
             recovered.append(job_id)
     return recovered
+
+
+def _record_progress(store: Store, job_id: str, step: int, at: datetime) -> None:
+    """``step``, which a checkpoint of the current attempt reached at ``at``, as the job's progress,
+    unless a report of this attempt already said as much (its total is the job's last one)."""
+    with store.transaction() as s:
+        job = s.get(JobRow, job_id)
+        last = s.scalar(select(ProgressRow).where(ProgressRow.job_id == job_id)
+                        .order_by(ProgressRow.at.desc(), ProgressRow.id.desc()).limit(1))
+        if job is None or (last is not None and last.attempt == job.attempt and last.step >= step):
+            return
+        s.add(ProgressRow(job_id=job_id, attempt=job.attempt, step=step, total=last.total if last else None,
+                          at=max(at, last.at) if last is not None else at))

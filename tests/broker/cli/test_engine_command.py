@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from broker.cli.engine import engine_alive
+from broker.cli.engine import engine_alive, revive_if
 from broker.store import open_store
 from broker.store.tables import JobRow
 
@@ -121,3 +121,25 @@ def test_broker_engine_runs_in_the_foreground_and_ctrl_c_leaves_the_job_for_the_
     assert finished.returncode == 0, finished.stderr
     assert "RUNNING -> SUCCEEDED" in finished.stderr and "engine: no active job left; stopped" in finished.stderr
     assert _state(broker_home, job_id) == "SUCCEEDED"
+
+
+def _gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    stat = Path(f"/proc/{pid}/stat")
+    return stat.exists() and stat.read_text().rsplit(")", 1)[1].split()[0] == "Z"
+
+
+def test_an_engine_just_restarted_counts_as_running_until_it_takes_the_lock(broker_home: Path) -> None:
+    """`broker status` restarted the engine and `broker logs --follow` came before the new engine had
+    taken the lock: it found none and started a second."""
+    revive_if(None, 1, 0)  # what `broker status` does, finding an active job and no engine
+    first = int((broker_home / "engine.lock").read_text().split()[0])
+    assert engine_alive(broker_home)  # the new engine's Python is still starting: the lock is free
+    revive_if(None, 1, 0)  # what `broker logs --follow` does right after
+    assert int((broker_home / "engine.lock").read_text().split()[0]) == first  # no second engine
+    # With no job in the store, the engine stops at once: then nothing counts as running.
+    _wait(lambda: _gone(first), timeout=300)
+    assert not engine_alive(broker_home)

@@ -198,6 +198,25 @@ def test_values_no_field_may_hold_are_refused_naming_the_field(text: str, field:
     assert words in str(raised.value)
 
 
+@pytest.mark.parametrize(("text", "field", "line"), [
+    ("name: bad\ud800\n" + _BASE, "name", 1),
+    ("broker:\n  team: t\ud800\n" + _BASE, "broker.team", 2),
+    ("broker:\n  checkpoint:\n    dir: '/a\udfff'\n" + _BASE, "broker.checkpoint.dir", 3),
+    ("envs:\n  A: x\udfff\n" + _BASE, "envs.A", 2),
+    (_BASE + "file_mounts:\n  /a: [b, \"c\ud800\"]\n", "file_mounts./a.1", 5),
+    ("envs:\n  A\ud800: x\n" + _BASE, "envs", 1),
+    ("# a\ud800\n" + _BASE, None, 1),
+    (_BASE + "envs: {\n  A: x\ud800", None, 5),
+], ids=["name", "team", "checkpoint-dir", "env-value", "list-item", "env-name", "comment", "broken-yaml"])
+def test_a_raw_lone_surrogate_in_the_text_is_refused_naming_the_field(text: str, field: str | None,
+                                                                       line: int) -> None:
+    """A lone surrogate in the text itself (what a JSON body's ``\\ud800`` escape gives), not written as
+    a YAML escape: PyYAML's reader refused the character, naming neither field nor line."""
+    error = refused(text)
+    assert (error.field, error.line) == (field, line)
+    assert "lone surrogate" in str(error)
+
+
 @pytest.mark.parametrize("team", ["'[/bold]'", "'[red]x'", '"a\\e[31mred"', "'two words'", "'caf\u00e9'", "'a/b'"])
 def test_a_team_that_tokens_could_not_name_is_refused_naming_the_field(team: str) -> None:
     error = refused("run: x\nbroker:\n  team: " + team + "\n")

@@ -12,7 +12,7 @@ from sqlalchemy import select
 from broker.backends.local.recovery import publish_address, recover_checkpoints
 from broker.clock import WallClock
 from broker.store import Store, open_store
-from broker.store.tables import AllocationRow, CheckpointReportRow, ClusterRow, JobRow
+from broker.store.tables import AllocationRow, CheckpointReportRow, ClusterRow, JobRow, ProgressRow
 
 
 def _job(store: Store, job_id: str, state: str, checkpoint_dir: Path, started: datetime) -> None:
@@ -86,3 +86,29 @@ def test_the_address_file_is_private_and_names_the_running_engine(tmp_path: Path
     publish_address(tmp_path, "http://127.0.0.1:4343")  # the next engine takes over
     assert path.read_text() == "http://127.0.0.1:4343\n"
     assert [p.name for p in path.parent.iterdir()] == ["agents.url"]
+
+
+def _progress(store: Store, job_id: str) -> list[tuple[int, int, int | None]]:
+    with store.transaction() as s:
+        return [(r.attempt, r.step, r.total) for r in s.scalars(
+            select(ProgressRow).where(ProgressRow.job_id == job_id).order_by(ProgressRow.at, ProgressRow.id))]
+
+
+def test_the_recovered_checkpoints_step_is_the_jobs_progress_when_no_report_said_as_much(db_url: str,
+                                                                                        tmp_path: Path) -> None:
+    """A job that went on, to its end even, while no engine ran showed the step it had reached when the
+    engine died (`broker status`: SUCCEEDED at step 99 of 400), its later reports having found nobody."""
+    store = open_store(db_url)
+    started = datetime.now(UTC) - timedelta(minutes=5)
+    for job_id in ("behind", "reported"):
+        _job(store, job_id, "RUNNING", tmp_path / job_id, started)
+        with store.transaction() as s:
+            s.add(ProgressRow(job_id=job_id, attempt=1, step=99 if job_id == "behind" else 420, total=400,
+                              at=started + timedelta(minutes=1)))
+        _mark(tmp_path / job_id, "step-000400.npz\nstep=400\n")
+    assert sorted(recover_checkpoints(store, WallClock())) == ["behind", "reported"]
+    assert _progress(store, "behind") == [(1, 99, 400), (1, 400, 400)]
+    assert _progress(store, "reported") == [(1, 420, 400)]  # a report already went as far: nothing added
+    recover_checkpoints(store, WallClock())
+    assert _progress(store, "behind") == [(1, 99, 400), (1, 400, 400)]  # once
+    store.dispose()
