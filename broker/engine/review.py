@@ -13,7 +13,7 @@ from sqlalchemy.orm import Session
 
 from broker.engine import clusters, machine
 from broker.engine.parts import AfterCommit, Parts, cluster_info
-from broker.engine.planning import Planner, same_place
+from broker.engine.planning import Planner, Reads, same_place
 from broker.model import CheckpointReason, ClusterState
 from broker.store.tables import AllocationRow, ClusterRow, JobRow
 from policies.selection import Plan
@@ -31,6 +31,18 @@ class Reviewer:
 
     def _tick(self, now: datetime) -> int:
         return int(now.timestamp() // self.planner.review_seconds())
+
+    def stays(self, s: Session, job: JobRow, cluster: ClusterRow, reads: Reads) -> bool:
+        """Review the place of a running job that owns its cluster and is heading nowhere, with what the
+        pass read for all such jobs at once: True, and the job counts as reviewed this tick, when the
+        policy keeps it where it is (as ``review`` would find); False leaves the review to ``review``."""
+        now = self.parts.clock.now()
+        here = self.planner.location_of(cluster)
+        plan = self.planner.plan(s, job, here, set(), reads)
+        if plan.locations and not same_place(plan.locations[0], here):
+            return False
+        self._asked[job.id] = self._tick(now)
+        return True
 
     def review(self, s: Session, job: JobRow, alloc: AllocationRow, cluster: ClusterRow, after: AfterCommit) -> None:
         parts = self.parts
