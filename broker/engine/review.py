@@ -27,9 +27,9 @@ class Reviewer:
 
     def reviewed(self, job_id: str, now: datetime) -> bool:
         """The job's place was reviewed in the market tick of ``now`` already."""
-        return self._asked.get(job_id) == self._tick(now)
+        return self._asked.get(job_id) == self.tick(now)
 
-    def _tick(self, now: datetime) -> int:
+    def tick(self, now: datetime) -> int:
         return int(now.timestamp() // self.planner.review_seconds())
 
     def stays(self, s: Session, job: JobRow, cluster: ClusterRow, reads: Reads) -> bool:
@@ -41,7 +41,7 @@ class Reviewer:
         plan = self.planner.plan(s, job, here, set(), reads)
         if plan.locations and not same_place(plan.locations[0], here):
             return False
-        self._asked[job.id] = self._tick(now)
+        self._asked[job.id] = self.tick(now)
         return True
 
     def review(self, s: Session, job: JobRow, alloc: AllocationRow, cluster: ClusterRow, after: AfterCommit) -> None:
@@ -56,7 +56,7 @@ class Reviewer:
                 after.signals.append((cluster_info(cluster), job.id, job.attempt, signal))
             return
         job.target_cluster_id = job.target_gpus = None  # a move whose launch failed: stay
-        tick = self._tick(parts.clock.now())
+        tick = self.tick(parts.clock.now())
         if self._asked.get(job.id) == tick or cluster.job_id != job.id:
             return  # reviewed this tick already; a gang placed on a shared cluster stays put
         self._asked[job.id] = tick

@@ -79,15 +79,16 @@ class RunningView:
             self.saved = self._saved(s, spot)
             self.noticed_jobs = self._clusters_noticed_of(s, spot)
             self.hazards = self._hazards(s, spot)
-            self._review(s)
+            self._review(s, self.now)
 
-    def _review(self, s: Session) -> None:
-        """Review at once the places of the running jobs due a review this tick that own their cluster
-        and head nowhere (``Reviewer.stays``, the store read once for all of them): those the policy
-        keeps where they are count as reviewed; the others are left to the full decision."""
+    def _review(self, s: Session, now: datetime) -> None:
+        """Review at once the places of the running jobs due a review in the tick of ``now`` that own
+        their cluster and head nowhere (``Reviewer.stays``, the store read once for all of them): those
+        the policy keeps where they are count as reviewed; the others are left to the full decision."""
+        self.reviewed_tick = self.reviewer.tick(now)
         due = sorted(job_id for job_id, r in self.running.items()
                      if r.heading_to is None and r.cluster.job_id == job_id and r.cluster.id not in self.noticed
-                     and not self.reviewer.reviewed(job_id, self.now))
+                     and not self.reviewer.reviewed(job_id, now))
         if not due:
             return
         jobs: list[JobRow] = []
@@ -162,7 +163,11 @@ class RunningView:
         cluster = running.cluster
         now = self.parts.clock.now()  # the full decision's moment, not the view's: time only makes more due
         if cluster.job_id == job_id and not self.reviewer.reviewed(job_id, now):
-            return False
+            if self.reviewer.tick(now) != self.reviewed_tick:  # the market ticked during the pass
+                with self.parts.store.transaction() as s:
+                    self._review(s, now)
+            if not self.reviewer.reviewed(job_id, now):
+                return False
         if cluster.spot and not self._not_due(running, now):
             return False
         status = self.parts.provisioner.run_status(cluster_info(cluster), job_id, running.attempt)
