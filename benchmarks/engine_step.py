@@ -14,8 +14,11 @@ jobs RUNNING and the pool capped at their GPUs (``max_gpus``), queues N more job
 - ``new:tick`` (seeded runs): the first step after the market's next tick, which reviews every
   running job's place once (the selection policy asked for each);
 - ``new:steady``: ``--steps`` steps in which nothing changes (median and p95);
-- a notice's time to act: a termination notice recorded for one running cluster, then one step,
-  timed until that job is CHECKPOINTING;
+- ``new:minute`` (seeded runs): the first step after a market minute ends, which meters that minute of
+  every cluster;
+- a notice's time to act: a termination notice recorded for one running cluster, then the notices'
+  lane a step begins with (``Engine.act_on_notices``), timed until that job is CHECKPOINTING, and
+  the rest of that step;
 - statements (SQLAlchemy ``before_cursor_execute``) and transactions (``begin``) per step, which do
   not depend on the machine.
 
@@ -279,6 +282,11 @@ def one_size(queued: int, running: int, steps: int, baseline: bool, server: str 
             lines.append(new.line("new:first"))
             steady = measure(engine.step, count, steps)
             lines.append(steady.line("new:steady"))
+            if seeded:  # the first step after a market minute ends: the ledger meters every cluster's minute
+                now = engine.clock.now()
+                time.sleep(max(((now.replace(second=0, microsecond=0) + timedelta(minutes=1)) - now).total_seconds()
+                               / engine.clock.speed, 0.0) + 0.5)
+                lines.append(measure(engine.step, count, 1).line("new:minute"))
             if baseline:
                 old = runtime.engine(engine.options.broker_url, queue_fast_path=False)
                 old_steady = measure(old.step, count, max(1, min(steps, 3 if queued <= 100 else 1)))
@@ -292,11 +300,14 @@ def one_size(queued: int, running: int, steps: int, baseline: bool, server: str 
                 cluster_id = alloc.cluster_id
             record_backend_notice(engine.store, engine.clock, cluster_id, engine.clock.now() + timedelta(minutes=2))
             started = time.perf_counter()
+            engine.act_on_notices()  # the lane a step begins with
+            lane = time.perf_counter() - started
             engine.step()
             acted = time.perf_counter() - started
             with engine.store.transaction() as s:
                 state = s.get(JobRow, first[0]).state  # type: ignore[union-attr]
-            lines.append(f"notice acted on in {acted:.3f} s (job {state})")
+            lines.append(f"notice acted on in {lane:.3f} s by the step's notice lane, "
+                         f"{acted:.3f} s with the rest of the step (job {state})")
             assert state == JobState.CHECKPOINTING.value, state
     return lines
 
@@ -317,11 +328,20 @@ def main() -> None:
     logging.getLogger("broker").setLevel(logging.WARNING)
     sizes = [int(n) for n in args.queued.split(",")]
     print(f"{args.running} running ({'seeded' if args.seed_running else 'started'}), "
-          f"store {'SQLite' if args.postgres is None else 'PostgreSQL'}")
+          f"store {'SQLite' if args.postgres is None else 'PostgreSQL'}, load average {load()}")
     print(f"{'queued':>7} {'path':<10} {'median s':>9} {'p95 s':>9} {'statements':>11} {'txns':>8}")
     for n in sizes:
         for line in one_size(n, args.running, args.steps, n <= args.baseline_max, args.postgres, args.seed_running):
             print(f"{n:>7} {line}", flush=True)
+        print(f"load average {load()}", flush=True)
+
+
+def load() -> str:
+    """The machine's load (1, 5 and 15 minutes): times here depend on it, statements do not."""
+    try:
+        return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+    except OSError:
+        return "unknown"
 
 
 if __name__ == "__main__":

@@ -37,6 +37,10 @@ class FencedProvisioner:
         self.check("status", cluster)
         return self.inner.status(cluster)
 
+    def statuses(self, clusters: list[ClusterInfo]) -> dict[str, ClusterStatus]:
+        self.check("statuses")
+        return self.inner.statuses(clusters)
+
     def start_job(self, cluster: ClusterInfo, launch: JobLaunch) -> None:
         self.check("start_job", cluster)
         self.inner.start_job(cluster, launch)

@@ -82,8 +82,13 @@ def close_attempt(job: JobRow, alloc: AllocationRow, stopped: datetime) -> None:
 
 def progress_s(s: Session, job: JobRow, now: datetime) -> float:
     """Work done and kept: running time of every attempt, less what was lost to preemptions."""
+    return progress_of(list(s.scalars(select(AllocationRow).where(AllocationRow.job_id == job.id))), job, now)
+
+
+def progress_of(allocations: list[AllocationRow], job: JobRow, now: datetime) -> float:
+    """``progress_s`` from the job's allocations, read already."""
     done = 0.0
-    for alloc in s.scalars(select(AllocationRow).where(AllocationRow.job_id == job.id)):
+    for alloc in allocations:
         start = alloc.running_at or alloc.started_at
         end = alloc.ended_at or now
         done += max((end - start).total_seconds(), 0.0)

@@ -56,9 +56,10 @@ def sync(parts: Parts) -> None:
     """Bring every live cluster row in line with what the backend says of it."""
     with parts.store.transaction() as s:
         rows = list(s.scalars(select(ClusterRow).where(ClusterRow.state.in_(LIVE_CLUSTER_STATES))))
-    for row in rows:
-        info = cluster_info(row, parts.tokens(row.id))
-        status = parts.provisioner.status(info)
+    infos = [cluster_info(row, parts.tokens(row.id)) for row in rows]
+    statuses = parts.provisioner.statuses(infos) if infos else {}  # one call for the whole fleet
+    for row, info in zip(rows, infos, strict=True):
+        status = statuses[row.id]
         now = parts.clock.now()
         if status.phase is ClusterPhase.UNKNOWN and row.state == ClusterState.PROVISIONING:
             parts.provisioner.launch(info)  # written to the store but never launched: a crash

@@ -46,6 +46,7 @@ class Reads:
                 self.points[row.job_id].append(row)
         self.history: dict[tuple[str, str], list[JobRow]] = {}
         self.allocations: dict[str, list[AllocationRow]] = {}
+        self.progress: dict[str, float] = {}
         self._allocations_of(ids)  # every predicted job's own run time, at once
 
     def progress_rows(self, job: JobRow) -> list[ProgressRow]:
@@ -59,10 +60,13 @@ class Reads:
         return [other for other in self.history[key] if other.id != job.id][:MAX_HISTORY]
 
     def progress_s(self, job: JobRow) -> float:
-        self._allocations_of([job.id])
-        done = sum(max(((a.ended_at or self.now) - (a.running_at or a.started_at)).total_seconds(), 0.0)
-                   for a in self.allocations[job.id])
-        return max(done - job.work_lost_s, 0.0)
+        """Summed once per job and pass: each job is an earlier job of every other of its name and team."""
+        if job.id not in self.progress:
+            self._allocations_of([job.id])
+            done = sum(max(((a.ended_at or self.now) - (a.running_at or a.started_at)).total_seconds(), 0.0)
+                       for a in self.allocations[job.id])
+            self.progress[job.id] = max(done - job.work_lost_s, 0.0)
+        return self.progress[job.id]
 
     def _allocations_of(self, job_ids: list[str]) -> None:
         missing = [j for j in job_ids if j not in self.allocations]

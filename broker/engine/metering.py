@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from itertools import pairwise
 
-from sqlalchemy import delete, select, update
+from sqlalchemy import delete, func, select, update
 from sqlalchemy.orm import Session
 
 from broker.clock import Clock
@@ -31,6 +31,8 @@ from broker.store import Store
 from broker.store.gpu import GpuMinuteRow
 from broker.store.tables import AllocationRow, ClusterRow, JobRow, LedgerRow
 from providers.base import OfferKey
+
+CHUNK = 500  # ids per IN (...) list
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,19 +57,40 @@ class ClusterHistory:
 
     @classmethod
     def read(cls, s: Session, row: ClusterRow) -> ClusterHistory:
-        allocations = list(s.scalars(select(AllocationRow).where(AllocationRow.cluster_id == row.id)
-                                     .order_by(AllocationRow.started_at)))
-        ids = {a.job_id for a in allocations} | ({row.job_id} if row.job_id else set())
-        jobs = {j.id: j for j in s.scalars(select(JobRow).where(JobRow.id.in_(ids)))} if ids else {}
-        launched_for = jobs.get(row.job_id) if row.job_id else None
-        migrated_in = launched_for is not None and s.scalar(
-            select(AllocationRow.id).where(AllocationRow.job_id == launched_for.id,
-                                           AllocationRow.started_at < row.created_at)) is not None
-        queue_waiting = s.scalar(select(JobRow.id).where(JobRow.state == JobState.PENDING.value)) is not None
-        heading = s.scalar(select(JobRow.id).where(
-            JobRow.target_cluster_id == row.id,
-            JobRow.state.in_([JobState.PROVISIONING.value, JobState.MIGRATING.value])).limit(1)) is not None
-        return cls(row, allocations, jobs, launched_for, migrated_in, queue_waiting, heading)
+        return cls.read_many(s, [row])[row.id]
+
+    @classmethod
+    def read_many(cls, s: Session, rows: list[ClusterRow]) -> dict[str, ClusterHistory]:
+        """The histories of ``rows``, read in a few statements for all of them (``CHUNK`` ids per IN list)."""
+        ids = [row.id for row in rows]
+        allocations: dict[str, list[AllocationRow]] = {cid: [] for cid in ids}
+        for start in range(0, len(ids), CHUNK):
+            for alloc in s.scalars(select(AllocationRow).where(AllocationRow.cluster_id.in_(ids[start:start + CHUNK]))
+                                   .order_by(AllocationRow.started_at, AllocationRow.id)):
+                allocations[alloc.cluster_id].append(alloc)
+        job_ids = sorted({a.job_id for found in allocations.values() for a in found}
+                         | {row.job_id for row in rows if row.job_id})
+        jobs: dict[str, JobRow] = {}
+        first_start: dict[str, datetime] = {}  # job -> its first allocation's start, on any cluster
+        for start in range(0, len(job_ids), CHUNK):
+            chunk = job_ids[start:start + CHUNK]
+            jobs.update({j.id: j for j in s.scalars(select(JobRow).where(JobRow.id.in_(chunk)))})
+            first_start.update({job_id: at for job_id, at in s.execute(
+                select(AllocationRow.job_id, func.min(AllocationRow.started_at))
+                .where(AllocationRow.job_id.in_(chunk)).group_by(AllocationRow.job_id))})
+        queue_waiting = s.scalar(select(JobRow.id).where(JobRow.state == JobState.PENDING.value).limit(1)) is not None
+        heading: set[str] = set()
+        for start in range(0, len(ids), CHUNK):
+            heading.update(s.scalars(select(JobRow.target_cluster_id).where(
+                JobRow.target_cluster_id.in_(ids[start:start + CHUNK]),
+                JobRow.state.in_([JobState.PROVISIONING.value, JobState.MIGRATING.value])).distinct()))
+        histories = {}
+        for row in rows:
+            launched_for = jobs.get(row.job_id) if row.job_id else None
+            began = first_start.get(launched_for.id) if launched_for is not None else None
+            histories[row.id] = cls(row, allocations[row.id], jobs, launched_for,
+                                    began is not None and began < row.created_at, queue_waiting, row.id in heading)
+        return histories
 
     def changes(self, start: datetime, end: datetime) -> list[datetime]:
         """The moments strictly inside ``start``..``end`` where ``shares`` may change: the pieces' edges."""
@@ -122,14 +145,16 @@ class ClusterHistory:
         return [*shares, *idle]
 
 
-def meter_cluster(s: Session, row: ClusterRow, now: datetime, market: Market) -> int:
-    """Write the ledger rows of every piece of ``row`` not yet metered; returns rows written."""
+def meter_cluster(s: Session, row: ClusterRow, now: datetime, market: Market,
+                  history: ClusterHistory | None = None) -> int:
+    """Write the ledger rows of every piece of ``row`` not yet metered; returns rows written.
+    ``history``: the cluster's, read with others' (``ClusterHistory.read_many``); None: read here."""
     if row.terminated_at is not None and row.metered_until is not None and row.metered_until > row.terminated_at:
         _take_back(s, row, row.terminated_at)
     start = row.metered_until or row.created_at
     end = min(row.terminated_at, now) if row.terminated_at else now
     key = OfferKey(row.cloud, row.region, row.zone, row.instance_type)
-    history = ClusterHistory.read(s, row)
+    history = history or ClusterHistory.read(s, row)
     total = float(row.num_nodes * row.gpus_per_node) or float(row.num_nodes)
     minute, written = start, 0
     while minute < end:
@@ -174,26 +199,32 @@ def minimum_shortfall(row: ClusterRow) -> float:
 
 
 def meter(store: Store, clock: Clock, market: Market) -> None:
-    """Meter every cluster with minutes not yet in the ledger, each in its own transaction.
+    """Meter every cluster with minutes not yet in the ledger, all in one transaction: their rows
+    locked and their histories read in a few statements for all of them, their ledger rows written
+    in one flush (batched inserts), whatever the number of clusters.
 
     A cluster metered past its end (its end learned late, after a broker restart) is taken again,
     so the minutes after its end are taken back.
     """
     now = clock.now()
     with store.transaction() as s:
-        ids = [cluster_id for cluster_id, metered, ended in s.execute(
+        ids = sorted(cluster_id for cluster_id, metered, ended in s.execute(
             select(ClusterRow.id, ClusterRow.metered_until, ClusterRow.terminated_at)
             .where(ClusterRow.up_at.is_not(None))
             .where((ClusterRow.metered_until.is_(None))
                    | (ClusterRow.terminated_at.is_(None))
                    | (ClusterRow.metered_until != ClusterRow.terminated_at)))
-            if ended is not None or metered is None or metered.replace(second=0, microsecond=0) + MINUTE <= now]
+            if ended is not None or metered is None or metered.replace(second=0, microsecond=0) + MINUTE <= now)
         # (a live cluster is metered in whole minutes: one whose next minute has not ended has nothing to write)
-    for cluster_id in ids:
-        with store.transaction() as s:
-            row = s.get(ClusterRow, cluster_id, with_for_update=True)
-            if row is not None:
-                meter_cluster(s, row, now, market)
+        if not ids:
+            return
+        rows: list[ClusterRow] = []
+        for start in range(0, len(ids), CHUNK):  # locked in id order, as one transaction per cluster did
+            rows += s.scalars(select(ClusterRow).where(ClusterRow.id.in_(ids[start:start + CHUNK]))
+                              .order_by(ClusterRow.id).with_for_update())
+        histories = ClusterHistory.read_many(s, rows)
+        for row in rows:
+            meter_cluster(s, row, now, market, histories[row.id])
 
 
 def _take_back(s: Session, row: ClusterRow, ended: datetime) -> None:

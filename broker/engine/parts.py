@@ -7,6 +7,7 @@ with, and the parsed-spec cache (only a cache: specs are re-read from the store 
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 from collections.abc import Callable
@@ -165,6 +166,7 @@ class Parts:
         # cluster id -> the token its agents authenticate with; the store keeps only hashes.
         self.tokens = tokens
         self._specs: dict[str, JobSpec] = {}
+        self._parsed: dict[tuple[str, str], JobSpec] = {}  # (source, spec as stored) -> its parse
 
     def remember(self, job_id: str, spec: JobSpec) -> None:
         self._specs[job_id] = spec
@@ -173,8 +175,12 @@ class Parts:
         if job.id not in self._specs:
             # Validated at submission; re-reading it must not consult catalogs, the clock or SkyPilot again
             # (importing SkyPilot takes seconds: a detached engine or `broker serve` on the local backend never does).
-            self._specs[job.id] = job_spec_from_data(job.spec, source=job.spec_path or job.name, offline=True,
-                                                     skypilot=False)
+            # Jobs stored from the same file with the same text (a sweep's copies) share one parse.
+            source = job.spec_path or job.name
+            key = (source, json.dumps(job.spec, sort_keys=True, default=str))
+            if key not in self._parsed:
+                self._parsed[key] = job_spec_from_data(job.spec, source=source, offline=True, skypilot=False)
+            self._specs[job.id] = self._parsed[key]
         return self._specs[job.id]
 
     def event(self, s: Session, job_id: str | None, kind: str, **detail: object) -> None:

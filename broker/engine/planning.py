@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from broker.engine.checkpoints import current_allocation, progress_s
+from broker.engine.checkpoints import current_allocation, progress_of, progress_s
 from broker.engine.parts import Parts
 from broker.market.capacity import capacity_score_of, prior_uptime_s
 from broker.model import ClusterState, JobState, TeardownReason
@@ -31,6 +31,7 @@ from providers.base import OfferKey, SpotQuote
 if TYPE_CHECKING:
     from broker.market.book import Market
 
+CHUNK = 500  # ids per IN (...) list
 # How long a zone that preempted or refused a job stays off that job's plans.
 AVOID_ZONE_FOR = timedelta(hours=1)
 # How long a spot offer whose launch failed is left alone, on a market without ticks.
@@ -128,6 +129,43 @@ def preview_request(spec: JobSpec, quotes: list[SpotQuote], now: datetime, resta
                             step_s=recent.tick_seconds if recent is not None else None)
 
 
+@dataclass
+class Reads:
+    """What the requests of many jobs in one pass (the running jobs' reviews) need from the store, read
+    at once for all of them: every zone's record, each job's allocations (its progress, its current
+    one) and where its checkpoint lives, and the finished runs of a name and team (read once per pair)."""
+
+    records: dict[str, ZoneRecord]
+    allocations: dict[str, list[AllocationRow]]
+    regions: dict[str, str | None]
+    past: dict[tuple[str, str | None], list[float]]
+
+    @classmethod
+    def of(cls, s: Session, jobs: list[JobRow]) -> Reads:
+        ids = [job.id for job in jobs]
+        allocations: dict[str, list[AllocationRow]] = {job_id: [] for job_id in ids}
+        regions: dict[str, tuple[int, str]] = {}
+        for start in range(0, len(ids), CHUNK):
+            chunk = ids[start:start + CHUNK]
+            for alloc in s.scalars(select(AllocationRow).where(AllocationRow.job_id.in_(chunk))):
+                allocations[alloc.job_id].append(alloc)
+            for job_id, attempt, cloud, region in s.execute(
+                    select(AllocationRow.job_id, AllocationRow.attempt, ClusterRow.cloud, ClusterRow.region)
+                    .join(ClusterRow, ClusterRow.id == AllocationRow.cluster_id)
+                    .where(AllocationRow.job_id.in_(chunk), ClusterRow.spot.is_(True))):
+                if job_id not in regions or attempt > regions[job_id][0]:
+                    regions[job_id] = (attempt, f"{cloud}/{region}")
+        return cls(zone_records(s), allocations,
+                   {job.id: regions[job.id][1] if job.checkpoint is not None and job.id in regions else None
+                    for job in jobs}, {})
+
+    def current(self, job: JobRow) -> AllocationRow | None:
+        """``current_allocation``, from what was read."""
+        if job.attempt == 0:
+            return None
+        return next((a for a in self.allocations.get(job.id, []) if a.attempt == job.attempt), None)
+
+
 class Planner:
     """Builds the engine's requests and asks the selection policy."""
 
@@ -135,17 +173,19 @@ class Planner:
         self.parts = parts
         self._series: dict[tuple[str, int], MarketSeries] = {}
 
-    def plan(self, s: Session, job: JobRow, current: Location, exclude: set[str]) -> Plan:
-        return self.parts.selection(self.selection_request(s, job, current, exclude))
+    def plan(self, s: Session, job: JobRow, current: Location, exclude: set[str], reads: Reads | None = None) -> Plan:
+        return self.parts.selection(self.selection_request(s, job, current, exclude, reads))
 
-    def selection_request(self, s: Session, job: JobRow, current: Location, exclude: set[str]) -> SelectionRequest:
-        """What the selection policy sees: the same request the simulator builds for the same moment."""
+    def selection_request(self, s: Session, job: JobRow, current: Location, exclude: set[str],
+                          reads: Reads | None = None) -> SelectionRequest:
+        """What the selection policy sees: the same request the simulator builds for the same moment.
+        ``reads``: what the pass read for many jobs at once (the same facts as read here one by one)."""
         parts = self.parts
         spec = parts.spec_of(job)
         now = self.policy_now()
         quotes, exact = fitting(spec, parts.market.quotes(now))
-        work = work_estimate(s, job, parts.clock.now())
-        alloc = current_allocation(s, job)
+        work = work_estimate(s, job, parts.clock.now(), reads)
+        alloc = current_allocation(s, job) if reads is None else reads.current(job)
         in_location = (now - (alloc.running_at or alloc.started_at)).total_seconds() \
             if alloc is not None and alloc.ended_at is None and current.kind != IDLE else 0.0
         history, step_s = self._history(now, quotes, exact)
@@ -154,8 +194,9 @@ class Planner:
                         job.deadline, options.restart_overhead_s, options.checkpoint_gb, work.total_s, job.created_at)
         return SelectionRequest(
             now=now, job=view, offers=tuple(offer_of(q) for q in quotes), current=current,
-            record=zone_records(s), excluded=frozenset(exclude), history=history, step_s=step_s,
-            checkpoint_region=checkpoint_region(s, job), in_location_s=in_location,
+            record=zone_records(s) if reads is None else reads.records, excluded=frozenset(exclude),
+            history=history, step_s=step_s, in_location_s=in_location,
+            checkpoint_region=checkpoint_region(s, job) if reads is None else reads.regions.get(job.id),
             egress_per_gb=options.egress_per_gb,
         )
 
@@ -218,15 +259,20 @@ class Planner:
         return {str(OfferKey(*row)) for row in rows}
 
 
-def work_estimate(s: Session, job: JobRow, now: datetime) -> WorkEstimate:
+def work_estimate(s: Session, job: JobRow, now: datetime, reads: Reads | None = None) -> WorkEstimate:
     """The job's work: stated, else the median of its name and team's finished runs, else unknown."""
-    done = progress_s(s, job, now)
+    done = progress_s(s, job, now) if reads is None else progress_of(reads.allocations.get(job.id, []), job, now)
     past: list[float] = []
     if job.work_s is None:
+        if reads is not None and (job.name, job.team) in reads.past:
+            return estimate_work(job.work_s, done, reads.past[(job.name, job.team)])
+        # A finished job is never one of the running jobs a pass reads for: the same runs for each of them.
         rows = s.scalars(select(JobRow).where(JobRow.name == job.name, JobRow.team == job.team,
                                               JobRow.state == JobState.SUCCEEDED.value, JobRow.id != job.id)
                          .order_by(JobRow.finished_at.desc()).limit(MAX_PAST_RUNS))
         past = [progress_s(s, row, now) for row in rows]
+        if reads is not None:
+            reads.past[(job.name, job.team)] = past
     return estimate_work(job.work_s, done, past)
 
 

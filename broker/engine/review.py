@@ -13,7 +13,7 @@ from sqlalchemy.orm import Session
 
 from broker.engine import clusters, machine
 from broker.engine.parts import AfterCommit, Parts, cluster_info
-from broker.engine.planning import Planner, same_place
+from broker.engine.planning import Planner, Reads, same_place
 from broker.model import CheckpointReason, ClusterState
 from broker.store.tables import AllocationRow, ClusterRow, JobRow
 from policies.selection import Plan
@@ -27,10 +27,22 @@ class Reviewer:
 
     def reviewed(self, job_id: str, now: datetime) -> bool:
         """The job's place was reviewed in the market tick of ``now`` already."""
-        return self._asked.get(job_id) == self._tick(now)
+        return self._asked.get(job_id) == self.tick(now)
 
-    def _tick(self, now: datetime) -> int:
+    def tick(self, now: datetime) -> int:
         return int(now.timestamp() // self.planner.review_seconds())
+
+    def stays(self, s: Session, job: JobRow, cluster: ClusterRow, reads: Reads) -> bool:
+        """Review the place of a running job that owns its cluster and is heading nowhere, with what the
+        pass read for all such jobs at once: True, and the job counts as reviewed this tick, when the
+        policy keeps it where it is (as ``review`` would find); False leaves the review to ``review``."""
+        now = self.parts.clock.now()
+        here = self.planner.location_of(cluster)
+        plan = self.planner.plan(s, job, here, set(), reads)
+        if plan.locations and not same_place(plan.locations[0], here):
+            return False
+        self._asked[job.id] = self.tick(now)
+        return True
 
     def review(self, s: Session, job: JobRow, alloc: AllocationRow, cluster: ClusterRow, after: AfterCommit) -> None:
         parts = self.parts
@@ -44,7 +56,7 @@ class Reviewer:
                 after.signals.append((cluster_info(cluster), job.id, job.attempt, signal))
             return
         job.target_cluster_id = job.target_gpus = None  # a move whose launch failed: stay
-        tick = self._tick(parts.clock.now())
+        tick = self.tick(parts.clock.now())
         if self._asked.get(job.id) == tick or cluster.job_id != job.id:
             return  # reviewed this tick already; a gang placed on a shared cluster stays put
         self._asked[job.id] = tick

@@ -29,6 +29,7 @@ from broker.backends.base import RunPhase
 from broker.engine.cadence import ASKED, HAZARD_COLUMNS, MEASURED_KEPT, Cadence, hazard_of
 from broker.engine.notices import TERMINATE_KINDS
 from broker.engine.parts import Parts, cluster_info
+from broker.engine.planning import Reads
 from broker.engine.review import Reviewer
 from broker.model import JobState
 from broker.store.tables import AllocationRow, CheckpointReportRow, ClusterRow, JobEventRow, JobRow, NoticeRow
@@ -78,6 +79,24 @@ class RunningView:
             self.saved = self._saved(s, spot)
             self.noticed_jobs = self._clusters_noticed_of(s, spot)
             self.hazards = self._hazards(s, spot)
+            self._review(s, self.now)
+
+    def _review(self, s: Session, now: datetime) -> None:
+        """Review at once the places of the running jobs due a review in the tick of ``now`` that own
+        their cluster and head nowhere (``Reviewer.stays``, the store read once for all of them): those
+        the policy keeps where they are count as reviewed; the others are left to the full decision."""
+        self.reviewed_tick = self.reviewer.tick(now)
+        due = sorted(job_id for job_id, r in self.running.items()
+                     if r.heading_to is None and r.cluster.job_id == job_id and r.cluster.id not in self.noticed
+                     and not self.reviewer.reviewed(job_id, now))
+        if not due:
+            return
+        jobs: list[JobRow] = []
+        for chunk in range(0, len(due), CHUNK):
+            jobs += s.scalars(select(JobRow).where(JobRow.id.in_(due[chunk:chunk + CHUNK])))
+        reads = Reads.of(s, jobs)
+        for job in jobs:
+            self.reviewer.stays(s, job, self.running[job.id].cluster, reads)
 
     @staticmethod
     def _noticed(s: Session) -> set[str]:
@@ -144,7 +163,11 @@ class RunningView:
         cluster = running.cluster
         now = self.parts.clock.now()  # the full decision's moment, not the view's: time only makes more due
         if cluster.job_id == job_id and not self.reviewer.reviewed(job_id, now):
-            return False
+            if self.reviewer.tick(now) != self.reviewed_tick:  # the market ticked during the pass
+                with self.parts.store.transaction() as s:
+                    self._review(s, now)
+            if not self.reviewer.reviewed(job_id, now):
+                return False
         if cluster.spot and not self._not_due(running, now):
             return False
         status = self.parts.provisioner.run_status(cluster_info(cluster), job_id, running.attempt)

@@ -164,6 +164,15 @@ class LocalProvisioner:
                              stdout=log, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True)
 
     def status(self, cluster: ClusterInfo) -> ClusterStatus:
+        return self._status(cluster, {})
+
+    def statuses(self, clusters: list[ClusterInfo]) -> dict[str, ClusterStatus]:
+        """Every cluster's status in one pass over their files, each host process looked at once."""
+        alive: dict[int, bool] = {}
+        return {cluster.id: self._status(cluster, alive) for cluster in clusters}
+
+    def _status(self, cluster: ClusterInfo, alive: dict[int, bool]) -> ClusterStatus:
+        """``alive``: host pid -> alive, as already looked at in this call (filled in here)."""
         directory = self.cluster_dir(cluster)
         if not (directory / "cluster.json").exists():
             return ClusterStatus(ClusterPhase.UNKNOWN)
@@ -173,7 +182,7 @@ class LocalProvisioner:
                 return ClusterStatus(ClusterPhase.FAILED, reason="local cluster host never started")
             return ClusterStatus(ClusterPhase.PROVISIONING)
         phase = ClusterPhase(data["state"])
-        if phase in (ClusterPhase.PROVISIONING, ClusterPhase.UP) and not self._host_alive(directory):
+        if phase in (ClusterPhase.PROVISIONING, ClusterPhase.UP) and not self._host_alive(directory, data, alive):
             # The host died without a word: the nodes are gone, as a vanished VM would be.
             return ClusterStatus(ClusterPhase.TERMINATED, reason="local cluster host vanished",
                                  ended_at=datetime.now(UTC))
@@ -191,22 +200,16 @@ class LocalProvisioner:
     def _launch_age(self, directory: Path) -> float:
         return time.time() - (directory / "cluster.json").stat().st_mtime
 
-    def _host_alive(self, directory: Path) -> bool:
-        data = read_json(directory / "status.json") or {}
-        pid = data.get("host_pid")
+    def _host_alive(self, directory: Path, data: dict[str, object] | None = None,
+                    alive: dict[int, bool] | None = None) -> bool:
+        """``data``: the cluster's status file as just read (else read here); ``alive``: pids looked at already."""
+        pid = (data if data is not None else read_json(directory / "status.json") or {}).get("host_pid")
         if pid is None:
             return self._launch_age(directory) < 30
-        try:
-            os.kill(int(pid), 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
-        # A zombie (exited, not yet reaped by us) counts as dead.
-        try:
-            return "Z" not in Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
-        except OSError:
-            return True
+        known = alive if alive is not None else {}
+        if int(str(pid)) not in known:
+            known[int(str(pid))] = process_alive(pid)
+        return known[int(str(pid))]
 
     def _node_dir(self, cluster: ClusterInfo, job_id: str, attempt: int, rank: int) -> Path:
         return self.cluster_dir(cluster) / "runs" / f"{job_id}-{attempt}" / f"node-{rank}"

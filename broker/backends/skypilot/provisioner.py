@@ -199,6 +199,10 @@ class SkyPilotProvisioner:
             self._reported_gone.add(self.cluster_name(cluster))
         return status
 
+    def statuses(self, clusters: list[ClusterInfo]) -> dict[str, ClusterStatus]:
+        """Every cluster's status from the same ``sky status`` snapshot: one query for the whole fleet."""
+        return {cluster.id: self.status(cluster) for cluster in clusters}
+
     def _status_of(self, cluster: ClusterInfo) -> ClusterStatus:
         name = self.cluster_name(cluster)
         with self._lock:

@@ -107,6 +107,22 @@ def test_a_1mb_run_and_300kb_envs_start_and_the_token_stays_off_argv(provisioner
         _stop_all(provisioner, [cluster])
 
 
+def test_one_call_says_of_every_cluster_what_status_says_of_each(provisioner: LocalProvisioner) -> None:
+    clusters = [_cluster("s-ended"), _cluster("s-up"), _cluster("s-never-launched")]
+    for cluster in clusters[:2]:
+        provisioner.launch(cluster)
+    try:
+        _wait(lambda: all(provisioner.status(c).phase is ClusterPhase.UP for c in clusters[:2]))
+        provisioner.terminate(clusters[0])
+        _wait(lambda: provisioner.status(clusters[0]).phase is ClusterPhase.TERMINATED)
+        statuses = provisioner.statuses(clusters)
+        assert statuses == {c.id: provisioner.status(c) for c in clusters}
+        assert [statuses[c.id].phase for c in clusters] == [ClusterPhase.TERMINATED, ClusterPhase.UP,
+                                                            ClusterPhase.UNKNOWN]
+    finally:
+        _stop_all(provisioner, clusters[:2])
+
+
 def test_spot_clusters_never_exceed_the_zones_available_nodes(provisioner: LocalProvisioner) -> None:
     clusters = [_cluster(f"c-{i}") for i in range(4)]
     for cluster in clusters:

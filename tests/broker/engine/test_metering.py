@@ -243,3 +243,57 @@ def test_the_engine_bills_a_cluster_gone_within_a_minute_one_minute(tmp_path: Pa
         assert len(_ledger(store)[1]) == count
     finally:
         broker.close()
+
+
+class _At:
+    def __init__(self, now: datetime) -> None:
+        self.at = now
+
+    def now(self) -> datetime:
+        return self.at
+
+
+def _fleet(store: Store) -> None:
+    """Clusters each metered differently: live with a run, ended after a short one, launched for a job
+    that moved in from another cluster, live and idle while a job waits, one a job is heading to."""
+    with store.transaction() as s:
+        s.add_all([_job(j) for j in "abcde"])
+        s.flush()
+        heading, waiting = s.get(JobRow, "d"), s.get(JobRow, "e")
+        assert heading is not None and waiting is not None
+        heading.state, heading.target_cluster_id, waiting.state = "PROVISIONING", "headed", "PENDING"
+        s.add_all([_cluster("live", T0, None, "a"), _cluster("short", T0, T0 + timedelta(seconds=40), "b"),
+                   _cluster("old", T0, T0 + timedelta(minutes=2), "c"),
+                   _cluster("moved", T0 + timedelta(minutes=2), None, "c"), _cluster("idle", T0, None),
+                   _cluster("headed", T0 + timedelta(seconds=30), None)])
+        s.flush()
+        s.add_all([_alloc("a", "live", T0 + timedelta(seconds=20), T0 + timedelta(minutes=3, seconds=5)),
+                   _alloc("b", "short", T0 + timedelta(seconds=5), T0 + timedelta(seconds=35)),
+                   _alloc("c", "old", T0, T0 + timedelta(minutes=1, seconds=50)),
+                   _alloc("c", "moved", T0 + timedelta(minutes=2, seconds=30), T0 + timedelta(minutes=4), 2)])
+
+
+def test_metering_a_fleet_at_once_writes_what_metering_each_cluster_alone_writes(tmp_path: Path) -> None:
+    market = _market(tmp_path)
+    together, alone = open_store(f"sqlite:///{tmp_path / 'together.db'}"), open_store(
+        f"sqlite:///{tmp_path / 'alone.db'}")
+    try:
+        for store in (together, alone):
+            _fleet(store)
+        for minutes in (1, 3, 5):
+            now = T0 + timedelta(minutes=minutes, seconds=10)
+            metering.meter(together, _At(now), market)
+            for cluster_id in ("headed", "idle", "live", "moved", "old", "short"):
+                _meter(alone, market, cluster_id, now)
+        rows = []
+        for store in (together, alone):
+            clusters, ledger = _ledger(store)
+            assert ledger_outside_cluster_life(clusters, ledger) == []
+            assert ledger_tiles_cluster_life(clusters, ledger) == []
+            rows.append(sorted((r.cluster_id, r.minute, r.holder, r.usage, r.gpus, r.seconds, round(r.cost, 9))
+                               for r in ledger))
+        assert rows[0] == rows[1]
+        assert {r[3] for r in rows[0]} >= {"running", "restarting", "queue_drain", "unallocated"}
+    finally:
+        together.dispose()
+        alone.dispose()
