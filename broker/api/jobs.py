@@ -19,6 +19,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 from sqlalchemy import and_, or_, select
 from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import defer
 
 from broker.api.idempotency import REPLAYED_HEADER, earlier, idempotency_key, remember, request_digest
 from broker.api.limits import out_of_time
@@ -51,7 +52,7 @@ JobId = Annotated[str, PathParam(max_length=32, pattern=CURSOR)]
 # The widest integer every store takes (PostgreSQL's INTEGER).
 MAX_STORED_INT = 2**31 - 1
 # Jobs per page of ``GET /v1/jobs``: by default, and at most.
-DEFAULT_PAGE = 100
+DEFAULT_PAGE = 50
 MAX_PAGE = 1000
 # A log offset past this is no file's; seeking there overflows.
 MAX_LOG_OFFSET = 2**53
@@ -249,12 +250,19 @@ def jobs_router(store: Store, clock: Clock, intake: Intake, team_of: Any) -> API
                   limit: Annotated[int, Query(ge=1, le=MAX_PAGE, description="jobs per page")] = DEFAULT_PAGE,
                   after: Annotated[str | None, Query(max_length=32, pattern=CURSOR,
                                                      description="the last job of the page before")] = None,
+                  order: Annotated[str, Query(pattern=r"^(asc|desc)$",
+                                              description="asc: oldest first; desc: newest first")] = "asc",
                   ) -> list[dict[str, Any]]:
-        """The caller's team's jobs, oldest first, a page at a time: the next page is ``after`` the last
-        job of this one (its id is also in the ``X-Next-After`` header when there are more). Jobs added
-        meanwhile come after every job listed, so paging never skips or repeats one."""
+        """The caller's team's jobs, oldest first (``order=desc``: newest first), a page at a time: the next
+        page is ``after`` the last job of this one (its id is also in the ``X-Next-After`` header when there
+        are more). Oldest first, jobs added meanwhile come after every job listed, so paging never skips or
+        repeats one; newest first, they are ahead of the first page and paging goes on where it was."""
         with store.transaction() as s:
-            query = select(JobRow).where(JobRow.team == team).order_by(JobRow.created_at, JobRow.id)
+            newest = order == "desc"
+            query = (select(JobRow).options(defer(JobRow.spec), defer(JobRow.target_gpus))  # not summarised
+                     .where(JobRow.team == team)
+                     .order_by(*((JobRow.created_at.desc(), JobRow.id.desc()) if newest
+                                 else (JobRow.created_at, JobRow.id))))
             if state is not None:
                 query = query.where(JobRow.state == job_state(state))
             if name is not None:
@@ -266,8 +274,11 @@ def jobs_router(store: Store, clock: Clock, intake: Intake, team_of: Any) -> API
                 if last is None or last.team != team:
                     raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT,
                                         f"after: no job {after!r} of team {team!r} to list from")
-                query = query.where(or_(JobRow.created_at > last.created_at,
-                                        and_(JobRow.created_at == last.created_at, JobRow.id > last.id)))
+                query = query.where(
+                    or_(JobRow.created_at < last.created_at,
+                        and_(JobRow.created_at == last.created_at, JobRow.id < last.id)) if newest else
+                    or_(JobRow.created_at > last.created_at,
+                        and_(JobRow.created_at == last.created_at, JobRow.id > last.id)))
             page = list(s.scalars(query.limit(limit + 1)))
             if len(page) > limit:
                 page = page[:limit]

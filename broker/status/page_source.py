@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
-from sqlalchemy import func, select, tuple_
+from sqlalchemy import func, select, union_all
 from sqlalchemy.orm import Session
 
 from broker.status.orm_source import SessionSource
@@ -24,6 +24,23 @@ from broker.store.tables import AllocationRow, ClusterRow, JobRow, LedgerRow, Pr
 if TYPE_CHECKING:
     from broker.status.progress import Span
     from broker.status.summary import Allocation, Cluster, Job, Prediction, Progress
+
+
+class Finished(NamedTuple):
+    """The columns of an earlier finished job that ``summary._earlier_error`` and ``_errors`` read."""
+
+    id: str
+    name: str
+    team: str
+    state: str
+    finished_at: datetime | None
+
+
+class Made(NamedTuple):
+    """The columns of a prediction that ``summary._errors`` reads."""
+
+    made_at: datetime
+    finish_at: datetime
 
 
 class PageSource(SessionSource):
@@ -40,7 +57,7 @@ class PageSource(SessionSource):
         self._up: dict[str, ClusterRow] = {}
         self._progress: dict[str, ProgressRow] = {}
         self._prediction: dict[str, PredictionRow] = {}
-        self._predictions: dict[str, list[PredictionRow]] = {}
+        self._predictions: dict[str, list[Prediction]] = {}
         if ids:
             self._read(ids)
             self._read_earlier(jobs)
@@ -74,27 +91,38 @@ class PageSource(SessionSource):
 
     def _read_earlier(self, jobs: Sequence[JobRow]) -> None:
         """The latest finished jobs of each name and team on the page, and the predictions of those and of
-        the page's finished jobs (what ``summary._earlier_error`` and ``_errors`` ask for)."""
+        the page's finished jobs (what ``summary._earlier_error`` and ``_errors`` ask for): the columns those
+        read, each name and team's jobs found through the (name, team, finished_at) index."""
         cache: dict[tuple[str, str], list[Job]] = self.memo.setdefault("earlier_jobs", {})
         pairs = sorted({(job.name, job.team) for job in jobs} - set(cache))
+        wanted = {job.id for job in jobs if job.state == "SUCCEEDED"}
+        self._predictions = {}
         if pairs:
-            rank = func.row_number().over(partition_by=(JobRow.name, JobRow.team),
-                                          order_by=JobRow.finished_at.desc()).label("rank")
-            ranked = (select(JobRow.id, rank).where(JobRow.state == "SUCCEEDED",
-                                                    tuple_(JobRow.name, JobRow.team).in_(pairs)).subquery())
-            found = list(self.s.scalars(select(JobRow).join(ranked, ranked.c.id == JobRow.id)
-                                        .where(ranked.c.rank <= EARLIER_JOBS + 1)
-                                        .order_by(JobRow.finished_at.desc())))
+            latest = union_all(*(
+                select(JobRow.id, JobRow.name, JobRow.team, JobRow.state, JobRow.finished_at)
+                .where(JobRow.name == name, JobRow.team == team, JobRow.state == "SUCCEEDED")
+                .order_by(JobRow.finished_at.desc()).limit(EARLIER_JOBS + 1).subquery().select()
+                for name, team in pairs)).subquery()
+            found: dict[tuple[str, str], list[Job]] = {pair: [] for pair in pairs}
+            for row in self.s.execute(select(latest).order_by(latest.c.finished_at.desc())):
+                found[(row.name, row.team)].append(cast("Job", Finished(row.id, row.name, row.team, row.state,
+                                                                        row.finished_at)))
+            cache.update(found)
+            for job_id, made_at, finish_at in self.s.execute(
+                    select(PredictionRow.job_id, PredictionRow.made_at, PredictionRow.finish_at)
+                    .join(latest, latest.c.id == PredictionRow.job_id).order_by(PredictionRow.id)):
+                self._predictions.setdefault(str(job_id), []).append(cast("Prediction", Made(made_at, finish_at)))
             for pair in pairs:
-                cache[pair] = [job for job in found if (job.name, job.team) == pair]
-        finished = {job.id for job in jobs if job.state == "SUCCEEDED"}
-        finished |= {job.id for pair in pairs for job in cache[pair]}
-        wanted = sorted(finished)
-        self._predictions = {job_id: [] for job_id in wanted}
-        for start in range(0, len(wanted), 500):
-            for row in self.s.scalars(select(PredictionRow).where(PredictionRow.job_id.in_(wanted[start:start + 500]))
-                                      .order_by(PredictionRow.id)):
-                self._predictions[row.job_id].append(row)
+                for job in found[pair]:
+                    self._predictions.setdefault(job.id, [])
+        wanted -= set(self._predictions)
+        if wanted:
+            for job_id, made_at, finish_at in self.s.execute(
+                    select(PredictionRow.job_id, PredictionRow.made_at, PredictionRow.finish_at)
+                    .where(PredictionRow.job_id.in_(sorted(wanted))).order_by(PredictionRow.id)):
+                self._predictions.setdefault(str(job_id), []).append(cast("Prediction", Made(made_at, finish_at)))
+            for job_id in wanted:
+                self._predictions.setdefault(job_id, [])
 
     def costs(self, job_id: str) -> tuple[float, float]:
         if job_id not in self.ids:
