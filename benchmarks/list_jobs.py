@@ -44,8 +44,10 @@ NAMES = 50
 EPOCH = datetime(2026, 1, 1, tzinfo=UTC)
 
 
-def drive(url: str, token: str, ids: list[str], clients: int, requests: int, seed: int) -> dict[str, Any]:
-    """The load: ``requests`` requests from ``clients`` concurrent clients; latencies in seconds."""
+def drive(url: str, token: str, ids: list[str], clients: int, requests: int, seed: int,
+          health: bool) -> dict[str, Any]:
+    """The load: ``requests`` requests from ``clients`` concurrent clients (``health``: the baseline's);
+    latencies in seconds."""
     import httpx
 
     rng = random.Random(seed)
@@ -57,7 +59,7 @@ def drive(url: str, token: str, ids: list[str], clients: int, requests: int, see
     statuses: dict[int, int] = {}
     headers = {"Authorization": f"Bearer {token}"}
 
-    async def client(health: bool) -> None:
+    async def client() -> None:
         async with httpx.AsyncClient(base_url=url, timeout=120, headers=headers) as http:
             while not queue.empty():
                 kind = queue.get_nowait()
@@ -72,12 +74,11 @@ def drive(url: str, token: str, ids: list[str], clients: int, requests: int, see
         for item in items:
             queue.put_nowait(item)
         began = time.perf_counter()
-        await asyncio.gather(*(client(False) for _ in range(clients)))
+        await asyncio.gather(*(client() for _ in range(clients)))
         return time.perf_counter() - began
 
-    health_s = asyncio.run(phase(["health"] * requests))
-    jobs_s = asyncio.run(phase(plan))
-    return {"latencies": latencies, "statuses": statuses, "health_s": health_s, "jobs_s": jobs_s}
+    seconds = asyncio.run(phase(["health"] * requests if health else plan))
+    return {"latencies": latencies, "statuses": statuses, "seconds": seconds}
 
 
 def pct(values: list[float], q: float) -> float:
@@ -108,7 +109,8 @@ def grow(store: Any, start: int, end: int, rng: random.Random) -> None:
                          "preemptions": 0, "migrations": 0, "work_lost_s": 0.0, "zones": [],
                          "created_at": created, "updated_at": created, "work_s": 3600.0,
                          "finished_at": created + timedelta(hours=1) if ended else None,
-                         "wall_started_at": created, "wall_finished_at": created + timedelta(hours=1) if ended else None})
+                         "wall_started_at": created,
+                         "wall_finished_at": created + timedelta(hours=1) if ended else None})
             if state == "PENDING":
                 continue
             cluster_id = f"c-{index:08x}"
@@ -214,7 +216,7 @@ def main() -> None:
               f"clients in another process, {args.requests} requests per size; load {_load()}")
         print(f"{'stored':>8} {'team':>7} {'req/s':>6} {'p50 ms':>7} {'p95 ms':>7} {'p99 ms':>7} "
               f"{'first p99':>9} {'after p99':>9} {'state p99':>9} | {'health p99':>10} | "
-              f"{'page old ms':>11} {'bulk ms':>7} same  statuses  load")
+              f"{'page old ms':>11} {'bulk ms':>7} same {'cpu ms/req':>10}  statuses  load")
         for size in sizes:
             began = time.perf_counter()
             grow(store, stored, size, rng)
@@ -223,19 +225,23 @@ def main() -> None:
                 s.execute(__import__("sqlalchemy").text("ANALYZE"))
                 ids = list(s.scalars(select(JobRow.id).where(JobRow.team == "nlp")))
             filled = time.perf_counter() - began
-            spec = home / "drive.json"
-            spec.write_text(json.dumps({"url": server.url, "token": token, "ids": ids, "clients": args.clients,
-                                        "requests": args.requests, "seed": size}))
-            ran = subprocess.run([sys.executable, __file__, "--drive", str(spec)], capture_output=True, text=True,
-                                 check=True)
-            result = json.loads(ran.stdout)
-            lat = result["latencies"]
+            runs = {}
+            for health in (True, False):
+                spec = home / "drive.json"
+                spec.write_text(json.dumps({"url": server.url, "token": token, "ids": ids, "clients": args.clients,
+                                            "requests": args.requests, "seed": size, "health": health}))
+                cpu = time.process_time()  # this process serves: its CPU time per request, whatever the load
+                ran = subprocess.run([sys.executable, __file__, "--drive", str(spec)], capture_output=True,
+                                     text=True, check=True)
+                runs[health] = {**json.loads(ran.stdout), "cpu_ms": (time.process_time() - cpu) * 1000 / args.requests}
+            result, lat = runs[False], {**runs[False]["latencies"], "health": runs[True]["latencies"]["health"]}
             every = lat["first"] + lat["after"] + lat["running"]
+            cpu_ms = result["cpu_ms"]
             old, bulk, same = in_process_pages(store, "nlp")
-            print(f"{size:>8} {len(ids):>7} {len(every) / result['jobs_s']:>6.0f} {pct(every, 0.5):>7.1f} "
+            print(f"{size:>8} {len(ids):>7} {len(every) / result['seconds']:>6.0f} {pct(every, 0.5):>7.1f} "
                   f"{pct(every, 0.95):>7.1f} {pct(every, 0.99):>7.1f} {pct(lat['first'], 0.99):>9.1f} "
                   f"{pct(lat['after'], 0.99):>9.1f} {pct(lat['running'], 0.99):>9.1f} | "
-                  f"{pct(lat['health'], 0.99):>10.1f} | {old:>11.1f} {bulk:>7.1f} {str(same):<5} "
+                  f"{pct(lat['health'], 0.99):>10.1f} | {old:>11.1f} {bulk:>7.1f} {same!s:<5} {cpu_ms:>10.1f}  "
                   f"{result['statuses']}  {_load()} (filled in {filled:.0f} s)", flush=True)
         store.dispose()
     finally:
