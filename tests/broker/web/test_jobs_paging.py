@@ -24,7 +24,7 @@ def _add_jobs(dashboard: Dashboard) -> set[str]:
              "updated_at": t0} for i in range(EXTRA)]
     with dashboard.store.transaction() as s:
         s.execute(insert(JobRow), rows)
-    return {row["id"] for row in rows}
+    return {str(row["id"]) for row in rows}
 
 
 def _ids(html: str) -> list[str]:
