@@ -10,7 +10,9 @@ CPU the process uses (``time.process_time``: every thread of the service; the cl
 agent processes are not the service's) over ``--seconds``:
 
 - ``gated``: the engine steps when something happened or is due (``broker.service.wake``);
-- ``every tick`` (baseline, same run, same service): the gate removed, a step on every tick, as before.
+- ``stored tick`` (baseline, same run, same service): gated, but the tick kept with the other jobs in
+  the store's APScheduler schedule, as before ``broker.service.runner.build_ticker``;
+- ``every tick`` (baseline, same run, same service): the gate removed, a step on every tick.
 """
 
 from __future__ import annotations
@@ -90,17 +92,49 @@ def main() -> None:
             time.sleep(10.0)  # the queue's first look, then nothing moves
             print(f"{args.pending} pending, {args.running} running, poll_seconds {settings.poll_seconds}: "
                   f"{counts(service)}")
+            steps = [0, 0.0]  # engine steps, and their CPU seconds (the thread's that stepped)
+            engine = service.engine
+            assert engine is not None
+            step = engine.step
+
+            def timed_step() -> None:
+                began = time.thread_time()
+                try:
+                    step()
+                finally:
+                    steps[0] += 1
+                    steps[1] += time.thread_time() - began
+
+            engine.step = timed_step  # type: ignore[method-assign]
+
+            def of_steps(seconds: float) -> str:
+                done, spent = steps
+                steps[:] = [0, 0.0]
+                return f"; {done} engine steps, {100 * spent / seconds:.1f} % of a core in them"
+
             statements = [0]
             event.listen(service.runtime.store.engine, "before_cursor_execute",
                          lambda *_: statements.__setitem__(0, statements[0] + 1))
+            steps[:] = [0, 0.0]
             gated = cpu_share(args.seconds)
             print(f"gated       CPU {100 * gated:5.1f} % of one core over {args.seconds:.0f} s, "
-                  f"{statements[0]} statements", flush=True)
+                  f"{statements[0]} statements{of_steps(args.seconds)}", flush=True)
+            # Before: the tick kept with the other jobs in the store's schedule (read and rewritten every tick).
+            service.ticker.pause()
+            service.scheduler.add_job(tasks.engine_step, "interval", seconds=settings.poll_seconds,
+                                      id="engine-step-stored", name="engine-step-stored")
+            statements[0] = 0
+            stored = cpu_share(args.seconds)
+            print(f"stored tick CPU {100 * stored:5.1f} % of one core over {args.seconds:.0f} s, "
+                  f"{statements[0]} statements{of_steps(args.seconds)} (baseline: the tick in the store's "
+                  f"schedule, gated)", flush=True)
+            service.scheduler.remove_job("engine-step-stored")
+            service.ticker.resume()
             gate, service.step_gate = service.step_gate, None
             statements[0] = 0
             every = cpu_share(args.seconds)
             print(f"every tick  CPU {100 * every:5.1f} % of one core over {args.seconds:.0f} s, "
-                  f"{statements[0]} statements (baseline)", flush=True)
+                  f"{statements[0]} statements{of_steps(args.seconds)} (baseline)", flush=True)
             service.step_gate = gate
             if not service.confirm_leadership():
                 raise SystemExit("the leader lost its lease during the measurement: the figures are void")

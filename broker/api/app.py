@@ -17,6 +17,7 @@ from broker.api.auth import team_dependency
 from broker.api.gpu_reports import gpu_reports_router
 from broker.api.jobs import jobs_router
 from broker.api.limits import Limits, RequestLimits
+from broker.api.lists import lists_router
 from broker.api.metrics import install_metrics
 from broker.api.notices import notices_router
 from broker.api.pipelines import pipelines_router
@@ -55,6 +56,7 @@ def create_app(store: Store, clock: Clock, intake: Intake | None = None,
         team = team_dependency(store)
         app.include_router(jobs_router(store, clock, intake, team))
         app.include_router(pipelines_router(store, clock, intake, team))
+        app.include_router(lists_router(store, team))
         app.include_router(prices_router(store, team))
         app.include_router(reports_router(store, team))
         install_metrics(app, store, is_leader, clock, fair_share, budgets)

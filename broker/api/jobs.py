@@ -19,10 +19,11 @@ from fastapi.responses import JSONResponse
 from pydantic import AfterValidator, BaseModel, Field
 from sqlalchemy import and_, or_, select
 from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import defer
 
 from broker.api.idempotency import REPLAYED_HEADER, earlier, idempotency_key, remember, request_digest
 from broker.api.limits import out_of_time
-from broker.api.validation import Document, PlainLine, body_schema, json_body, no_nul
+from broker.api.validation import Document, PlainLine, body_schema, job_state, json_body, no_nul, plain_line_of
 from broker.clock import Clock
 from broker.engine.machine import Within, cancel_job
 from broker.intake import Intake, market_problem, read_job
@@ -32,6 +33,7 @@ from broker.spec.job import JobSpec, Pipeline, SpecError
 from broker.spec.yaml_lines import SURROGATE_PROBLEM, lone_surrogate
 from broker.status.joblogs import read_new
 from broker.status.orm_source import job_summary
+from broker.status.page_source import page_summaries
 from broker.store import Store
 from broker.store.tables import JobRow
 
@@ -56,14 +58,18 @@ class JobSubmission(BaseModel):
 
 submission_body = json_body(JobSubmission)
 # Job ids are ``j-`` and 8 hex digits; the column holds 32 characters.
-JobId = Annotated[str, PathParam(max_length=32, pattern=r"^[A-Za-z0-9_.-]+$")]
+CURSOR = r"^[A-Za-z0-9_.-]+$"  # a job's, pipeline's or cluster's id, as a cursor or a filter
+JobId = Annotated[str, PathParam(max_length=32, pattern=CURSOR)]
 # The widest integer every store takes (PostgreSQL's INTEGER).
 MAX_STORED_INT = 2**31 - 1
 # Jobs per page of ``GET /v1/jobs``: by default, and at most.
-DEFAULT_PAGE = 100
+DEFAULT_PAGE = 50
 MAX_PAGE = 1000
 # A log offset past this is no file's; seeking there overflows.
 MAX_LOG_OFFSET = 2**53
+# Bytes of output per ``GET /v1/jobs/{id}/logs`` answer, all files together: by default, and at most.
+DEFAULT_LOG_PAGE = 1 << 20
+MAX_LOG_PAGE = 8 << 20
 
 
 class CancelResult(BaseModel):
@@ -249,30 +255,46 @@ def jobs_router(store: Store, clock: Clock, intake: Intake, team_of: Any) -> API
     @router.get("")
     def list_jobs(response: Response, team: str = Depends(team_of),
                   state: Annotated[str | None, Query(description="only jobs in this state", max_length=20)] = None,
+                  name: Annotated[str | None, Query(description="only jobs of this name", max_length=200)] = None,
+                  pipeline: Annotated[str | None, Query(description="only the stages of this pipeline",
+                                                        max_length=32, pattern=CURSOR)] = None,
                   limit: Annotated[int, Query(ge=1, le=MAX_PAGE, description="jobs per page")] = DEFAULT_PAGE,
-                  after: Annotated[str | None, Query(max_length=32, pattern=r"^[A-Za-z0-9_.-]+$",
+                  after: Annotated[str | None, Query(max_length=32, pattern=CURSOR,
                                                      description="the last job of the page before")] = None,
+                  order: Annotated[str, Query(pattern=r"^(asc|desc)$",
+                                              description="asc: oldest first; desc: newest first")] = "asc",
                   ) -> list[dict[str, Any]]:
-        """The caller's team's jobs, oldest first, a page at a time: the next page is ``after`` the last
-        job of this one (its id is also in the ``X-Next-After`` header when there are more). Jobs added
-        meanwhile come after every job listed, so paging never skips or repeats one."""
+        """The caller's team's jobs, oldest first (``order=desc``: newest first), a page at a time: the next
+        page is ``after`` the last job of this one (its id is also in the ``X-Next-After`` header when there
+        are more). Oldest first, jobs added meanwhile come after every job listed, so paging never skips or
+        repeats one; newest first, they are ahead of the first page and paging goes on where it was."""
         with store.transaction() as s:
-            query = select(JobRow).where(JobRow.team == team).order_by(JobRow.created_at, JobRow.id)
+            newest = order == "desc"
+            query = (select(JobRow).options(defer(JobRow.spec), defer(JobRow.target_gpus))  # not summarised
+                     .where(JobRow.team == team)
+                     .order_by(*((JobRow.created_at.desc(), JobRow.id.desc()) if newest
+                                 else (JobRow.created_at, JobRow.id))))
             if state is not None:
-                query = query.where(JobRow.state == state.upper())
+                query = query.where(JobRow.state == job_state(state))
+            if name is not None:
+                query = query.where(JobRow.name == plain_line_of(name, "name"))
+            if pipeline is not None:
+                query = query.where(JobRow.pipeline_id == pipeline)
             if after is not None:
                 last = s.get(JobRow, after)
                 if last is None or last.team != team:
                     raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT,
                                         f"after: no job {after!r} of team {team!r} to list from")
-                query = query.where(or_(JobRow.created_at > last.created_at,
-                                        and_(JobRow.created_at == last.created_at, JobRow.id > last.id)))
+                query = query.where(
+                    or_(JobRow.created_at < last.created_at,
+                        and_(JobRow.created_at == last.created_at, JobRow.id < last.id)) if newest else
+                    or_(JobRow.created_at > last.created_at,
+                        and_(JobRow.created_at == last.created_at, JobRow.id > last.id)))
             page = list(s.scalars(query.limit(limit + 1)))
             if len(page) > limit:
                 page = page[:limit]
                 response.headers["X-Next-After"] = page[-1].id
-            now = clock.now()
-            return [job_summary(s, job, clock_now=now) for job in page]
+            return page_summaries(s, page, clock_now=clock.now())
 
     @router.get("/{job_id}")
     def get_job(job_id: JobId, team: str = Depends(team_of)) -> dict[str, Any]:
@@ -290,8 +312,12 @@ def jobs_router(store: Store, clock: Clock, intake: Intake, team_of: Any) -> API
     @router.get("/{job_id}/logs", response_model=JobLogs)
     def logs(job_id: JobId, team: str = Depends(team_of),
              offset: Annotated[list[str] | None, Query(description="FILE:BYTES already read, repeatable")] = None,
+             max_bytes: Annotated[int, Query(ge=1, le=MAX_LOG_PAGE, description="bytes per answer, all files")]
+             = DEFAULT_LOG_PAGE,
              ) -> JobLogs:
-        """New output of every attempt and node, past the offsets the caller already has."""
+        """New output of every attempt and node, past the offsets the caller already has: at most
+        ``max_bytes`` in all, the files in order (attempt, then node); the next page is asked with the
+        offsets this one ends at, until an answer has no chunk."""
         offsets: dict[str, int] = {}
         if len(offset or []) > 1000:
             raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, "offset: at most 1000 of them")
@@ -306,7 +332,7 @@ def jobs_router(store: Store, clock: Clock, intake: Intake, team_of: Any) -> API
         with store.transaction() as s:
             job = owned(s, job_id, team)
             state = job.state
-        chunks = read_new(intake.home, job_id, offsets)
+        chunks = read_new(intake.home, job_id, offsets, total=max_bytes)
         return JobLogs(job_id=job_id, state=state, chunks=[LogChunkOut(**dataclasses.asdict(c)) for c in chunks])
 
     return router

@@ -60,6 +60,31 @@ class Document:
     locate: Callable[[str], tuple[tuple[str | int, ...], str]]
 
 
+def query_problem(field: str, message: str) -> Exception:
+    """A 422 naming a query parameter, as FastAPI's own validation names it."""
+    from fastapi import HTTPException
+
+    return HTTPException(422, f"{field}: {message}")
+
+
+def job_state(value: str) -> str:
+    """A ``state`` filter: one of the job states (any case), else a 422 naming it."""
+    from broker.model import JobState
+
+    states = {s.value for s in JobState}
+    if value.upper() not in states:
+        raise query_problem("state", f"expected one of {', '.join(sorted(states))}")
+    return value.upper()
+
+
+def plain_line_of(value: str, field: str) -> str:
+    """``plain_line`` for a query parameter: a 422 naming ``field``."""
+    try:
+        return plain_line(value)
+    except ValueError as exc:
+        raise query_problem(field, str(exc)) from None
+
+
 Text = Annotated[str, AfterValidator(no_nul)]
 PlainLine = Annotated[str, AfterValidator(plain_line)]
 When = Annotated[datetime | None, AfterValidator(sane_datetime)]

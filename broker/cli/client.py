@@ -98,10 +98,23 @@ class BrokerClient:
         return self._call("POST", "/v1/pipelines", json_body={"spec": text,  # type: ignore[no-any-return]
                                                              "source": source}, idempotency_key=str(uuid.uuid4()))
 
-    def jobs(self, page: int = 500) -> list[dict[str, Any]]:
-        """Every job of the caller's team, read a page at a time (``GET /v1/jobs`` is paginated)."""
+    def newest_jobs(self, count: int, state: str | None = None, page: int = 500) -> list[dict[str, Any]]:
+        """The newest ``count`` jobs of the caller's team (of ``state``), newest first, a page at a time."""
         found: list[dict[str, Any]] = []
-        params: dict[str, list[str]] = {"limit": [str(page)]}
+        params: dict[str, list[str]] = {"order": ["desc"], **({"state": [state]} if state else {})}
+        while len(found) < count:
+            params["limit"] = [str(min(page, count - len(found)))]
+            batch = self._call("GET", "/v1/jobs", params=params)
+            found.extend(batch)
+            if len(batch) < int(params["limit"][0]):
+                break
+            params["after"] = [str(batch[-1]["job_id"])]
+        return found
+
+    def jobs(self, page: int = 500, state: str | None = None) -> list[dict[str, Any]]:
+        """Every job of the caller's team (of ``state``), read a page at a time (``GET /v1/jobs`` is paginated)."""
+        found: list[dict[str, Any]] = []
+        params: dict[str, list[str]] = {"limit": [str(page)], **({"state": [state]} if state else {})}
         while True:
             batch = self._call("GET", "/v1/jobs", params=params)
             found.extend(batch)

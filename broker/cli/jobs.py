@@ -217,7 +217,8 @@ def replay_now(url: str) -> datetime | None:
         return None
 
 
-def _local_summaries(config: Path | None, job_id: str | None) -> list[dict[str, Any]]:
+def _local_summaries(config: Path | None, job_id: str | None, state: str | None = None,
+                     newest: int | None = None) -> list[dict[str, Any]]:
     """The summaries ``status`` prints, read without SQLAlchemy when the store allows (``broker.status.readonly``)."""
     from broker.status.readonly import READ_ERRORS, open_readonly
     from broker.status.summary import summaries
@@ -225,24 +226,26 @@ def _local_summaries(config: Path | None, job_id: str | None) -> list[dict[str, 
     url = store_url(config)
     fast = open_readonly(url)
     if fast is None:
-        return _orm_summaries(config, url, job_id)
+        return _orm_summaries(config, url, job_id, state, newest)
     idle: tuple[int, int] | None = None
     try:
         with fast.snapshot():
-            found, idle = summaries(fast, job_id, clock_now=replay_now(url)), fast.unattended()
+            found = summaries(fast, job_id, clock_now=replay_now(url), state=state, newest=newest)
+            idle = fast.unattended()
     except READ_ERRORS:
         pass
     finally:
         fast.close()
     if idle is None:  # a store sqlite3 cannot read as it stands: SQLAlchemy's path says why, as it always did
-        return _orm_summaries(config, url, job_id)
+        return _orm_summaries(config, url, job_id, state, newest)
     if found is None:
         raise UsageError(f"no job {job_id!r}")
     revive_if(config, *idle)
     return found
 
 
-def _orm_summaries(config: Path | None, url: str, job_id: str | None) -> list[dict[str, Any]]:
+def _orm_summaries(config: Path | None, url: str, job_id: str | None, state: str | None = None,
+                   newest: int | None = None) -> list[dict[str, Any]]:
     """The same through SQLAlchemy: PostgreSQL, or a SQLite store not there yet or behind a migration."""
     from sqlalchemy.exc import DBAPIError
 
@@ -255,7 +258,7 @@ def _orm_summaries(config: Path | None, url: str, job_id: str | None) -> list[di
     try:
         try:
             with store.transaction() as s:
-                found = summaries(SessionSource(s), job_id, clock_now=replay_now(url))
+                found = summaries(SessionSource(s), job_id, clock_now=replay_now(url), state=state, newest=newest)
         except (DBAPIError, ValueError, TypeError) as exc:  # a value no column type reads: not as migrations left it
             raise store_error("read", url, exc) from exc
         if found is None:
@@ -266,18 +269,37 @@ def _orm_summaries(config: Path | None, url: str, job_id: str | None) -> list[di
         store.dispose()
 
 
+DEFAULT_LISTED = 100  # jobs `broker status` shows without a job id
+MAX_LISTED = 10_000
+
+
 @app.command()
 def status(
-    job_id: Annotated[str | None, typer.Argument(help="a job id; all jobs when omitted")] = None,
+    job_id: Annotated[str | None, typer.Argument(help="a job id; the newest jobs when omitted")] = None,
+    state: Annotated[str | None, typer.Option("--state", help="only jobs in this state, e.g. running")] = None,
+    limit: Annotated[int, typer.Option("--limit", help=f"at most this many jobs, the newest (1 to {MAX_LISTED})")]
+    = DEFAULT_LISTED,
     config: ConfigOption = None,
     as_json: JsonOption = False,
     server: remote.ServerOption = None,
 ) -> None:
-    """Show one job, or every job, with cost, preemptions and where it runs."""
+    """Show one job, or the newest jobs (oldest of them first), with cost, preemptions and where it runs."""
+    from broker.model import JobState
+
+    if state is not None and state.upper() not in {s.value for s in JobState}:
+        raise UsageError(f"--state: expected one of {', '.join(s.value.lower() for s in JobState)}, got {state[:40]!r}")
+    if not 1 <= limit <= MAX_LISTED:
+        raise UsageError(f"--limit: expected 1 to {MAX_LISTED} jobs, got {limit}")
+    wanted = state.upper() if state else None
     if (served := remote.server_settings(config, server)) is not None:
-        summaries = remote.summaries(served, job_id)
+        summaries = remote.summaries(served, job_id, wanted, limit + 1)
     else:
-        summaries = _local_summaries(config, job_id)
+        summaries = _local_summaries(config, job_id, wanted, limit + 1)
+    if job_id is None and len(summaries) > limit:  # one more than asked: there are older ones
+        summaries = summaries[1:]
+        from broker.cli.app import err_console
+
+        err_console.print(f"the newest {limit} jobs; older ones with --limit (at most {MAX_LISTED})", highlight=False)
     print_status(summaries, job_id, as_json)
 
 

@@ -203,9 +203,15 @@ def _settled(client: BrokerClient, summary: dict[str, Any], timeout: float = 15.
     return summary
 
 
-def summaries(settings: Served, job_id: str | None) -> list[dict[str, Any]]:
+def summaries(settings: Served, job_id: str | None, state: str | None = None,
+              newest: int | None = None) -> list[dict[str, Any]]:
+    """One job, or every job (of ``state``; only the ``newest`` that many), oldest first."""
     with connect(settings) as client:
-        return [client.job(job_id)] if job_id is not None else client.jobs()
+        if job_id is not None:
+            return [client.job(job_id)]
+        if newest is None:
+            return client.jobs(state=state)
+        return client.newest_jobs(newest, state=state)[::-1]
 
 
 def cancel(settings: Served, job_id: str) -> str:

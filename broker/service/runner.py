@@ -62,6 +62,7 @@ class Service:
         self.step_gate: StepGate | None = None
         self.work_store: Store = self.runtime.store  # fenced by the lease's epoch while leading
         self.scheduler: Any = None
+        self.ticker: Any = None  # the engine's tick (``build_ticker``)
         self.listener: Any = None  # EventBridge spot warnings through SQS, on the SkyPilot backend's leader
         self._stop = threading.Event()
         self._leadership = threading.Lock()
@@ -130,6 +131,8 @@ class Service:
         tasks.bind(self)
         self.scheduler = build_scheduler(self.runtime.store, self.settings)
         start_scheduler(self.scheduler)
+        self.ticker = build_ticker(self.settings)
+        self.ticker.start()
         self.listener = self.runtime.backend.notice_listener(self.work_store, self.settings)
 
     def _demote(self, reason: str) -> None:
@@ -152,12 +155,14 @@ class Service:
 
     def _stop_scheduler(self) -> None:
         self._stop_listener()
-        if self.scheduler is not None:
-            try:
-                self.scheduler.shutdown(wait=False)
-            except Exception as exc:
-                log.debug("scheduler shutdown: %s", exc)
-            self.scheduler = None
+        for name in ("ticker", "scheduler"):
+            scheduler = getattr(self, name)
+            if scheduler is not None:
+                try:
+                    scheduler.shutdown(wait=False)
+                except Exception as exc:
+                    log.debug("%s shutdown: %s", name, exc)
+                setattr(self, name, None)
 
     def reconcile(self) -> None:
         check = self.work_store.fence.ensure if isinstance(self.work_store, FencedStore) else None
@@ -226,8 +231,6 @@ def build_scheduler(store: Store, settings: Settings) -> Any:
         timezone=UTC,
     )
     wanted: dict[str, dict[str, Any]] = {
-        "engine-step": {"func": tasks.engine_step, "trigger": "interval",
-                        "seconds": settings.poll_seconds},
         "reconcile": {"func": tasks.reconcile, "trigger": "interval",
                       "seconds": settings.reconcile_seconds},
         "reports": {"func": tasks.run_reports, "trigger": "interval",
@@ -245,6 +248,24 @@ def build_scheduler(store: Store, settings: Settings) -> Any:
     for job_id, spec in wanted.items():
         scheduler.add_job(id=job_id, name=job_id, replace_existing=True, **spec)
     return scheduler
+
+
+def build_ticker(settings: Settings) -> Any:
+    """The engine's tick, every ``poll_seconds``, on a scheduler of its own that keeps it in memory.
+
+    It is the leader's own and starts afresh with each leader; kept with the other jobs in the store,
+    every tick would read the store's schedule and rewrite its next run time (three statements, five
+    times a second) even when the step gate says there is nothing to do.
+    """
+    from apscheduler.executors.pool import ThreadPoolExecutor
+    from apscheduler.jobstores.memory import MemoryJobStore
+    from apscheduler.schedulers.background import BackgroundScheduler
+
+    ticker = BackgroundScheduler(jobstores={"default": MemoryJobStore()}, executors={"default": ThreadPoolExecutor(1)},
+                                 job_defaults={"coalesce": True, "max_instances": 1, "misfire_grace_time": 60},
+                                 timezone=UTC)
+    ticker.add_job(tasks.engine_step, "interval", seconds=settings.poll_seconds, id="engine-step", name="engine-step")
+    return ticker
 
 
 def start_scheduler(scheduler: Any) -> None:

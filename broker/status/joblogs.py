@@ -21,16 +21,22 @@ def log_files(home: Path, job_id: str) -> list[Path]:
     return sorted((home / "logs" / job_id).glob("attempt-*.log"), key=lambda p: (int(p.name.split("-")[1]), p.name))
 
 
-def read_new(home: Path, job_id: str, offsets: dict[str, int], limit: int = MAX_CHUNK_BYTES) -> list[LogChunk]:
-    """What each file holds past its offset in ``offsets`` (at most ``limit`` bytes per file)."""
+def read_new(home: Path, job_id: str, offsets: dict[str, int], limit: int = MAX_CHUNK_BYTES,
+             total: int | None = None) -> list[LogChunk]:
+    """What each file holds past its offset in ``offsets``: at most ``limit`` bytes per file and ``total``
+    in all (the files after are left for the next read, whose offsets say where this one stopped)."""
     chunks: list[LogChunk] = []
+    left = total
     for path in log_files(home, job_id):
+        if left is not None and left <= 0:
+            break
         start = offsets.get(path.stem, 0)
         with path.open("rb") as handle:
             handle.seek(start)
-            data = handle.read(limit)
+            data = handle.read(limit if left is None else min(limit, left))
         if data:
             chunks.append(LogChunk(path.stem, start, start + len(data), data.decode(errors="replace")))
+            left = None if left is None else left - len(data)
     return chunks
 
 

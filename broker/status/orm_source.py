@@ -24,8 +24,12 @@ class SessionSource:
         self.s = s
         self.memo: dict[str, Any] = s.info  # lives as long as the session, like its identity map
 
-    def jobs(self) -> list[Job]:
-        return list(self.s.scalars(select(JobRow).order_by(JobRow.created_at)))
+    def jobs(self, state: str | None = None, newest: int | None = None) -> list[Job]:
+        query = select(JobRow) if state is None else select(JobRow).where(JobRow.state == state)
+        if newest is None:
+            return list(self.s.scalars(query.order_by(JobRow.created_at)))
+        return list(reversed(self.s.scalars(query.order_by(JobRow.created_at.desc(), JobRow.id.desc())
+                                            .limit(newest)).all()))
 
     def job(self, job_id: str) -> Job | None:
         return self.s.get(JobRow, job_id)

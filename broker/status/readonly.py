@@ -127,8 +127,12 @@ class ReadOnlyStore:
         rows = self._rows(table, sql, *params)
         return rows[0] if rows else None
 
-    def jobs(self) -> list[Job]:
-        return cast("list[Job]", self._rows("jobs", "ORDER BY jobs.created_at"))
+    def jobs(self, state: str | None = None, newest: int | None = None) -> list[Job]:
+        where, params = ("WHERE jobs.state = ? ", (state,)) if state is not None else ("", ())
+        if newest is None:
+            return cast("list[Job]", self._rows("jobs", f"{where}ORDER BY jobs.created_at", *params))
+        rows = self._rows("jobs", f"{where}ORDER BY jobs.created_at DESC, jobs.id DESC LIMIT ?", *params, newest)
+        return cast("list[Job]", rows[::-1])
 
     def job(self, job_id: str) -> Job | None:
         return cast("Job | None", self._first("jobs", "WHERE jobs.id = ?", job_id))

@@ -121,7 +121,8 @@ class SummarySource(Protocol):
 
     memo: dict[str, Any]  # what stays the same for every job listed in one read (earlier jobs' errors)
 
-    def jobs(self) -> list[Job]: ...  # every job, oldest first
+    # every job (of ``state``), oldest first; with ``newest``, only the newest that many
+    def jobs(self, state: str | None = None, newest: int | None = None) -> list[Job]: ...
     def job(self, job_id: str) -> Job | None: ...
     def costs(self, job_id: str) -> tuple[float, float]: ...  # (cost, on-demand cost) of the ledger
     # (GPU-seconds measured, their utilisation-seconds in percent, peak memory MB) from the GPU roll-up
@@ -137,10 +138,12 @@ class SummarySource(Protocol):
 
 
 def summaries(source: SummarySource, job_id: str | None, now: datetime | None = None,
-              clock_now: datetime | None = None) -> list[dict[str, Any]] | None:
-    """What ``status`` lists: the one job asked for (None when there is none), or every job, oldest first."""
+              clock_now: datetime | None = None, state: str | None = None,
+              newest: int | None = None) -> list[dict[str, Any]] | None:
+    """What ``status`` lists: the one job asked for (None when there is none), or every job (of ``state``;
+    only the ``newest`` that many), oldest first."""
     if job_id is None:
-        return [summarise(source, job, now, clock_now) for job in source.jobs()]
+        return [summarise(source, job, now, clock_now) for job in source.jobs(state, newest)]
     job = source.job(job_id)
     return None if job is None else [summarise(source, job, now, clock_now)]
 
@@ -238,12 +241,20 @@ def _earlier_error(source: SummarySource, job: Job) -> dict[str, Any] | None:
     key = (job.name, job.team)
     if key not in cache:
         cache[key] = source.succeeded(job.name, job.team, EARLIER_JOBS + 1)
+    # The same for every job of the name and team that is not one of those earlier jobs: summed once.
+    outside: dict[tuple[str, str], dict[str, Any] | None] = source.memo.setdefault("earlier_errors", {})
+    among = any(other.id == job.id for other in cache[key])
+    if not among and key in outside:
+        return outside[key]
     earlier = [other for other in cache[key] if other.id != job.id][:EARLIER_JOBS]
     scored: dict[str, list[tuple[float, float]]] = source.memo.setdefault("prediction_errors", {})
     for other in earlier:
         if other.id not in scored:
             scored[other.id] = _errors(source, other)
-    return _summarise([scored[other.id] for other in earlier])
+    found = _summarise([scored[other.id] for other in earlier])
+    if not among:
+        outside[key] = found
+    return found
 
 
 def _errors(source: SummarySource, job: Job) -> list[tuple[float, float]]:

@@ -62,6 +62,12 @@ class JobRow(Base):
     stage: Mapped[int | None] = mapped_column(Integer, nullable=True)
     after_job_id: Mapped[str | None] = mapped_column(String(32), nullable=True)
 
+    # The lists' orders (``GET /v1/jobs`` and its cursor, by team and by team and state) and the
+    # finished jobs of a name and team whose predictions a summary scores.
+    __table_args__ = (Index("ix_jobs_team_created", "team", "created_at", "id"),
+                      Index("ix_jobs_team_state_created", "team", "state", "created_at", "id"),
+                      Index("ix_jobs_name_team_finished", "name", "team", "finished_at"))
+
 
 class JobEventRow(Base):
     """Every state transition and notable event of a job, in order."""
@@ -108,6 +114,8 @@ class ClusterRow(Base):
     terminated_at: Mapped[datetime | None] = mapped_column(UtcDateTime, nullable=True)
     metered_until: Mapped[datetime | None] = mapped_column(UtcDateTime, nullable=True)
     epoch: Mapped[int | None] = mapped_column(Integer, nullable=True)  # the leader epoch that last wrote it
+
+    __table_args__ = (Index("ix_clusters_job_created", "job_id", "created_at", "id"),)  # GET /v1/clusters
 
 
 class AllocationRow(Base):

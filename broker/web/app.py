@@ -122,7 +122,8 @@ def mount_dashboard(app: FastAPI, store: Store, clock: Clock, home: Path,
 
     def _filter(request: Request) -> jobs.JobFilter:
         p = request.query_params
-        return jobs.JobFilter.parse(p.get("state"), p.get("team"), p.get("q"), p.get("sort"), p.get("order"))
+        return jobs.JobFilter.parse(p.get("state"), p.get("team"), p.get("q"), p.get("sort"), p.get("order"),
+                                    p.get("after"))
 
     @app.get("/jobs", include_in_schema=False)
     def jobs_page(request: Request, viewer: Signed) -> Response:
@@ -130,8 +131,11 @@ def mount_dashboard(app: FastAPI, store: Store, clock: Clock, home: Path,
             where = _filter(request)
         except ValueError as exc:
             return _problem(viewer, str(exc), 400)
-        rows, total = jobs.list_jobs(store, viewer, where, clock.now())
-        return HTMLResponse(page("Jobs", jobs.render_list(rows, total, where, viewer, times), viewer, "/jobs"))
+        try:
+            rows, total, more = jobs.list_jobs(store, viewer, where, clock.now())
+        except jobs.NotFound as exc:
+            return _problem(viewer, str(exc), 400)
+        return HTMLResponse(page("Jobs", jobs.render_list(rows, total, where, viewer, times, more), viewer, "/jobs"))
 
     @app.get("/jobs/rows", include_in_schema=False)
     def job_rows(request: Request, viewer: Signed) -> Response:
@@ -139,7 +143,10 @@ def mount_dashboard(app: FastAPI, store: Store, clock: Clock, home: Path,
             where = _filter(request)
         except ValueError as exc:
             return Response(str(exc), status_code=400)
-        rows, _ = jobs.list_jobs(store, viewer, where, clock.now())
+        try:
+            rows, _, _ = jobs.list_jobs(store, viewer, where, clock.now())
+        except jobs.NotFound as exc:
+            return Response(str(exc), status_code=400)
         return HTMLResponse(jobs.job_rows_html(rows, where, times))
 
     @app.get("/jobs/{job_id}", include_in_schema=False)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -42,11 +43,14 @@ class JobFilter:
     q: str | None = None
     sort: str = "submitted"
     desc: bool = True
+    after: str | None = None  # the last job of the page before (the next page's cursor)
 
     @classmethod
     def parse(cls, state: str | None, team: str | None, q: str | None, sort: str | None,
-              order: str | None) -> JobFilter:
+              order: str | None, after: str | None = None) -> JobFilter:
         """Unknown values are a ValueError naming the field; text filters are bounded."""
+        if after and (len(after) > 32 or not re.fullmatch(r"[A-Za-z0-9_.-]+", after)):
+            raise ValueError("after: expected a job id like j-0123abcd")
         if state and state.upper() not in {s.value for s in JobState}:
             raise ValueError(f"state: expected one of {', '.join(s.value for s in JobState)}")
         for name, value in (("team", team), ("q", q)):
@@ -56,7 +60,8 @@ class JobFilter:
             raise ValueError(f"sort: expected one of {', '.join((*SORTS, 'cost'))}")
         if order and order not in ("asc", "desc"):
             raise ValueError("order: expected asc or desc")
-        return cls(state.upper() if state else None, team or None, q or None, sort or "submitted", order != "asc")
+        return cls(state.upper() if state else None, team or None, q or None, sort or "submitted", order != "asc",
+                   after or None)
 
 
 def latest_reports(s: Any, ids: list[str]) -> dict[str, tuple[int, int | None]]:
@@ -79,8 +84,10 @@ def progress_of(job: JobRow, report: tuple[int, int | None] | None, spans: list[
     return job_progress(job.state, report, job.work_s, job.work_lost_s, spans, now)
 
 
-def list_jobs(store: Store, viewer: Viewer, where: JobFilter, now: datetime) -> tuple[list[dict[str, Any]], int]:
-    """A page of the viewer's jobs; ``now`` is the broker's clock (progress and durations run on it)."""
+def list_jobs(store: Store, viewer: Viewer, where: JobFilter,
+              now: datetime) -> tuple[list[dict[str, Any]], int, str | None]:
+    """A page of the viewer's jobs, the number that match, and the next page's cursor (None: the last
+    page); ``now`` is the broker's clock (progress and durations run on it)."""
     with store.transaction() as s:
         stmt = select(JobRow)
         if viewer.scope is not None:
@@ -97,13 +104,21 @@ def list_jobs(store: Store, viewer: Viewer, where: JobFilter, now: datetime) -> 
             # The hourly roll-up: the same sums as the ledger's minutes, a sixtieth of the rows or fewer.
             cost = (select(LedgerRollupRow.job_id, func.sum(LedgerRollupRow.cost).label("cost"))
                     .where(LedgerRollupRow.job_id != "").group_by(LedgerRollupRow.job_id).subquery())
-            spent = func.coalesce(cost.c.cost, 0.0)
-            stmt = stmt.outerjoin(cost, cost.c.job_id == JobRow.id).order_by(
-                spent.desc() if where.desc else spent.asc(), JobRow.id)
+            key: Any = func.coalesce(cost.c.cost, 0.0)
+            stmt = stmt.outerjoin(cost, cost.c.job_id == JobRow.id)
         else:
-            column = SORTS[where.sort]
-            stmt = stmt.order_by(column.desc() if where.desc else column.asc(), JobRow.id)
-        jobs = list(s.scalars(stmt.limit(PAGE_SIZE)))
+            key = SORTS[where.sort]
+        stmt = stmt.order_by(key.desc() if where.desc else key.asc(), JobRow.id)
+        if where.after:
+            # Keyset: the rows after the cursor's in the same order (its sort value, then the id).
+            last = s.execute(stmt.with_only_columns(key).where(JobRow.id == where.after)).first()
+            if last is None:
+                raise NotFound(f"after: no job {where.after!r} that you can see with these filters")
+            beyond = key < last[0] if where.desc else key > last[0]
+            stmt = stmt.where(beyond | ((key == last[0]) & (JobRow.id > where.after)))
+        jobs = list(s.scalars(stmt.limit(PAGE_SIZE + 1)))
+        more = jobs[PAGE_SIZE - 1].id if len(jobs) > PAGE_SIZE else None
+        jobs = jobs[:PAGE_SIZE]
         ids = [j.id for j in jobs]
         costs = dict(s.execute(select(LedgerRollupRow.job_id, func.sum(LedgerRollupRow.cost))
                                .where(LedgerRollupRow.job_id.in_(ids))
@@ -132,7 +147,7 @@ def list_jobs(store: Store, viewer: Viewer, where: JobFilter, now: datetime) -> 
                          "duration": ((job.finished_at or now) - job.created_at).total_seconds(),
                          "preemptions": job.preemptions, "migrations": job.migrations,
                          "stage": (job.stage, job.pipeline_id) if job.stage else None})
-    return rows, int(total)
+    return rows, int(total), more
 
 
 def _state_badge(state: str) -> str:
@@ -149,7 +164,7 @@ def progress_html(progress: JobProgress) -> str:
 
 def job_rows_html(rows: list[dict[str, Any]], where: JobFilter, times: Times) -> str:
     params = query(state=where.state, team=where.team, q=where.q, sort=where.sort,
-                   order="desc" if where.desc else "asc")
+                   order="desc" if where.desc else "asc", after=where.after)
     body = []
     for r in rows:
         stage = "-" if r["stage"] is None else f"{r['stage'][0]} of {e(r['stage'][1])}"
@@ -170,7 +185,8 @@ COLUMNS = (("job", None), ("name", "name"), ("team", "team"), ("state", "state")
            ("pipeline stage", None), ("duration", None), ("submitted", "submitted"))
 
 
-def render_list(rows: list[dict[str, Any]], total: int, where: JobFilter, viewer: Viewer, times: Times) -> str:
+def render_list(rows: list[dict[str, Any]], total: int, where: JobFilter, viewer: Viewer, times: Times,
+                more: str | None = None) -> str:
     states = "".join(f'<option{" selected" if s.value == where.state else ""}>{s.value}</option>' for s in JobState)
     team = (f'<label>team <input name="team" value="{e(where.team or "")}"></label>' if viewer.admin else "")
     form = (f'<form class="filters" method="get" action="/jobs"><label>state <select name="state">'
@@ -189,7 +205,13 @@ def render_list(rows: list[dict[str, Any]], total: int, where: JobFilter, viewer
         href = "/jobs" + query(state=where.state, team=where.team, q=where.q, sort=key, order="desc" if desc else "asc")
         heads.append(f'<a href="{e(href)}">{label}{arrow}</a>')
     head = "".join(f"<th>{h}</th>" for h in heads)
-    shown = f"<p>{len(rows)} of {total} job(s){' (first ' + str(PAGE_SIZE) + ')' if total > PAGE_SIZE else ''}.</p>"
+    kept = {"state": where.state, "team": where.team, "q": where.q, "sort": where.sort,
+            "order": "desc" if where.desc else "asc"}
+    pages = [f'<a href="/jobs{e(query(**kept))}" rel="first">first page</a>'] if where.after else []
+    if more:
+        pages.append(f'<a href="/jobs{e(query(**kept, after=more))}" rel="next">next {PAGE_SIZE}</a>')
+    shown = (f"<p>{len(rows)} of {total} job(s){f' ({PAGE_SIZE} a page)' if total > PAGE_SIZE else ''}. "
+             f'<span class="pages">{" · ".join(pages)}</span></p>')
     return (f'{form}{shown}{times.note()}<table class="jobs"><thead><tr>{head}</tr></thead>'
             f'{job_rows_html(rows, where, times)}</table>')
 

@@ -42,6 +42,12 @@ def workload(tmp_path: Path) -> str:
     (["report", "--team", "[/bold]"], "--team"),
     (["report", "--resend", "\u0661\u0662"], "--resend"),
     (["token", "create", "--team", "t", "--expires-in", "inf"], "--expires-in"),
+    (["status", "--limit", "0"], "--limit"),
+    (["status", "--limit", "-5"], "--limit"),
+    (["status", "--limit", "9" * 30], "--limit"),
+    (["status", "--state", "sleeping"], "--state"),
+    (["status", "--state", "running\x00"], "--state"),
+    (["status", "--state", "r" * 100_000], "--state"),
 ])
 def test_a_number_or_path_out_of_range_is_one_line_and_exit_2(args: list[str], flag: str,
                                                                capsys: pytest.CaptureFixture[str]) -> None:

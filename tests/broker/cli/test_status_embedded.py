@@ -79,6 +79,22 @@ def test_status_prints_the_same_table_and_json_as_the_sqlalchemy_path(engine_hel
     assert fast.stderr.strip() == "error: no job 'j-nobody'"
 
 
+def test_the_newest_jobs_of_a_state_read_alike_on_both_paths(engine_held: Path) -> None:
+    """``--limit`` keeps the newest jobs (printed oldest first) and says older ones were left out;
+    ``--state`` keeps one state's; the sqlite3 path and SQLAlchemy's agree on both."""
+    path = engine_held / "broker.db"
+    store_with_every_kind_of_job(f"sqlite:///{path}")
+    every = [item["job_id"] for item in json.loads(_status(f"sqlite:///{path}", "--json").stdout)]
+    fast, orm = _both(path, "--json", "--limit", "3")
+    assert _settled(json.loads(fast.stdout)) == _settled(json.loads(orm.stdout)) and fast.stderr == orm.stderr
+    assert [item["job_id"] for item in json.loads(fast.stdout)] == every[-3:]
+    assert "the newest 3 jobs" in fast.stderr
+    fast, orm = _both(path, "--json", "--state", "running")
+    listed = json.loads(fast.stdout)
+    assert _settled(listed) == _settled(json.loads(orm.stdout)) and fast.stderr == ""
+    assert listed and {item["state"] for item in listed} == {"RUNNING"}
+
+
 def test_a_value_sqlite3_cannot_read_goes_the_sqlalchemy_way(engine_held: Path) -> None:
     """A row the migrations would never leave (a datetime that is not one): whatever SQLAlchemy's path
     says of it, the fast path says the same, in one line and with nothing written."""
