@@ -40,94 +40,20 @@ from __future__ import annotations
 import heapq
 import math
 from collections import defaultdict
-from dataclasses import dataclass, field
 from typing import Protocol
 
-from policies.backfill import Reservation, reserve
+from policies.backfill import reserve
+from policies.fair_share_books import Books, books_for
+from policies.fair_share_request import DEFAULT_WEIGHT as DEFAULT_WEIGHT
+from policies.fair_share_request import EPSILON as EPSILON
+from policies.fair_share_request import FairShareDecision as FairShareDecision
+from policies.fair_share_request import FairShareRequest as FairShareRequest
+from policies.fair_share_request import QueuedGang as QueuedGang
+from policies.fair_share_request import Reclaim as Reclaim
+from policies.fair_share_request import Team as Team
+from policies.fair_share_request import TeamUsage as TeamUsage
 from policies.fair_share_types import reclaim_by_type, within_type_quota
 from policies.registry import Registry
-
-DEFAULT_WEIGHT = 1.0
-EPSILON = 1e-9
-
-
-@dataclass(frozen=True, slots=True)
-class Team:
-    name: str
-    weight: float = DEFAULT_WEIGHT
-    quota_gpus: int | None = None  # guaranteed, as far as its work needs it (in total)
-    limit_gpus: int | None = None  # never more, borrowed or not
-    parent: str | None = None
-    type_quotas: tuple[tuple[str, int], ...] = ()  # (GPU type, GPUs of it guaranteed): policies/fair_share_types.py
-
-    def __post_init__(self) -> None:
-        if not (math.isfinite(self.weight) and self.weight > 0):
-            raise ValueError(f"team {self.name!r}: weight must be a positive number, got {self.weight!r}")
-        for name, value in (("quota_gpus", self.quota_gpus), ("limit_gpus", self.limit_gpus)):
-            if value is not None and value < 0:
-                raise ValueError(f"team {self.name!r}: {name} must be >= 0, got {value!r}")
-        for gpu_type, count in self.type_quotas:
-            if count < 0:
-                raise ValueError(f"team {self.name!r}: quota_gpus.{gpu_type} must be >= 0, got {count!r}")
-
-
-@dataclass(frozen=True, slots=True)
-class TeamUsage:
-    team: str
-    held_gpus: int  # GPUs its started gangs hold now (gangs already giving theirs back excluded)
-    decayed_gpu_s: float = 0.0  # GPU-seconds it used recently, each second weighted 2^(-age / half-life)
-    budget_left: float | None = None  # USD left of an enforced budget this period; None: none enforced
-    held_by_type: tuple[tuple[str, int], ...] = ()  # (GPU type, GPUs of it held): for quotas per type
-
-
-@dataclass(frozen=True, slots=True)
-class QueuedGang:
-    job_id: str
-    team: str
-    gpus: int
-    priority: int
-    order: int  # submission order, lower first
-    predicted_cost: float = 0.0  # USD, at the prices being paid
-    runtime_s: float | None = None  # predicted run time once started; None: not known
-    gpu_type: str | None = None  # its accelerator (A100...), for quotas per type
-
-
-@dataclass(frozen=True, slots=True)
-class FairShareRequest:
-    capacity_gpus: int | None  # None: no limit on the fleet, so GPUs are never short
-    teams: tuple[Team, ...]
-    usage: tuple[TeamUsage, ...]
-    queued: tuple[QueuedGang, ...]
-    half_life_s: float = 3600.0
-    exempt_priority: int | None = 1000
-    # (seconds from now, GPUs): when the held GPUs are predicted to be given back; those without a prediction left out
-    releases: tuple[tuple[float, int], ...] = ()
-
-    def __post_init__(self) -> None:
-        if self.capacity_gpus is not None and self.capacity_gpus < 0:
-            raise ValueError(f"capacity_gpus must be >= 0, got {self.capacity_gpus!r}")
-        if any(not (math.isfinite(in_s) and in_s >= 0 and gpus >= 0) for in_s, gpus in self.releases):
-            raise ValueError("releases must be (seconds >= 0, GPUs >= 0) pairs")
-        if not (math.isfinite(self.half_life_s) and self.half_life_s > 0):
-            raise ValueError(f"half_life_s must be a positive number, got {self.half_life_s!r}")
-
-
-@dataclass(frozen=True, slots=True)
-class Reclaim:
-    job_id: str  # the owner's gang that waits for them
-    gpus: int  # GPUs to take back beyond those free
-    from_teams: tuple[str, ...]  # the borrowers, the most over their share first
-
-
-@dataclass(frozen=True, slots=True)
-class FairShareDecision:
-    admit: tuple[str, ...]
-    reclaims: tuple[Reclaim, ...] = ()
-    waits: tuple[tuple[str, str], ...] = ()  # (job id, why it waits)
-    owed: tuple[tuple[str, float], ...] = ()  # team -> GPUs its share is now
-
-    def reason_of(self, job_id: str) -> str | None:
-        return dict(self.waits).get(job_id)
 
 
 class FairSharePolicy(Protocol):
@@ -138,88 +64,6 @@ class FairSharePolicy(Protocol):
 
 FAIR_SHARE_POLICIES: Registry[FairSharePolicy] = Registry("fair_share")
 
-
-@dataclass
-class _Books:
-    """What the policy has given out so far in one decision."""
-
-    request: FairShareRequest
-    teams: dict[str, Team]
-    held: dict[str, int]
-    budget: dict[str, float | None]
-    free: float
-    admitted: dict[str, int] = field(default_factory=lambda: defaultdict(int))
-    given_back: dict[str, int] = field(default_factory=lambda: defaultdict(int))  # reclaimed from it
-    held_type: dict[tuple[str, str], int] = field(default_factory=dict)  # (team, GPU type) -> GPUs held
-    admitted_type: dict[tuple[str, str], int] = field(default_factory=lambda: defaultdict(int))
-    given_back_type: dict[tuple[str, str], int] = field(default_factory=lambda: defaultdict(int))
-    admit: list[str] = field(default_factory=list)
-    waits: list[tuple[str, str]] = field(default_factory=list)
-    reclaims: list[Reclaim] = field(default_factory=list)
-    releases: list[tuple[float, int]] = field(default_factory=list)
-    reservation: Reservation | None = None  # for the gang waiting longest, when it does not fit
-    _ancestors: dict[str, list[str]] = field(default_factory=dict)
-
-    def ancestors(self, team: str) -> list[str]:
-        """The team, its parent, the parent's parent... (cached: the same through one decision)."""
-        if team not in self._ancestors:
-            chain, seen = [team], {team}
-            while (known := self.teams.get(chain[-1])) is not None and (parent := known.parent) is not None \
-                    and parent not in seen:
-                chain.append(parent)
-                seen.add(parent)
-            self._ancestors[team] = chain
-        return self._ancestors[team]
-
-    def subtree_total(self, team: str, of: dict[str, int]) -> int:
-        return sum(n for t, n in of.items() if team in self.ancestors(t))
-
-    def over_limit(self, gang: QueuedGang) -> str | None:
-        for team in self.ancestors(gang.team):
-            known = self.teams.get(team)
-            limit = known.limit_gpus if known is not None else None
-            if limit is None:
-                continue
-            total = self.subtree_total(team, self.held) + self.subtree_total(team, self.admitted) + gang.gpus
-            if total > limit:
-                return f"waiting: team {team} at its limit of {limit} GPUs"
-        return None
-
-    def over_budget(self, gang: QueuedGang) -> str | None:
-        left = self.budget.get(gang.team)
-        if left is None:
-            return None
-        if left <= 0 or gang.predicted_cost > left + EPSILON:
-            return (f"waiting: budget: team {gang.team} has ${max(left, 0.0):.2f} left this period, "
-                    f"the job is predicted to cost ${gang.predicted_cost:.2f}")
-        return None
-
-    def take(self, gang: QueuedGang) -> None:
-        self.admit.append(gang.job_id)
-        self.admitted[gang.team] += gang.gpus
-        if gang.gpu_type is not None:
-            self.admitted_type[(gang.team, gang.gpu_type)] += gang.gpus
-        self.free = max(self.free - gang.gpus, 0.0)
-        if gang.runtime_s is not None:
-            self.releases.append((gang.runtime_s, gang.gpus))
-        if self.reservation is not None:
-            self.reservation.use(gang.gpus, gang.runtime_s)
-        left = self.budget.get(gang.team)
-        if left is not None:
-            self.budget[gang.team] = left - gang.predicted_cost
-
-    def hold(self, gang: QueuedGang, why: str) -> None:
-        self.waits.append((gang.job_id, why))
-
-
-def _books(request: FairShareRequest) -> _Books:
-    teams = {t.name: t for t in request.teams}
-    held = {u.team: u.held_gpus for u in request.usage}
-    budget = {u.team: u.budget_left for u in request.usage}
-    capacity = math.inf if request.capacity_gpus is None else float(request.capacity_gpus)
-    return _Books(request, teams, held, budget, max(capacity - sum(held.values()), 0.0),
-                  releases=list(request.releases),
-                  held_type={(u.team, t): n for u in request.usage for t, n in u.held_by_type})
 
 
 def _queues(request: FairShareRequest) -> dict[str, list[QueuedGang]]:
@@ -302,14 +146,14 @@ def owed_shares(request: FairShareRequest) -> dict[str, float]:
     return owed
 
 
-def _below_share(books: _Books, owed: dict[str, float], gang: QueuedGang) -> bool:
+def _below_share(books: Books, owed: dict[str, float], gang: QueuedGang) -> bool:
     """Whether the team stays within its share (or its quota of the gang's GPU type) with this gang: those teams
     go before any that would borrow."""
     return books.held.get(gang.team, 0) + books.admitted[gang.team] + gang.gpus <= owed.get(gang.team, 0.0) + EPSILON \
         or within_type_quota(books, gang)
 
 
-def _standing(books: _Books, owed: dict[str, float], usage: dict[str, float], totals: tuple[float, float],
+def _standing(books: Books, owed: dict[str, float], usage: dict[str, float], totals: tuple[float, float],
               team: str) -> float:
     """How far the team is from its share: 0 far below, 1 at it (lower goes first). ``totals``: all teams'
     usage and GPUs owed, the same through one decision."""
@@ -325,7 +169,7 @@ def _standing(books: _Books, owed: dict[str, float], usage: dict[str, float], to
 
 @FAIR_SHARE_POLICIES.register("weighted_fair_share", default=True)
 def weighted_fair_share(request: FairShareRequest) -> FairShareDecision:
-    books = _books(request)
+    books = books_for(request)
     owed = owed_shares(request)
     usage = {u.team: u.decayed_gpu_s for u in request.usage}
     totals = (sum(usage.values()), sum(owed.values()))
@@ -370,7 +214,7 @@ def weighted_fair_share(request: FairShareRequest) -> FairShareDecision:
                              tuple(sorted(owed.items())))
 
 
-def _oldest(books: _Books, request: FairShareRequest) -> QueuedGang | None:
+def _oldest(books: Books, request: FairShareRequest) -> QueuedGang | None:
     """The gang FIFO would take first among those only GPUs keep waiting (not exempt, within budget and limits)."""
     exempt = request.exempt_priority
     for gang in sorted(request.queued, key=lambda g: (-g.priority, g.order, g.job_id)):
@@ -380,7 +224,7 @@ def _oldest(books: _Books, request: FairShareRequest) -> QueuedGang | None:
     return None
 
 
-def _reclaim_or_wait(books: _Books, owed: dict[str, float], gang: QueuedGang) -> bool:
+def _reclaim_or_wait(books: Books, owed: dict[str, float], gang: QueuedGang) -> bool:
     """Reclaim borrowed GPUs for a gang that does not fit (with the free ones), or hold it with why; True if
     reclaimed."""
     usable = math.floor(books.free + EPSILON)

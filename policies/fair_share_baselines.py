@@ -8,13 +8,15 @@ from __future__ import annotations
 
 import math
 
-from policies.fair_share import EPSILON, FAIR_SHARE_POLICIES, FairShareDecision, FairShareRequest, Team, _books
+from policies.fair_share import FAIR_SHARE_POLICIES
+from policies.fair_share_books import books_for
+from policies.fair_share_request import EPSILON, FairShareDecision, FairShareRequest, Team
 
 
 @FAIR_SHARE_POLICIES.register("fifo")
 def fifo(request: FairShareRequest) -> FairShareDecision:
     """Today's engine: priority, then submission, each admitted while it fits; budgets and limits hold."""
-    books = _books(request)
+    books = books_for(request)
     for gang in sorted(request.queued, key=lambda g: (-g.priority, g.order, g.job_id)):
         why = books.over_budget(gang) or books.over_limit(gang)
         if why is not None:
@@ -30,7 +32,7 @@ def fifo(request: FairShareRequest) -> FairShareDecision:
 def static_quota(request: FairShareRequest) -> FairShareDecision:
     """Each team a fixed part of the fleet (its quota, else by weight among the teams named or with
     work), never more: nothing borrowed, so nothing reclaimed."""
-    books = _books(request)
+    books = books_for(request)
     names = sorted({t.name for t in request.teams} | {u.team for u in request.usage}
                    | {g.team for g in request.queued})
     capacity = request.capacity_gpus

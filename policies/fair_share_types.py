@@ -10,20 +10,18 @@ goes by the team's weighted share as any other.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from policies.fair_share import QueuedGang, _Books
+from policies.fair_share_books import Books
+from policies.fair_share_request import QueuedGang, Reclaim
 
 
-def type_quota(books: _Books, team: str, gpu_type: str | None) -> int | None:
+def type_quota(books: Books, team: str, gpu_type: str | None) -> int | None:
     known = books.teams.get(team)
     if known is None or gpu_type is None:
         return None
     return dict(known.type_quotas).get(gpu_type)
 
 
-def within_type_quota(books: _Books, gang: QueuedGang) -> bool:
+def within_type_quota(books: Books, gang: QueuedGang) -> bool:
     quota = type_quota(books, gang.team, gang.gpu_type)
     if quota is None:
         return False
@@ -31,10 +29,8 @@ def within_type_quota(books: _Books, gang: QueuedGang) -> bool:
     return books.held_type.get(key, 0) + books.admitted_type[key] + gang.gpus <= quota
 
 
-def reclaim_by_type(books: _Books, owed: dict[str, float], gang: QueuedGang, usable: int) -> bool:
+def reclaim_by_type(books: Books, owed: dict[str, float], gang: QueuedGang, usable: int) -> bool:
     """Take GPUs of the gang's type back for it, or hold it with why; True if reclaimed."""
-    from policies.fair_share import Reclaim
-
     gpu_type = gang.gpu_type or ""
     need = gang.gpus - usable
     spare: dict[str, int] = {}

@@ -29,6 +29,7 @@ from broker.clock import Clock
 from broker.config.teams import FairShareConfig
 from broker.model import LIVE_CLUSTER_STATES, JobState, Usage
 from broker.store import Store
+from broker.store.deliveries import ReportDeliveryRow
 from broker.store.tables import (
     AllocationRow,
     ClusterRow,
@@ -36,7 +37,6 @@ from broker.store.tables import (
     LedgerRow,
     NoticeRow,
     PriceQuoteRow,
-    ReportDeliveryRow,
 )
 
 if TYPE_CHECKING:

@@ -16,7 +16,7 @@ from broker.reports.model import Report
 from broker.reports.retry import Outcome, RetryPolicy, with_retries
 from broker.reports.slack import SlackConfig, alert_blocks, bot_sender, post_webhook, report_blocks
 from broker.store import Store
-from broker.store.tables import ReportDeliveryRow
+from broker.store.deliveries import ReportDeliveryRow
 
 EMAIL, SLACK = "email", "slack"
 

@@ -19,7 +19,7 @@ from broker.reports.render import money
 from broker.reports.settings import ReportSchedule, cron_trigger
 from broker.spec.job import parse_duration
 from broker.store import Store
-from broker.store.tables import BudgetAlertRow, ReportRunRow
+from broker.store.deliveries import BudgetAlertRow, ReportRunRow
 
 
 def due_fire_time(schedule: ReportSchedule, now: datetime) -> datetime | None:

@@ -3,9 +3,10 @@ from __future__ import annotations
 from alembic import context
 from sqlalchemy import create_engine
 
+import broker.store.deliveries
 import broker.store.gpu
 import broker.store.rollup
-import broker.store.submissions  # noqa: F401  (its table is part of the metadata)
+import broker.store.submissions  # noqa: F401  (their tables are part of the metadata)
 from broker.store.tables import Base
 
 config = context.config

@@ -11,7 +11,7 @@ from sqlalchemy import select
 
 from broker.cli import main
 from broker.store import Store, open_store
-from broker.store.tables import ReportDeliveryRow
+from broker.store.deliveries import ReportDeliveryRow
 from tests.broker.reports.conftest import SMTP_PASSWORD, SMTP_USER, SmtpServer, free_port
 from tests.broker.reports.conftest import tls_files as tls_files  # the fixture, shared
 from tests.broker.reports.ledger import LedgerWriter, demo_ledger

@@ -15,7 +15,8 @@ from broker.reports.build import Window, build_report
 from broker.reports.deliver import deliver, send
 from broker.reports.render import money
 from broker.store import Store
-from broker.store.tables import LedgerRow, ReportDeliveryRow
+from broker.store.deliveries import ReportDeliveryRow
+from broker.store.tables import LedgerRow
 from tests.broker.reports.conftest import SMTP_PASSWORD, SMTP_USER, SmtpServer, free_port
 from tests.broker.reports.ledger import DEMO_START, LedgerWriter
 

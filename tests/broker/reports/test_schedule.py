@@ -9,7 +9,7 @@ from broker.config.settings import ConfigError, load_settings
 from broker.reports.schedule import check_budgets, due_fire_time, run_due_reports
 from broker.reports.settings import ReportSchedule
 from broker.store import Store
-from broker.store.tables import BudgetAlertRow, ReportDeliveryRow
+from broker.store.deliveries import BudgetAlertRow, ReportDeliveryRow
 from tests.broker.reports.conftest import SlackServer
 from tests.broker.reports.ledger import DEMO_START, LedgerWriter
 
