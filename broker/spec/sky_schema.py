@@ -17,10 +17,12 @@ import json
 from pathlib import Path
 from typing import Any
 
+from broker.errors import UserError
+
 SCHEMA_FILE = Path(__file__).resolve().parents[1] / "data" / "skypilot_schema.json"
 
 
-class SkyRefusal(ValueError):
+class SkyRefusal(UserError, ValueError):
     """What SkyPilot would raise for the file, in its words (``broker.spec.skypilot`` places it on a key)."""
 
 
