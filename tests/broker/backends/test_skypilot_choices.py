@@ -117,6 +117,7 @@ def _state(store: Store, job_id: str) -> str | None:
 
 
 def _run_to_the_end(engine: Engine, store: Store, sky: SkyStandIn, job_id: str) -> None:
+    _until(engine, lambda: any(cluster.jobs for cluster in sky.clusters.values()))  # the run is sent after RUNNING
     sky.finish_jobs()
     _until(engine, lambda: _state(store, job_id) == "SUCCEEDED")
 
@@ -148,6 +149,7 @@ def test_a_half_t4_per_node_gang_gets_one_share_on_each_of_two_nodes_of_one_clus
     assert placed == ("T4", 2, "n1-standard-8")
     assert sorted(gpus) == ["0", "1"] and all(len(g) == 1 for g in gpus.values()) and share == 0.5
     [launched] = skypilot.clusters.values()
-    [task] = [job.task for job in launched.jobs] or [launched.task]
+    _until(engine, lambda: bool(launched.jobs))  # the run is sent after RUNNING
+    [task] = [job.task for job in launched.jobs]
     assert task["num_nodes"] == 2 and task["resources"]["accelerators"] == {"T4": 0.5}
     _run_to_the_end(engine, store, skypilot, job_id)
