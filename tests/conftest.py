@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
 import uuid
 from collections.abc import Iterator
@@ -115,3 +116,13 @@ def skypilot(tmp_path: Path) -> Iterator[SkyStandIn]:
 
     with SkyStandIn(tmp_path / "skypilot", launch_seconds=0.05, run_commands=False) as standin:
         yield standin
+
+
+@pytest.fixture
+def engine_held(broker_home: Path) -> Iterator[Path]:
+    """The test holds the home's engine lock, as a running engine would: `status` starts none for the
+    made-up jobs the test stored."""
+    broker_home.mkdir(parents=True, exist_ok=True)
+    with open(broker_home / "engine.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield broker_home

@@ -6,10 +6,8 @@ it, so an estimate read against the wall clock would count nothing (the wall clo
 
 from __future__ import annotations
 
-import fcntl
 import json
 import time
-from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 
@@ -24,15 +22,6 @@ from broker.store import open_store
 from broker.store.tables import AllocationRow, ClusterRow, JobRow
 from broker.tokens import create_api_token
 from tests.broker.cli.running import run_cli
-
-
-@pytest.fixture
-def engine_held(broker_home: Path) -> Iterator[Path]:
-    """The test holds the home's engine lock, so `status` starts no engine for the made-up running job."""
-    broker_home.mkdir(parents=True, exist_ok=True)
-    with open(broker_home / "engine.lock", "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        yield broker_home
 
 
 def test_status_through_the_api_and_embedded_give_the_same_estimate(engine_held: Path,

@@ -21,6 +21,7 @@ from broker.store import Store, open_store
 from broker.store.tables import ClusterRow, JobEventRow, JobRow
 from broker.tokens import SharedAgentTokens
 from providers.base import OfferKey, SpotQuote
+from tests.broker.engine.one_zone import run_until
 from tests.skystandin.server import SkyStandIn
 
 JOB = """\
@@ -60,16 +61,6 @@ def _engine(home: Path, store: Store, sky: SkyStandIn, launch_timeout_s: float =
     return engine, provisioner
 
 
-def _until(engine: Engine, done: Callable[[], bool], timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        engine.step()
-        if done():
-            return
-        time.sleep(0.02)
-    raise AssertionError("condition not reached")
-
-
 def _wait(done: Callable[[], bool], timeout: float = 10.0) -> None:
     deadline = time.monotonic() + timeout
     while not done():
@@ -107,7 +98,7 @@ def test_launch_returns_at_once_and_the_gang_runs_under_the_agent(broker_home: P
     _wait(lambda: sky.count("launch") == 1)  # asked for, and still held
     assert _job_state(store, job_id) == "PROVISIONING" and not sky.clusters
     sky.release()
-    _until(engine, lambda: _job_state(store, job_id) == "RUNNING")
+    run_until(engine, lambda: _job_state(store, job_id) == "RUNNING")
 
     launched = next(c for c in sky.clusters.values())
     assert launched.name == f"broker-{job_id}-c1"
@@ -118,7 +109,7 @@ def test_launch_returns_at_once_and_the_gang_runs_under_the_agent(broker_home: P
     assert launched.task["file_mounts"]["/broker-checkpoint"] == {"source": "s3://ckpt-bucket", "mode": "MOUNT"}
     assert "uv pip install" in launched.task["setup"] and "--no-deps" in launched.task["setup"]
 
-    _until(engine, lambda: bool(launched.jobs))
+    run_until(engine, lambda: bool(launched.jobs))
     job = launched.jobs[0]
     assert job.name == f"{job_id}-1"
     run = job.task["run"]
@@ -132,9 +123,9 @@ def test_launch_returns_at_once_and_the_gang_runs_under_the_agent(broker_home: P
     rows = _clusters(store)
     assert len(rows[0].handle["instance_ids"]) == 2  # from SkyPilot's handle, for the SQS listener
     sky.finish_jobs("SUCCEEDED")
-    _until(engine, lambda: _job_state(store, job_id) == "SUCCEEDED" and not sky.clusters)
+    run_until(engine, lambda: _job_state(store, job_id) == "SUCCEEDED" and not sky.clusters)
     assert sky.count("exec") == 1 and sky.count("down") == 1
-    _until(engine, lambda: _clusters(store)[0].state == "TERMINATED")
+    run_until(engine, lambda: _clusters(store)[0].state == "TERMINATED")
 
 
 def test_capacity_error_moves_to_the_next_offer_and_records_the_zone(broker_home: Path, store: Store,
@@ -144,7 +135,7 @@ def test_capacity_error_moves_to_the_next_offer_and_records_the_zone(broker_home
                "for {AWS(p3.2xlarge)}. InsufficientInstanceCapacity")
     engine, _ = _engine(broker_home, store, sky)
     job_id = engine.submit(parse_job_spec(JOB, offline=True))
-    _until(engine, lambda: _job_state(store, job_id) == "RUNNING")
+    run_until(engine, lambda: _job_state(store, job_id) == "RUNNING")
 
     first, second = _clusters(store)
     assert (first.zone, first.state) == ("us-east-1a", "FAILED")
@@ -161,7 +152,7 @@ def test_other_launch_errors_fail_without_claiming_capacity(broker_home: Path, s
     sky.refuse("us-east-1a", "InvalidClusterNameError", "Cluster name is invalid")
     engine, _ = _engine(broker_home, store, sky)
     job_id = engine.submit(parse_job_spec(JOB, offline=True))
-    _until(engine, lambda: any(c.state == "FAILED" for c in _clusters(store)))
+    run_until(engine, lambda: any(c.state == "FAILED" for c in _clusters(store)))
     with store.transaction() as s:
         failed = s.scalars(select(JobEventRow).where(JobEventRow.job_id == job_id,
                                                      JobEventRow.kind == "launch_failed")).one()
@@ -175,9 +166,9 @@ def test_a_launch_past_its_timeout_is_cancelled_and_fails(broker_home: Path, sto
     sky.hold()
     engine, _ = _engine(broker_home, store, sky, launch_timeout_s=1.0)
     job_id = engine.submit(parse_job_spec(JOB, offline=True))
-    _until(engine, lambda: any(c.state == "FAILED" for c in _clusters(store)))
+    run_until(engine, lambda: any(c.state == "FAILED" for c in _clusters(store)))
     assert "took longer than" in (_clusters(store)[0].reason or "")
-    _until(engine, lambda: sky.count("api_cancel") >= 1)
+    run_until(engine, lambda: sky.count("api_cancel") >= 1)
     sky.release()
     first = f"broker-{job_id}-c1"
     (launch,) = [r for r in sky.requests.values() if (r.call, r.cluster) == ("launch", first)]
@@ -191,9 +182,9 @@ def test_a_preempted_gang_is_lost_and_replaced_elsewhere(broker_home: Path, stor
     sky = skypilot
     engine, _ = _engine(broker_home, store, sky)
     job_id = engine.submit(parse_job_spec(JOB, offline=True))
-    _until(engine, lambda: _job_state(store, job_id) == "RUNNING" and bool(sky.clusters[f"broker-{job_id}-c1"].jobs))
+    run_until(engine, lambda: _job_state(store, job_id) == "RUNNING" and bool(sky.clusters[f"broker-{job_id}-c1"].jobs))
     sky.reclaim(f"broker-{job_id}-c1")
-    _until(engine, lambda: len(_clusters(store)) == 2 and _clusters(store)[0].state == "TERMINATED")
+    run_until(engine, lambda: len(_clusters(store)) == 2 and _clusters(store)[0].state == "TERMINATED")
     first, second = _clusters(store)
     assert first.state == "TERMINATED" and "reclaimed" in (first.reason or "")
     assert second.zone != first.zone
@@ -205,17 +196,17 @@ def test_a_restarted_broker_adopts_its_clusters_and_tears_down_strays(broker_hom
     engine, _ = _engine(broker_home, store, sky)
     job_id = engine.submit(parse_job_spec(JOB, offline=True))
     name = f"broker-{job_id}-c1"
-    _until(engine, lambda: name in sky.clusters and bool(sky.clusters[name].jobs))
+    run_until(engine, lambda: name in sky.clusters and bool(sky.clusters[name].jobs))
     # Left running by a broker that lost its state, and a user's own cluster.
     sky.add_up_cluster("broker-j-gone-c1")
     sky.add_up_cluster("my-dev-box")
 
     restarted, provisioner = _engine(broker_home, store, sky)  # a new process: no memory of requests
     assert provisioner.reconcile({c.id for c in _clusters(store)}, wait=5) == ["broker-j-gone-c1"]
-    _until(restarted, lambda: "broker-j-gone-c1" not in sky.clusters)
+    run_until(restarted, lambda: "broker-j-gone-c1" not in sky.clusters)
     assert "my-dev-box" in sky.clusters and name in sky.clusters
     sky.finish_jobs("SUCCEEDED")
-    _until(restarted, lambda: _job_state(store, job_id) == "SUCCEEDED")
+    run_until(restarted, lambda: _job_state(store, job_id) == "SUCCEEDED")
     assert sky.count("exec") == 1 and sky.count("launch") == 1
 
 
@@ -225,9 +216,9 @@ def test_a_restart_mid_launch_waits_on_the_same_request(broker_home: Path, store
     sky.hold()  # the launch is still running when the broker restarts
     engine, _ = _engine(broker_home, store, sky)
     job_id = engine.submit(parse_job_spec(JOB, offline=True))
-    _until(engine, lambda: bool(_clusters(store)) and "launch_request" in (_clusters(store)[0].handle or {}))
+    run_until(engine, lambda: bool(_clusters(store)) and "launch_request" in (_clusters(store)[0].handle or {}))
     restarted, _ = _engine(broker_home, store, sky)
     restarted.step()
     sky.release()
-    _until(restarted, lambda: _job_state(store, job_id) == "RUNNING")
+    run_until(restarted, lambda: _job_state(store, job_id) == "RUNNING")
     assert sky.count("launch") == 1

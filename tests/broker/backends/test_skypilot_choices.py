@@ -11,8 +11,6 @@ SkyPilot's API server played by the stand-in (``tests/skystandin``).
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 
@@ -32,6 +30,7 @@ from broker.store import Store, open_store
 from broker.store.tables import AllocationRow, ClusterRow, JobRow
 from broker.tokens import SharedAgentTokens
 from providers.base import SpotQuote
+from tests.broker.engine.one_zone import run_until
 from tests.skystandin.server import SkyStandIn
 
 SETS = "name: infer\nresources:\n  accelerators: {L4, L40, A10G}\nrun: python serve.py\n"
@@ -93,16 +92,6 @@ def test_with_every_choice_unsold_the_file_is_refused_as_before(tmp_path: Path, 
     assert "unknown accelerator" in str(caught.value) and "\n" not in str(caught.value)
 
 
-def _until(engine: Engine, done: Callable[[], bool], timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        engine.step()
-        if done():
-            return
-        time.sleep(0.02)
-    raise AssertionError("condition not reached")
-
-
 def _engine(home: Path, store: Store, sky: SkyStandIn) -> Engine:
     provisioner = SkyPilotProvisioner(home, store_specs(store), SkyPilotOptions(refresh_s=0.05), sdk=sky.sdk())
     return Engine(store, WallClock(), PriceBookMarket(PriceBook(store)), provisioner,
@@ -117,16 +106,16 @@ def _state(store: Store, job_id: str) -> str | None:
 
 
 def _run_to_the_end(engine: Engine, store: Store, sky: SkyStandIn, job_id: str) -> None:
-    _until(engine, lambda: any(cluster.jobs for cluster in sky.clusters.values()))  # the run is sent after RUNNING
+    run_until(engine, lambda: any(cluster.jobs for cluster in sky.clusters.values()))  # the run is sent after RUNNING
     sky.finish_jobs()
-    _until(engine, lambda: _state(store, job_id) == "SUCCEEDED")
+    run_until(engine, lambda: _state(store, job_id) == "SUCCEEDED")
 
 
 def test_the_set_less_its_unsold_choice_is_launched_on_a_choice_the_book_quotes(
         tmp_path: Path, store: Store, skypilot: SkyStandIn) -> None:
     engine = _engine(tmp_path, store, skypilot)
     job_id = submit_job(store, WallClock(), _read(SETS, tmp_path, store), tmp_path, "skypilot")
-    _until(engine, lambda: _state(store, job_id) == "RUNNING")
+    run_until(engine, lambda: _state(store, job_id) == "RUNNING")
     [launched] = skypilot.clusters.values()
     resources = launched.task["resources"]
     assert (resources["instance_type"], resources["use_spot"]) == ("g6.xlarge", True)  # L4, the cheapest
@@ -140,7 +129,7 @@ def test_a_half_t4_per_node_gang_gets_one_share_on_each_of_two_nodes_of_one_clus
     assert (spec.num_nodes, spec.accelerators, spec.warnings) == (2, (AcceleratorChoice("T4", 1, 0.5),), ())
     engine = _engine(tmp_path, store, skypilot)
     job_id = submit_job(store, WallClock(), spec, tmp_path, "skypilot")
-    _until(engine, lambda: _state(store, job_id) == "RUNNING")
+    run_until(engine, lambda: _state(store, job_id) == "RUNNING")
     with store.transaction() as s:
         [cluster] = s.scalars(select(ClusterRow))
         [allocation] = s.scalars(select(AllocationRow).where(AllocationRow.job_id == job_id))
@@ -149,7 +138,7 @@ def test_a_half_t4_per_node_gang_gets_one_share_on_each_of_two_nodes_of_one_clus
     assert placed == ("T4", 2, "n1-standard-8")
     assert sorted(gpus) == ["0", "1"] and all(len(g) == 1 for g in gpus.values()) and share == 0.5
     [launched] = skypilot.clusters.values()
-    _until(engine, lambda: bool(launched.jobs))  # the run is sent after RUNNING
+    run_until(engine, lambda: bool(launched.jobs))  # the run is sent after RUNNING
     [task] = [job.task for job in launched.jobs]
     assert task["num_nodes"] == 2 and task["resources"]["accelerators"] == {"T4": 0.5}
     _run_to_the_end(engine, store, skypilot, job_id)

@@ -6,8 +6,6 @@ real store, fed as the pollers feed it; the clock runs at 60x so minutes pass in
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
 from datetime import datetime, timedelta
 from pathlib import Path
 
@@ -26,6 +24,7 @@ from broker.store import Store, open_store
 from broker.store.tables import ClusterRow, JobRow, LedgerRow
 from broker.tokens import SharedAgentTokens
 from providers.base import SpotQuote
+from tests.broker.engine.one_zone import run_until
 from tests.skystandin.server import SkyStandIn
 
 JOB = "name: train\nnum_nodes: 2\nresources:\n  accelerators: V100:1\nrun: python train.py\n"
@@ -37,16 +36,6 @@ def quotes(east: float, west: float, gcp: float, at: datetime) -> dict[str, list
                 SpotQuote("aws", "us-west-2", "us-west-2b", "p3.2xlarge", "V100", 1, west, 3.06, at)],
         "gcp": [SpotQuote("gcp", "us-central1", "us-central1-a", "n1-highmem-8", "V100", 1, gcp, 2.95, at)],
     }
-
-
-def until(engine: Engine, done: Callable[[], bool], timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        engine.step()
-        if done():
-            return
-        time.sleep(0.05)
-    raise AssertionError("condition not reached")
 
 
 def clusters(store: Store) -> list[ClusterRow]:
@@ -70,16 +59,16 @@ def test_the_book_picks_the_zone_and_the_ledger_follows_its_price_changes(tmp_pa
                     tokens=SharedAgentTokens(store, tmp_path))
     try:
         job_id = submit_job(store, clock, parse_job_spec(JOB, offline=True), tmp_path, "skypilot")
-        until(engine, lambda: any(c.state == "UP" for c in clusters(store)))
+        run_until(engine, lambda: any(c.state == "UP" for c in clusters(store)))
         (first,) = clusters(store)
         assert (first.zone, first.price_per_node_hour) == ("us-west-2b", 0.80)  # the book's cheapest
         changed = clock.now().replace(second=0, microsecond=0) + timedelta(minutes=2)
         for cloud, listed in quotes(east=1.60, west=1.20, gcp=1.70, at=changed).items():
             book.record(cloud, listed, at=changed)  # every zone dearer; us-west-2b still the cheapest
-        until(engine, lambda: clock.now() > changed + timedelta(minutes=3)
+        run_until(engine, lambda: clock.now() > changed + timedelta(minutes=3)
               and any(c.jobs for c in sky.clusters.values()), timeout=60)
         sky.finish_jobs()
-        until(engine, lambda: engine_done(store, job_id))
+        run_until(engine, lambda: engine_done(store, job_id))
         with store.transaction() as s:
             rows = list(s.scalars(select(LedgerRow).where(LedgerRow.cluster_id == first.id)
                                   .order_by(LedgerRow.minute)))
@@ -152,7 +141,7 @@ def test_a_cpu_task_goes_to_the_cheapest_spot_cpu_instance_the_pollers_quoted(
                     tokens=SharedAgentTokens(store, tmp_path))
     try:
         submit_job(store, clock, parse_job_spec(CPU_JOB, offline=True), tmp_path, "skypilot")
-        until(engine, lambda: any(c.state == "UP" for c in clusters(store)))
+        run_until(engine, lambda: any(c.state == "UP" for c in clusters(store)))
         (first,) = clusters(store)
         assert (first.cloud, first.zone, first.instance_type, first.spot) == \
             (cheapest.cloud, cheapest.zone, cheapest.instance_type, True)

@@ -7,13 +7,11 @@ other store takes).
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import sqlite3
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,15 +21,6 @@ from tests.status_stores import store_with_every_kind_of_job
 
 ROOT = Path(__file__).resolve().parents[3]
 ACTIVE = ("PENDING", "PROVISIONING", "RUNNING", "CHECKPOINTING", "MIGRATING")
-
-
-@pytest.fixture
-def engine_held(broker_home: Path) -> Iterator[Path]:
-    """An engine drives the home (the test holds its lock): `status` starts none on made-up jobs."""
-    broker_home.mkdir(parents=True, exist_ok=True)
-    with open(broker_home / "engine.lock", "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        yield broker_home
 
 
 def _status(url: str, *args: str) -> subprocess.CompletedProcess[str]:

@@ -1,4 +1,4 @@
-"""What the engine tests on the local backend share: a one-zone market of 4-GPU V100 nodes, and
+"""What the engine tests share: a one-zone market of 4-GPU V100 nodes for the local backend, and
 stepping the engine until something holds."""
 
 from __future__ import annotations

@@ -11,7 +11,6 @@ from fastapi.testclient import TestClient
 from sqlalchemy import func, select
 
 from broker.api.app import create_app
-from broker.cli import main
 from broker.clock import WallClock
 from broker.engine.feasibility import never_held
 from broker.intake import Intake
@@ -20,6 +19,7 @@ from broker.store import open_store
 from broker.store.tables import JobRow
 from broker.tokens import create_api_token
 from providers.trace import read_trace
+from tests.broker.cli.running import run_cli
 
 BUNDLED = Path(__file__).resolve().parents[3] / "broker" / "data" / "quickstart-market.csv"
 OFFERED = frozenset({("V100", 1), ("V100", 4), ("A100", 8)})
@@ -62,24 +62,27 @@ def test_every_zone_of_the_bundled_market_is_accepted_for_what_it_offers() -> No
         assert never_held(spec, offered, 2 * gpus - 1) is not None
 
 
+def _refused_and_nothing_stored(argv: list[str], home: Path, capsys: pytest.CaptureFixture[str]) -> str:
+    """``broker ARGV`` exits 2 with one line and no traceback, and stores no job: that line."""
+    code, _, err = run_cli(argv, capsys)
+    assert code == 2 and err.count("\n") == 1 and "Traceback" not in err, err
+    store = open_store(f"sqlite:///{home / 'broker.db'}")
+    try:
+        with store.transaction() as s:
+            assert s.scalar(select(func.count()).select_from(JobRow)) == 0
+    finally:
+        store.dispose()
+    return err
+
+
 def test_launch_refuses_a_gang_over_max_gpus_and_stores_nothing(tmp_path: Path, broker_home: Path,
                                                                  monkeypatch: pytest.MonkeyPatch,
                                                                  capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setenv("BROKER_MAX_GPUS", "4")
     job = tmp_path / "job.yaml"
     job.write_text(_job("V100:1", 5))
-    with pytest.raises(SystemExit) as exit_info:
-        main(["launch", str(job)])
-    assert exit_info.value.code == 2
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "Traceback" not in err
+    err = _refused_and_nothing_stored(["launch", str(job)], broker_home, capsys)
     assert "job.yaml: num_nodes: 5 node(s) of 1 GPUs need 5 GPUs, more than the broker may hold (max_gpus: 4)" in err
-    store = open_store(f"sqlite:///{broker_home / 'broker.db'}")
-    try:
-        with store.transaction() as s:
-            assert s.scalar(select(func.count()).select_from(JobRow)) == 0
-    finally:
-        store.dispose()
 
 
 def test_the_api_refuses_with_a_422_naming_the_field_and_stores_nothing(db_url: str, broker_home: Path) -> None:
@@ -128,15 +131,5 @@ def test_launch_refuses_a_job_tied_to_a_type_the_market_lacks_and_stores_nothing
                       "2025-01-01T00:05:00Z,gcp,us-central1,us-central1-a,a2-highgpu-8g,A100,8,9.0,29.4,2\n")
     job = tmp_path / "job.yaml"
     job.write_text(TIED)
-    with pytest.raises(SystemExit) as exit_info:
-        main(["launch", str(job), "--market", str(market), "--detach"])
-    assert exit_info.value.code == 2
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "Traceback" not in err
+    err = _refused_and_nothing_stored(["launch", str(job), "--market", str(market), "--detach"], broker_home, capsys)
     assert "resources.accelerators: no zone of the market offers A100:8 on p4d.24xlarge per node" in err
-    store = open_store(f"sqlite:///{broker_home / 'broker.db'}")
-    try:
-        with store.transaction() as s:
-            assert s.scalar(select(func.count()).select_from(JobRow)) == 0
-    finally:
-        store.dispose()
