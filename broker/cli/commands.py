@@ -13,7 +13,8 @@ from __future__ import annotations
 COMMANDS: dict[str, tuple[str, str]] = {
     "launch": ("broker.cli.jobs", "Validate a job file, run it on the cheapest spot capacity, and follow it to "
                                   "the end."),
-    "status": ("broker.cli.jobs", "Show one job, or the newest jobs (oldest of them first), with cost, preemptions and where it runs."),
+    "status": ("broker.cli.jobs", "Show one job, or the newest jobs (oldest of them first), with cost, preemptions "
+                                  "and where it runs."),
     "cancel": ("broker.cli.jobs", "Cancel a job; its clusters are torn down by the engine's next step."),
     "logs": ("broker.cli.jobs", "Print a job's output, every attempt and node in order."),
     "engine": ("broker.cli.engine", "Run the engine in the foreground until no job is active; Ctrl-C stops it, and "
