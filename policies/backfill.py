@@ -54,3 +54,32 @@ def reserve(job_id: str, gpus: int, free: float, releases: Iterable[tuple[float,
         if available + EPSILON >= gpus:
             return Reservation(job_id, gpus, max(in_s, 0.0), available - gpus)
     return None
+
+
+def reserve_among_teams(job_id: str, gpus: int, capacity: float, held: dict[str, int], wanted: dict[str, float],
+                        queued: dict[str, int], releases: Iterable[tuple[str, float, int]]) -> Reservation | None:
+    """The reservation for a gang of ``gpus`` on a fleet of ``capacity`` when the teams' own shares come first:
+    each team, as its gangs end (``releases``: team, seconds from now, GPUs), starts its ``queued`` GPUs again
+    until it holds what it is ``wanted`` (its share, as far as its work needs it), so only what no team takes
+    back for its share adds up to the reservation. ``start_s`` is the first moment (now, or a predicted end)
+    at which the GPUs no team holds or takes back are enough; None when they never are by the known ends."""
+    holding = {team: float(n) for team, n in held.items()}
+
+    def free() -> float:
+        claims = 0.0
+        for team in set(holding) | set(wanted):
+            mine = holding.get(team, 0.0)
+            claims += max(mine, min(wanted.get(team, 0.0), mine + queued.get(team, 0)))
+        return capacity - claims
+
+    at, available = 0.0, free()
+    for team, in_s, count in sorted(releases, key=lambda r: (r[1], r[0])):
+        if available + EPSILON >= gpus:
+            break
+        if not math.isfinite(in_s):
+            return None
+        holding[team] = holding.get(team, 0.0) - count
+        at, available = max(in_s, 0.0), free()
+    if available + EPSILON < gpus:
+        return None
+    return Reservation(job_id, gpus, at, available - gpus)

@@ -42,7 +42,7 @@ import math
 from collections import defaultdict
 from typing import Protocol
 
-from policies.backfill import reserve
+from policies.backfill import Reservation, reserve, reserve_among_teams
 from policies.fair_share_books import Books, books_for
 from policies.fair_share_request import DEFAULT_WEIGHT as DEFAULT_WEIGHT
 from policies.fair_share_request import EPSILON as EPSILON
@@ -184,7 +184,9 @@ def weighted_fair_share(request: FairShareRequest) -> FairShareDecision:
     heap = [(key(team), team) for team in queues]
     heapq.heapify(heap)
     oldest = _oldest(books, request)
-    if oldest is not None and oldest.gpus > books.free + EPSILON:
+    if oldest is not None and request.team_releases and request.capacity_gpus is not None:
+        books.reservation = _reserve_among_teams(books, owed, queues, oldest)
+    elif oldest is not None and oldest.gpus > books.free + EPSILON:
         books.reservation = reserve(oldest.job_id, oldest.gpus, books.free, books.releases)
     while heap:
         _, team = heapq.heappop(heap)
@@ -212,6 +214,20 @@ def weighted_fair_share(request: FairShareRequest) -> FairShareDecision:
             heapq.heappush(heap, (key(team), team))
     return FairShareDecision(tuple(books.admit), tuple(books.reclaims), tuple(books.waits),
                              tuple(sorted(owed.items())))
+
+
+def _reserve_among_teams(books: Books, owed: dict[str, float], queues: dict[str, list[QueuedGang]],
+                         oldest: QueuedGang) -> Reservation | None:
+    """The oldest gang's reservation when the held GPUs' ends are known per team: what each team takes again
+    for its share as its gangs end is not counted as coming free for it (``policies/backfill.py``)."""
+    # A gang larger than its team's whole share starts only by borrowing: it takes nothing back for the share.
+    queued = {team: sum(g.gpus for g in gangs if g.job_id != oldest.job_id and g.gpus <= owed.get(team, 0.0) + EPSILON)
+              for team, gangs in queues.items()}
+    wanted = {team: min(owed.get(team, 0.0), books.held.get(team, 0) + queued.get(team, 0))
+              for team in set(owed) | set(books.held)}
+    capacity = float(books.request.capacity_gpus or 0)
+    return reserve_among_teams(oldest.job_id, oldest.gpus, capacity, books.held, wanted, queued,
+                               books.request.team_releases)
 
 
 def _oldest(books: Books, request: FairShareRequest) -> QueuedGang | None:
