@@ -185,6 +185,7 @@ def weighted_fair_share(request: FairShareRequest) -> FairShareDecision:
     heapq.heapify(heap)
     oldest = _oldest(books, request)
     if oldest is not None and request.team_releases and request.capacity_gpus is not None:
+        # Its GPUs are kept for it from now, even when free now: a borrower asked first takes none of them.
         books.reservation = _reserve_among_teams(books, owed, queues, oldest)
     elif oldest is not None and oldest.gpus > books.free + EPSILON:
         books.reservation = reserve(oldest.job_id, oldest.gpus, books.free, books.releases)
