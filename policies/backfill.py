@@ -5,7 +5,9 @@ ends of the gangs holding GPUs enough are free for it, and ``spare``, the GPUs f
 own. A gang the reservation holds back may start now only if it fits the free GPUs and either ends
 before ``start_s`` by its own estimate or fits in the spare (which it then uses up); a gang without
 an estimate fits only in the spare. When the holders' ends are not known well enough to name a
-start, nothing is reserved and each gang that fits starts, as before. Without a reservation a
+start, nothing is reserved and each gang that fits starts, as before. When each end's team is known
+(``reserve_among_teams``), the GPUs a team starts again for its own share as its gangs end are not
+counted as coming free, so ``start_s`` is when the gang can really start. Without a reservation a
 large gang waits for a moment when enough GPUs happen to be free, which the small ones after it
 keep from coming. Which gang is reserved for, and which gangs it holds back, is the policy's choice
 (``policies/fair_share.py``: the one waiting longest; it holds back only gangs that would borrow).

@@ -16,9 +16,12 @@ Every policy is ``policy(request: FairShareRequest) -> FairShareDecision``, pure
   not punished for it; within a team, higher priority first, then the earlier submission.
 - **admit**: a gang that fits the free GPUs is admitted, even past its team's share (it borrows
   what others leave unused), unless its team (or an ancestor) would pass its limit or its budget.
-- **reserve**: the gang waiting longest (by priority, then submission, as FIFO takes them), when it
-  does not fit the free GPUs, gets a reservation: when the predicted ends of the running gangs
-  (``releases``) free enough for it. A gang that would borrow starts before it only if it ends before
+- **reserve**: the gang waiting longest (by priority, then submission, as FIFO takes them) gets a
+  reservation: when the predicted ends of the running gangs free enough for it. With each end's team
+  (``team_releases``) the plan counts what every team starts again for its share as its gangs end
+  (so the time named is when the gang can really start, now included: its free GPUs are then kept
+  for it); with the ends alone (``releases``) it is planned only when the gang does not fit the free
+  GPUs, from the ends as they are. A gang that would borrow starts before it only if it ends before
   then by its own estimate (``runtime_s``) or fits in what the reservation leaves spare; a gang within
   its team's share is never held back by it (``policies/backfill.py``). Without it, a large gang
   waits for a moment when enough GPUs happen to be free, which the small ones keep from coming.
