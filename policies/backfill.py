@@ -80,7 +80,7 @@ def reserve_among_teams(job_id: str, gpus: int, capacity: float, held: dict[str,
             break
         if not math.isfinite(in_s):
             return None
-        holding[team] = holding.get(team, 0.0) - count
+        holding[team] = max(holding.get(team, 0.0) - count, 0.0)  # never below nothing, whatever the ends say
         at, available = max(in_s, 0.0), free()
     if available + EPSILON < gpus:
         return None

@@ -299,6 +299,18 @@ def test_a_big_gang_is_not_starved_by_backfill_when_its_gpus_come_free() -> None
     assert blind.admit == ("c1", "c2")
 
 
+def test_ends_of_a_team_holding_nothing_or_more_gpus_than_it_holds_free_nothing_it_does_not_hold() -> None:
+    # a holds the whole fleet; the ends name a team holding nothing, and more of a's GPUs than it holds.
+    teams = (Team("a"), Team("b"))
+    queued = (QueuedGang("b0", "b", 4, 500, 0, runtime_s=600.0), QueuedGang("a1", "a", 1, 500, 1, runtime_s=60.0))
+    for ends in ((("ghost", 0.0, 100),), (("a", 600.0, 100),)):
+        request = FairShareRequest(8, teams, (TeamUsage("a", 8),), queued, releases=tuple((s, n) for _, s, n in ends),
+                                   team_releases=ends)
+        decision = weighted_fair_share(request)
+        assert decision.admit == ()
+        assert decision.reclaims == (Reclaim("b0", 4, ("a",)),)  # b's share is taken back, as without ends
+
+
 def test_a_quota_per_gpu_type_is_guaranteed_per_type() -> None:
     # a is owed 1 GPU of 4 by weight and holds 2 V100s; its quota of 2 A100s still holds.
     teams = (Team("a", quota_gpus=2, type_quotas=(("A100", 2),)), Team("b", weight=3))
