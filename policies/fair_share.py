@@ -25,6 +25,10 @@ Every policy is ``policy(request: FairShareRequest) -> FairShareDecision``, pure
   then by its own estimate (``runtime_s``) or fits in what the reservation leaves spare; a gang within
   its team's share is never held back by it (``policies/backfill.py``). Without it, a large gang
   waits for a moment when enough GPUs happen to be free, which the small ones keep from coming.
+  With each end's team known, a gang larger than its team's whole share (it can only borrow) starts
+  only as the gang waiting longest, or when it ends before the reservation: started whenever it
+  happens to fit, it would be taken back as soon as the teams within their share want their GPUs
+  again, and wait anew (a gang larger than the fleet is never the one reserved for).
 - **per GPU type**: a quota per type (``Team.type_quotas``) is guaranteed per type: a gang within it
   counts as within its team's share, and takes back only GPUs of its type (``policies/fair_share_types.py``).
 - **reclaim**: a gang that does not fit, whose team would stay within its share, takes GPUs back
@@ -207,7 +211,10 @@ def weighted_fair_share(request: FairShareRequest) -> FairShareDecision:
         elif exempt:
             books.take(gang)
         elif gang.gpus <= books.free + EPSILON:
-            if blocking is None:
+            if blocking is None and _waits_its_turn(books, owed, gang):
+                books.hold(gang, f"waiting: its {gang.gpus} GPUs are more than team {gang.team}'s share of "
+                                 f"{owed.get(gang.team, 0.0):g}; it borrows them once it is the job waiting longest")
+            elif blocking is None:
                 books.take(gang)
             else:
                 books.hold(gang, blocking.why())
@@ -234,11 +241,22 @@ def _reserve_among_teams(books: Books, owed: dict[str, float], queues: dict[str,
                                books.request.team_releases)
 
 
+def _waits_its_turn(books: Books, owed: dict[str, float], gang: QueuedGang) -> bool:
+    """With each end's team known, a gang larger than its team's whole share (it can only borrow) starts only
+    as the gang waiting longest, through its reservation, or when it ends before that reservation starts:
+    started whenever it happens to fit, it is taken back as soon as the teams within their share want their
+    GPUs again, and waits anew."""
+    reserved = books.reservation
+    return bool(books.request.team_releases) and gang.gpus > owed.get(gang.team, 0.0) + EPSILON \
+        and (reserved is None or (reserved.job_id != gang.job_id and not reserved.ends_first(gang.runtime_s)))
+
+
 def _oldest(books: Books, request: FairShareRequest) -> QueuedGang | None:
     """The gang FIFO would take first among those only GPUs keep waiting (not exempt, within budget and limits)."""
     exempt = request.exempt_priority
+    capacity = math.inf if request.capacity_gpus is None else request.capacity_gpus
     for gang in sorted(request.queued, key=lambda g: (-g.priority, g.order, g.job_id)):
-        if (exempt is None or gang.priority < exempt) and books.over_budget(gang) is None \
+        if (exempt is None or gang.priority < exempt) and gang.gpus <= capacity and books.over_budget(gang) is None \
                 and books.over_limit(gang) is None:
             return gang
     return None

@@ -299,6 +299,33 @@ def test_a_big_gang_is_not_starved_by_backfill_when_its_gpus_come_free() -> None
     assert blind.admit == ("c1", "c2")
 
 
+def test_a_gang_larger_than_its_share_borrows_only_as_the_gang_waiting_longest() -> None:
+    # b0 (7 GPUs) waits longest; a's 2 GPUs have no predicted end, d's one ends in 10 minutes: no start can be
+    # named for b0. c0 (4 GPUs, more than c's share of 2.5) fits the 5 free GPUs but would only borrow them.
+    teams = (Team("a"), Team("b"), Team("c"), Team("d"))
+    usage = (TeamUsage("a", 2), TeamUsage("d", 1))
+    b0, c0 = QueuedGang("b0", "b", 7, 500, 0, runtime_s=3600.0), QueuedGang("c0", "c", 4, 500, 1, runtime_s=7200.0)
+    request = FairShareRequest(8, teams, usage, (b0, c0), releases=((600.0, 1),), team_releases=(("d", 600.0, 1),))
+    decision = weighted_fair_share(request)
+    assert decision.admit == ()
+    assert decision.reason_of("c0") == \
+        "waiting: its 4 GPUs are more than team c's share of 2.5; it borrows them once it is the job waiting longest"
+    # By the ends alone (no teams), it borrows as before.
+    assert weighted_fair_share(FairShareRequest(8, teams, usage, (b0, c0), releases=((600.0, 1),))).admit == ("c0",)
+    # Once it is the gang waiting longest, it starts.
+    alone = FairShareRequest(8, teams, usage, (c0,), releases=((600.0, 1),), team_releases=(("d", 600.0, 1),))
+    assert weighted_fair_share(alone).admit == ("c0",)
+
+
+def test_a_gang_larger_than_the_fleet_holds_no_reservation_that_keeps_others_waiting() -> None:
+    # b0 can never start on 8 GPUs; c0, next, is the one the reservation is for, and starts.
+    teams = (Team("a"), Team("b"), Team("c"), Team("d"))
+    usage = (TeamUsage("a", 2), TeamUsage("d", 1))
+    queued = (QueuedGang("b0", "b", 12, 500, 0, runtime_s=3600.0), QueuedGang("c0", "c", 4, 500, 1, runtime_s=7200.0))
+    request = FairShareRequest(8, teams, usage, queued, releases=((600.0, 1),), team_releases=(("d", 600.0, 1),))
+    assert weighted_fair_share(request).admit == ("c0",)
+
+
 def test_ends_of_a_team_holding_nothing_or_more_gpus_than_it_holds_free_nothing_it_does_not_hold() -> None:
     # a holds the whole fleet; the ends name a team holding nothing, and more of a's GPUs than it holds.
     teams = (Team("a"), Team("b"))
