@@ -16,12 +16,19 @@ Every policy is ``policy(request: FairShareRequest) -> FairShareDecision``, pure
   not punished for it; within a team, higher priority first, then the earlier submission.
 - **admit**: a gang that fits the free GPUs is admitted, even past its team's share (it borrows
   what others leave unused), unless its team (or an ancestor) would pass its limit or its budget.
-- **reserve**: the gang waiting longest (by priority, then submission, as FIFO takes them), when it
-  does not fit the free GPUs, gets a reservation: when the predicted ends of the running gangs
-  (``releases``) free enough for it. A gang that would borrow starts before it only if it ends before
+- **reserve**: the gang waiting longest (by priority, then submission, as FIFO takes them) gets a
+  reservation: when the predicted ends of the running gangs free enough for it. With each end's team
+  (``team_releases``) the plan counts what every team starts again for its share as its gangs end
+  (so the time named is when the gang can really start, now included: its free GPUs are then kept
+  for it); with the ends alone (``releases``) it is planned only when the gang does not fit the free
+  GPUs, from the ends as they are. A gang that would borrow starts before it only if it ends before
   then by its own estimate (``runtime_s``) or fits in what the reservation leaves spare; a gang within
   its team's share is never held back by it (``policies/backfill.py``). Without it, a large gang
   waits for a moment when enough GPUs happen to be free, which the small ones keep from coming.
+  With each end's team known, a gang larger than its team's whole share (it can only borrow) starts
+  only as the gang waiting longest, or when it ends before the reservation: started whenever it
+  happens to fit, it would be taken back as soon as the teams within their share want their GPUs
+  again, and wait anew (a gang larger than the fleet is never the one reserved for).
 - **per GPU type**: a quota per type (``Team.type_quotas``) is guaranteed per type: a gang within it
   counts as within its team's share, and takes back only GPUs of its type (``policies/fair_share_types.py``).
 - **reclaim**: a gang that does not fit, whose team would stay within its share, takes GPUs back
@@ -42,7 +49,7 @@ import math
 from collections import defaultdict
 from typing import Protocol
 
-from policies.backfill import reserve
+from policies.backfill import Reservation, reserve, reserve_among_teams
 from policies.fair_share_books import Books, books_for
 from policies.fair_share_request import DEFAULT_WEIGHT as DEFAULT_WEIGHT
 from policies.fair_share_request import EPSILON as EPSILON
@@ -184,7 +191,10 @@ def weighted_fair_share(request: FairShareRequest) -> FairShareDecision:
     heap = [(key(team), team) for team in queues]
     heapq.heapify(heap)
     oldest = _oldest(books, request)
-    if oldest is not None and oldest.gpus > books.free + EPSILON:
+    if oldest is not None and request.team_releases and request.capacity_gpus is not None:
+        # Its GPUs are kept for it from now, even when free now: a borrower asked first takes none of them.
+        books.reservation = _reserve_among_teams(books, owed, queues, oldest)
+    elif oldest is not None and oldest.gpus > books.free + EPSILON:
         books.reservation = reserve(oldest.job_id, oldest.gpus, books.free, books.releases)
     while heap:
         _, team = heapq.heappop(heap)
@@ -201,7 +211,10 @@ def weighted_fair_share(request: FairShareRequest) -> FairShareDecision:
         elif exempt:
             books.take(gang)
         elif gang.gpus <= books.free + EPSILON:
-            if blocking is None:
+            if blocking is None and _waits_its_turn(books, owed, gang):
+                books.hold(gang, f"waiting: its {gang.gpus} GPUs are more than team {gang.team}'s share of "
+                                 f"{owed.get(gang.team, 0.0):g}; it borrows them once it is the job waiting longest")
+            elif blocking is None:
                 books.take(gang)
             else:
                 books.hold(gang, blocking.why())
@@ -214,11 +227,36 @@ def weighted_fair_share(request: FairShareRequest) -> FairShareDecision:
                              tuple(sorted(owed.items())))
 
 
+def _reserve_among_teams(books: Books, owed: dict[str, float], queues: dict[str, list[QueuedGang]],
+                         oldest: QueuedGang) -> Reservation | None:
+    """The oldest gang's reservation when the held GPUs' ends are known per team: what each team takes again
+    for its share as its gangs end is not counted as coming free for it (``policies/backfill.py``)."""
+    # A gang larger than its team's whole share starts only by borrowing: it takes nothing back for the share.
+    queued = {team: sum(g.gpus for g in gangs if g.job_id != oldest.job_id and g.gpus <= owed.get(team, 0.0) + EPSILON)
+              for team, gangs in queues.items()}
+    wanted = {team: min(owed.get(team, 0.0), books.held.get(team, 0) + queued.get(team, 0))
+              for team in set(owed) | set(books.held)}
+    capacity = float(books.request.capacity_gpus or 0)
+    return reserve_among_teams(oldest.job_id, oldest.gpus, capacity, books.held, wanted, queued,
+                               books.request.team_releases)
+
+
+def _waits_its_turn(books: Books, owed: dict[str, float], gang: QueuedGang) -> bool:
+    """With each end's team known, a gang larger than its team's whole share (it can only borrow) starts only
+    as the gang waiting longest, through its reservation, or when it ends before that reservation starts:
+    started whenever it happens to fit, it is taken back as soon as the teams within their share want their
+    GPUs again, and waits anew."""
+    reserved = books.reservation
+    return bool(books.request.team_releases) and gang.gpus > owed.get(gang.team, 0.0) + EPSILON \
+        and (reserved is None or (reserved.job_id != gang.job_id and not reserved.ends_first(gang.runtime_s)))
+
+
 def _oldest(books: Books, request: FairShareRequest) -> QueuedGang | None:
     """The gang FIFO would take first among those only GPUs keep waiting (not exempt, within budget and limits)."""
     exempt = request.exempt_priority
+    capacity = math.inf if request.capacity_gpus is None else request.capacity_gpus
     for gang in sorted(request.queued, key=lambda g: (-g.priority, g.order, g.job_id)):
-        if (exempt is None or gang.priority < exempt) and books.over_budget(gang) is None \
+        if (exempt is None or gang.priority < exempt) and gang.gpus <= capacity and books.over_budget(gang) is None \
                 and books.over_limit(gang) is None:
             return gang
     return None

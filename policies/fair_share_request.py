@@ -61,12 +61,17 @@ class FairShareRequest:
     exempt_priority: int | None = 1000
     # (seconds from now, GPUs): when the held GPUs are predicted to be given back; those without a prediction left out
     releases: tuple[tuple[float, int], ...] = ()
+    # (team, seconds from now, GPUs): the same predicted ends, each with the team whose gang gives them back; with
+    # them a reservation counts the GPUs each team takes again for its share (``policies/backfill.py``)
+    team_releases: tuple[tuple[str, float, int], ...] = ()
 
     def __post_init__(self) -> None:
         if self.capacity_gpus is not None and self.capacity_gpus < 0:
             raise ValueError(f"capacity_gpus must be >= 0, got {self.capacity_gpus!r}")
         if any(not (math.isfinite(in_s) and in_s >= 0 and gpus >= 0) for in_s, gpus in self.releases):
             raise ValueError("releases must be (seconds >= 0, GPUs >= 0) pairs")
+        if any(not (math.isfinite(in_s) and in_s >= 0 and gpus >= 0) for _, in_s, gpus in self.team_releases):
+            raise ValueError("team_releases must be (team, seconds >= 0, GPUs >= 0)")
         if not (math.isfinite(self.half_life_s) and self.half_life_s > 0):
             raise ValueError(f"half_life_s must be a positive number, got {self.half_life_s!r}")
 

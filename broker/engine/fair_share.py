@@ -146,11 +146,13 @@ class FairShare:
 
 def build_request(s: Session, config: FairShareConfig, jobs: list[JobRow], now: datetime) -> FairShareRequest:
     """The policy's request from the store: ``jobs`` are the active ones. A job's ``work`` is its predicted
-    run time; a running one gives its GPUs back that long after its allocation began running."""
+    run time; a running one gives its GPUs back that long after its allocation began running (``releases``, and
+    ``team_releases`` with its team)."""
     held: dict[str, int] = defaultdict(int)
     held_type: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
     queued: list[QueuedGang] = []
     releases: list[tuple[float, int]] = []
+    team_releases: list[tuple[str, float, int]] = []
     running_since: dict[str, datetime | None] = {
         job_id: at for job_id, at in s.execute(
             select(AllocationRow.job_id, func.max(AllocationRow.running_at))
@@ -171,7 +173,9 @@ def build_request(s: Session, config: FairShareConfig, jobs: list[JobRow], now: 
                 held_type[job.team][job.accelerator] += gpus
             began = running_since.get(job.id)
             if job.work_s is not None and began is not None:
-                releases.append((max(job.work_s - (now - began).total_seconds(), 0.0), gpus))
+                left_s = max(job.work_s - (now - began).total_seconds(), 0.0)
+                releases.append((left_s, gpus))
+                team_releases.append((job.team, left_s, gpus))
     usage = _decayed_usage(s, now, config.half_life_s)
     left = _budget_left(s, config, now)
     teams = set(held) | set(usage) | set(left) | {g.team for g in queued}
@@ -181,7 +185,7 @@ def build_request(s: Session, config: FairShareConfig, jobs: list[JobRow], now: 
                               tuple(sorted(held_type[t].items())) if t in held_type else ())
                     for t in sorted(teams)),
         queued=tuple(queued), half_life_s=config.half_life_s, exempt_priority=config.exempt_priority,
-        releases=tuple(releases))
+        releases=tuple(releases), team_releases=tuple(team_releases))
 
 
 def _decayed_usage(s: Session, now: datetime, half_life_s: float) -> dict[str, float]:

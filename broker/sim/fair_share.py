@@ -122,7 +122,8 @@ def replay(jobs: list[TeamJob], teams: tuple[Team, ...], capacity: int, policy: 
             tuple(TeamUsage(t, held.get(t, 0), usage.get(t, 0.0)) for t in sorted(set(held) | set(usage))),
             tuple(QueuedGang(r.job.job_id, r.job.team, r.job.gpus, r.job.priority, order[r.job.job_id],
                              runtime_s=r.left_s + (restart_s if r.started_s is not None else 0.0))
-                  for r in queued), half_life_s=half_life_s, releases=_releases(holding, now))
+                  for r in queued), half_life_s=half_life_s, releases=_releases(holding, now),
+            team_releases=_team_releases(holding, now))
         decision = policy(request)
         for job_id in decision.admit:
             run = runs[job_id]
@@ -152,8 +153,12 @@ def replay(jobs: list[TeamJob], teams: tuple[Team, ...], capacity: int, policy: 
             contended[0] += in_use * step_s
             contended[1] += capacity * step_s
         entitled = _entitled(held, queued, owed)
+        window_start = (now - first) % window_s < step_s / 2
         waiting_teams = {r.job.team for r in queued}
-        for team in set(owed) | set(held):
+        present = set(owed) | set(held)
+        for team in backlogged.keys() - present:
+            backlogged[team] = False  # no work at all this step
+        for team in present:
             received = sum(r.job.gpus for r in holding if r.job.team == team and r.running_since is not None)
             fig = figures[team]
             fig.owed_gpu_s += owed.get(team, 0.0) * step_s
@@ -161,7 +166,9 @@ def replay(jobs: list[TeamJob], teams: tuple[Team, ...], capacity: int, policy: 
             fig.borrowed_gpu_s += max(received - owed.get(team, 0.0), 0.0) * step_s
             window[team][0] += entitled.get(team, 0.0) * step_s
             window[team][1] += received * step_s
-            backlogged[team] = backlogged.get(team, True) and team in waiting_teams and entitled.get(team, 0.0) > 0
+            # Throughout: a team first seen after the window's first step did not have work waiting all of it.
+            backlogged[team] = backlogged.get(team, window_start) and team in waiting_teams \
+                and entitled.get(team, 0.0) > 0
         for run in holding:
             if run.running_since is not None and run.leaving_at is None and now >= run.running_since:
                 run.left_s -= step_s
@@ -193,6 +200,16 @@ def _releases(holding: list[_Run], now: float) -> tuple[tuple[float, int], ...]:
         if run.leaving_at is None:
             begins = run.waiting_for if run.waiting_for is not None else run.running_since or now
             ends.append((max(begins - now, 0.0) + max(run.left_s, 0.0), run.job.gpus))
+    return tuple(ends)
+
+
+def _team_releases(holding: list[_Run], now: float) -> tuple[tuple[str, float, int], ...]:
+    """The same ends, each with the team whose gang gives its GPUs back."""
+    ends = []
+    for run in holding:
+        if run.leaving_at is None:
+            begins = run.waiting_for if run.waiting_for is not None else run.running_since or now
+            ends.append((run.job.team, max(begins - now, 0.0) + max(run.left_s, 0.0), run.job.gpus))
     return tuple(ends)
 
 

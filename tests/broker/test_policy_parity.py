@@ -230,6 +230,8 @@ def test_the_fair_share_step_and_the_replay_ask_the_same_question_and_get_the_sa
     assert gangs(live) == gangs(sim) == [("b0", "b", 4, 500, 3600.0), ("c0", "c", 1, 500, 1800.0),
                                          ("c1", "c", 1, 500, 5 * 3600.0)]
     assert sorted(live.releases) == sorted(sim.releases) == [(600.0, 1), (4 * 3600.0 - submitted, 1)]
+    assert sorted(live.team_releases) == sorted(sim.team_releases) == \
+        [("a", 600.0, 1), ("a", 4 * 3600.0 - submitted, 1)]
     live_decision, sim_decision = fair(live), fair(sim)
     assert live_decision == sim_decision
     assert sim_decision.admit == ("c0",)

@@ -165,6 +165,9 @@ def test_unbounded_fleet_admits_all_within_limits() -> None:
 @pytest.mark.parametrize("bad", [
     lambda: Team("a", weight=-1), lambda: Team("a", weight=math.nan), lambda: Team("a", quota_gpus=-1),
     lambda: FairShareRequest(-1, (), (), ()), lambda: FairShareRequest(1, (), (), (), half_life_s=math.inf),
+    lambda: FairShareRequest(1, (), (), (), team_releases=(("a", -1.0, 1),)),
+    lambda: FairShareRequest(1, (), (), (), team_releases=(("a", math.nan, 1),)),
+    lambda: FairShareRequest(1, (), (), (), team_releases=(("a", 60.0, -1),)),
 ])
 def test_a_malformed_request_is_refused(bad: object) -> None:
     with pytest.raises(ValueError):
@@ -191,9 +194,13 @@ def situations(draw: st.DrawFn) -> FairShareRequest:
             runtime = draw(st.one_of(st.none(), st.floats(60, 36000)))
             queued.append(QueuedGang(f"{name}{i}", name, 1, priority, order, runtime_s=runtime))
     # Predicted ends for some of the held GPUs: reservations come and go with them.
-    held_total = capacity - held_left
-    releases = tuple((draw(st.floats(0, 36000)), 1) for _ in range(draw(st.integers(0, held_total))))
-    return FairShareRequest(capacity, teams, tuple(usage), tuple(queued), releases=releases)
+    # Sometimes with the team of each end, so that the reservation counts what each team takes again.
+    by_team = tuple((u.team, draw(st.floats(0, 36000)), 1) for u in usage
+                    for _ in range(draw(st.integers(0, u.held_gpus))))
+    releases = tuple((in_s, gpus) for _, in_s, gpus in by_team)
+    team_releases = by_team if draw(st.booleans()) else ()
+    return FairShareRequest(capacity, teams, tuple(usage), tuple(queued), releases=releases,
+                            team_releases=team_releases)
 
 
 @settings(max_examples=400, deadline=None)
@@ -245,6 +252,90 @@ def test_the_gang_waiting_longest_gets_a_reservation_that_only_short_borrowers_p
     # Without predicted ends nothing can be reserved: the gangs that fit start (d's share first), as before.
     assert set(weighted_fair_share(_reserving()).admit) == {"d0", "c0", "c1"}
     assert set(fifo(_reserving(releases=((600.0, 4),))).admit) == {"c0", "c1", "c2"}  # FIFO reserves nothing
+
+
+def _reserving_by_team(**extra: object) -> FairShareRequest:
+    # b's 10-GPU gang waits longest and is larger than b's whole share: it can only borrow. a holds 4 of its 6
+    # (2 come free in 10 minutes, 2 in two hours) and has 2 more waiting; c (a tiny share) can only borrow.
+    usage = (TeamUsage("a", 4),)
+    queued = (QueuedGang("b0", "b", 10, 500, 0, runtime_s=3600.0), QueuedGang("a1", "a", 2, 500, 1, runtime_s=7200.0),
+              QueuedGang("c0", "c", 2, 500, 2, runtime_s=1200.0), QueuedGang("c1", "c", 2, 500, 3, runtime_s=20000.0))
+    teams = (Team("a"), Team("b"), Team("c", weight=0.01))
+    return FairShareRequest(13, teams, usage, queued, releases=((600.0, 2), (7200.0, 2)),
+                            **extra)  # type: ignore[arg-type]
+
+
+def test_with_each_end_s_team_the_reservation_counts_what_the_teams_take_again_for_their_share() -> None:
+    # By the ends alone b0 would start in 10 minutes: a short borrower running 20 minutes is held back, and
+    # the 7 GPUs a1 leaves stay idle, though a takes its 2 GPUs back for a1 and b0 cannot start then.
+    blind = weighted_fair_share(_reserving_by_team())
+    assert blind.admit == ("a1",)
+    assert blind.reason_of("c0") == "waiting: the free GPUs are reserved for b0 (10 GPUs), which starts first, " \
+                                    "in about 10 min"
+    # Knowing whose GPUs come free when: a keeps its share (a1 is within it), so b0's 10 GPUs are there in two
+    # hours; c0 ends before then and fills idle GPUs; c1 would run past it and waits.
+    decision = weighted_fair_share(_reserving_by_team(team_releases=(("a", 600.0, 2), ("a", 7200.0, 2))))
+    assert decision.admit == ("a1", "c0")
+    assert decision.reason_of("c1") == "waiting: the free GPUs are reserved for b0 (10 GPUs), which starts " \
+                                       "first, in about 120 min"
+    assert (decision.reason_of("b0") or "").startswith("waiting: its 10 GPUs are more than team b's share")
+
+
+def test_a_big_gang_is_not_starved_by_backfill_when_its_gpus_come_free() -> None:
+    # Later a's gangs have ended but one of 2 GPUs: b0's 10 GPUs are free, and b0 is past b's share (9.9 of
+    # 12). b used more GPUs lately than c, so c's gangs (past c's tiny share too) are asked first: any of them
+    # would borrow a GPU b0 needs.
+    queued = (QueuedGang("b0", "b", 10, 500, 0, runtime_s=3600.0),
+              QueuedGang("c1", "c", 2, 500, 3, runtime_s=20000.0), QueuedGang("c2", "c", 1, 500, 4, runtime_s=60.0))
+    teams = (Team("a"), Team("b"), Team("c", weight=0.01))
+    usage = (TeamUsage("a", 2, 7200.0), TeamUsage("b", 0, 1e6))
+    decision = weighted_fair_share(FairShareRequest(12, teams, usage, queued, releases=((7200.0, 2),),
+                                                    team_releases=(("a", 7200.0, 2),)))
+    assert decision.admit == ("b0",)
+    assert decision.reason_of("c1") == decision.reason_of("c2") == \
+        "waiting: the free GPUs are reserved for b0 (10 GPUs), which starts first, in about 0 min"
+    # By the ends alone, a gang that fits now gets no reservation: c's gangs borrow first and b0 waits again.
+    blind = weighted_fair_share(FairShareRequest(12, teams, usage, queued, releases=((7200.0, 2),)))
+    assert blind.admit == ("c1", "c2")
+
+
+def test_a_gang_larger_than_its_share_borrows_only_as_the_gang_waiting_longest() -> None:
+    # b0 (7 GPUs) waits longest; a's 2 GPUs have no predicted end, d's one ends in 10 minutes: no start can be
+    # named for b0. c0 (4 GPUs, more than c's share of 2.5) fits the 5 free GPUs but would only borrow them.
+    teams = (Team("a"), Team("b"), Team("c"), Team("d"))
+    usage = (TeamUsage("a", 2), TeamUsage("d", 1))
+    b0, c0 = QueuedGang("b0", "b", 7, 500, 0, runtime_s=3600.0), QueuedGang("c0", "c", 4, 500, 1, runtime_s=7200.0)
+    request = FairShareRequest(8, teams, usage, (b0, c0), releases=((600.0, 1),), team_releases=(("d", 600.0, 1),))
+    decision = weighted_fair_share(request)
+    assert decision.admit == ()
+    assert decision.reason_of("c0") == \
+        "waiting: its 4 GPUs are more than team c's share of 2.5; it borrows them once it is the job waiting longest"
+    # By the ends alone (no teams), it borrows as before.
+    assert weighted_fair_share(FairShareRequest(8, teams, usage, (b0, c0), releases=((600.0, 1),))).admit == ("c0",)
+    # Once it is the gang waiting longest, it starts.
+    alone = FairShareRequest(8, teams, usage, (c0,), releases=((600.0, 1),), team_releases=(("d", 600.0, 1),))
+    assert weighted_fair_share(alone).admit == ("c0",)
+
+
+def test_a_gang_larger_than_the_fleet_holds_no_reservation_that_keeps_others_waiting() -> None:
+    # b0 can never start on 8 GPUs; c0, next, is the one the reservation is for, and starts.
+    teams = (Team("a"), Team("b"), Team("c"), Team("d"))
+    usage = (TeamUsage("a", 2), TeamUsage("d", 1))
+    queued = (QueuedGang("b0", "b", 12, 500, 0, runtime_s=3600.0), QueuedGang("c0", "c", 4, 500, 1, runtime_s=7200.0))
+    request = FairShareRequest(8, teams, usage, queued, releases=((600.0, 1),), team_releases=(("d", 600.0, 1),))
+    assert weighted_fair_share(request).admit == ("c0",)
+
+
+def test_ends_of_a_team_holding_nothing_or_more_gpus_than_it_holds_free_nothing_it_does_not_hold() -> None:
+    # a holds the whole fleet; the ends name a team holding nothing, and more of a's GPUs than it holds.
+    teams = (Team("a"), Team("b"))
+    queued = (QueuedGang("b0", "b", 4, 500, 0, runtime_s=600.0), QueuedGang("a1", "a", 1, 500, 1, runtime_s=60.0))
+    for ends in ((("ghost", 0.0, 100),), (("a", 600.0, 100),)):
+        request = FairShareRequest(8, teams, (TeamUsage("a", 8),), queued, releases=tuple((s, n) for _, s, n in ends),
+                                   team_releases=ends)
+        decision = weighted_fair_share(request)
+        assert decision.admit == ()
+        assert decision.reclaims == (Reclaim("b0", 4, ("a",)),)  # b's share is taken back, as without ends
 
 
 def test_a_quota_per_gpu_type_is_guaranteed_per_type() -> None:

@@ -66,3 +66,14 @@ def test_on_the_philly_teams_fair_share_keeps_shares_and_utilisation(shared_trac
     assert fair.utilisation >= baseline.utilisation
     assert fair.worst_window_error <= 0.10 < baseline.worst_window_error
     assert max(fair.handovers_s) <= 60.0 + 60.0
+
+
+def test_a_window_counts_only_for_a_team_that_had_work_waiting_throughout_it() -> None:
+    # a fills the 2-GPU fleet for two hours; b's job comes at the first window's last step.
+    jobs = [TeamJob("a", f"a{i}", 1, 0.0, 2 * 3600.0) for i in range(2)] + [TeamJob("b", "b0", 1, 3540.0, 1800.0)]
+    fair = replay(jobs, TWO, 2, weighted_fair_share, "fair", checkpoint_s=60.0, restart_s=60.0)
+    # b waited one step in the first window and one in the second (the checkpoint): neither counts.
+    assert fair.teams["b"].windows == 0 and fair.worst_window_error == 0.0
+    # Under FIFO b waits for a's jobs through the whole second window: that one counts, all short.
+    baseline = replay(jobs, TWO, 2, fifo, "fifo")
+    assert baseline.teams["b"].windows == 1 and baseline.teams["b"].worst_window_error == 1.0
