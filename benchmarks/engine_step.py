@@ -19,6 +19,9 @@ jobs RUNNING and the pool capped at their GPUs (``max_gpus``), queues N more job
 - a notice's time to act: a termination notice recorded for one running cluster, then the notices'
   lane a step begins with (``Engine.act_on_notices``), timed until that job is CHECKPOINTING, and
   the rest of that step;
+- notices that arrive during a step (recorded by another thread 0.2 s into a step, after the lane
+  the step begins with has looked, and half a quiet step into one, as the service's API records an
+  agent's report), each timed from its arrival until that job is CHECKPOINTING;
 - statements (SQLAlchemy ``before_cursor_execute``) and transactions (``begin``) per step, which do
   not depend on the machine.
 
@@ -45,6 +48,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -74,6 +78,7 @@ from providers.base import SpotQuote  # noqa: E402
 from providers.trace import write_trace  # noqa: E402
 
 GPUS_PER_NODE = 4
+MID_STEP_S = 0.2  # when a notice arrives during a step: after the lane the step begins with has looked
 JOB = """\
 name: {name}
 resources:
@@ -309,7 +314,50 @@ def one_size(queued: int, running: int, steps: int, baseline: bool, server: str 
             lines.append(f"notice acted on in {lane:.3f} s by the step's notice lane, "
                          f"{acted:.3f} s with the rest of the step (job {state})")
             assert state == JobState.CHECKPOINTING.value, state
+            # Notices that arrive while a step runs: just after the lane it begins with looked, and half a
+            # quiet step into it (after the running jobs' view was read, on a long step).
+            for job_id, delay in zip(first[1:3], (MID_STEP_S, statistics.median(steady.seconds) / 2), strict=False):
+                waited, step_s = notice_mid_step(engine, job_id, delay)
+                lines.append(f"notice arriving {delay:.3f} s into a step of {step_s:.3f} s acted on "
+                             f"{waited:.3f} s after it arrived")
     return lines
+
+
+def cluster_of(engine: Engine, job_id: str) -> str:
+    with engine.store.transaction() as s:
+        alloc = s.scalar(select(AllocationRow).where(AllocationRow.job_id == job_id, AllocationRow.ended_at.is_(None)))
+        assert alloc is not None
+        return alloc.cluster_id
+
+
+def notice_mid_step(engine: Engine, job_id: str, delay: float) -> tuple[float, float]:
+    """A termination notice recorded for the job's cluster by another thread ``delay`` s into a step (as
+    the service's API records an agent's report); the seconds from then until the job is CHECKPOINTING
+    (the next step is run at once if this one ends first), and that step's length."""
+    cluster_id = cluster_of(engine, job_id)
+    waited: list[float] = []
+
+    def notice() -> None:
+        time.sleep(delay)
+        record_backend_notice(engine.store, engine.clock, cluster_id, engine.clock.now() + timedelta(minutes=2))
+        arrived = time.perf_counter()
+        while time.perf_counter() - arrived < 600:
+            with engine.store.transaction() as s:
+                if s.scalar(select(JobRow.state).where(JobRow.id == job_id)) == JobState.CHECKPOINTING.value:
+                    waited.append(time.perf_counter() - arrived)
+                    return
+            time.sleep(0.02)
+
+    poller = threading.Thread(target=notice, daemon=True)
+    started = time.perf_counter()
+    poller.start()
+    engine.step()
+    step_s = time.perf_counter() - started
+    while poller.is_alive():
+        engine.step()  # the notice came after this step last looked: the next step's lane acts on it
+        poller.join(timeout=0.05)
+    assert waited, "the notice was not acted on"
+    return waited[0], step_s
 
 
 def main() -> None:

@@ -140,6 +140,11 @@ class Provisioner(Protocol):
 
     def run_status(self, cluster: ClusterInfo, job_id: str, attempt: int) -> RunStatus: ...
 
+    def run_statuses(self, runs: list[tuple[ClusterInfo, str, int]]) -> dict[tuple[str, int], RunStatus]:
+        """``run_status`` of every one of ``runs`` (cluster, job, attempt), by (job, attempt), in one call:
+        what the runs share (a cluster's status, a process, a cloud query) looked at once."""
+        ...
+
     def terminate(self, cluster: ClusterInfo) -> None: ...
 
     def signal_job(self, cluster: ClusterInfo, job_id: str, attempt: int, signal_name: str) -> None:

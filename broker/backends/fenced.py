@@ -49,6 +49,10 @@ class FencedProvisioner:
         self.check("run_status", cluster)
         return self.inner.run_status(cluster, job_id, attempt)
 
+    def run_statuses(self, runs: list[tuple[ClusterInfo, str, int]]) -> dict[tuple[str, int], RunStatus]:
+        self.check("run_statuses")
+        return self.inner.run_statuses(runs)
+
     def terminate(self, cluster: ClusterInfo) -> None:
         self.check("terminate", cluster)
         self.inner.terminate(cluster)

@@ -10,7 +10,6 @@ clock, and later how far off the predictions of finished jobs were.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable
 from datetime import datetime, timedelta
 
 from sqlalchemy import Select, func, select
@@ -45,6 +44,8 @@ class Reads:
                                  .order_by(ProgressRow.at.desc(), ProgressRow.id.desc())):
                 self.points[row.job_id].append(row)
         self.history: dict[tuple[str, str], list[JobRow]] = {}
+        # name and team -> (job -> its place among the first MAX_HISTORY, (succeeded, run time) of each)
+        self.split: dict[tuple[str, str], tuple[dict[str, int], list[tuple[bool, float]]]] = {}
         self.allocations: dict[str, list[AllocationRow]] = {}
         self.progress: dict[str, float] = {}
         self._allocations_of(ids)  # every predicted job's own run time, at once
@@ -58,6 +59,21 @@ class Reads:
             self.history[key] = list(self.s.scalars(_history_query(job).limit(MAX_HISTORY + 1)))
             self._allocations_of([j.id for j in self.history[key]])
         return [other for other in self.history[key] if other.id != job.id][:MAX_HISTORY]
+
+    def earlier_s(self, job: JobRow) -> tuple[tuple[float, ...], tuple[float, ...]]:
+        """The run times of ``earlier(job)``: (finished ones, ones still running), in its order, from the
+        name and team's history summed once: a job outside its first ``MAX_HISTORY`` (most of them, with
+        thousands running) sees those; a job among them sees them without itself, and the next one."""
+        key = (job.name, job.team)
+        if key not in self.split:
+            self.earlier(job)  # the name and team's history, read
+            history = self.history[key][:MAX_HISTORY + 1]
+            self.split[key] = ({other.id: i for i, other in enumerate(history[:MAX_HISTORY])},
+                               [(other.state == JobState.SUCCEEDED.value, self.progress_s(other)) for other in history])
+        within, rows = self.split[key]
+        at = within.get(job.id)
+        kept = rows[:MAX_HISTORY] if at is None else (rows[:at] + rows[at + 1:])[:MAX_HISTORY]
+        return tuple(ran for done, ran in kept if done), tuple(ran for done, ran in kept if not done)
 
     def progress_s(self, job: JobRow) -> float:
         """Summed once per job and pass: each job is an earlier job of every other of its name and team."""
@@ -94,17 +110,18 @@ def prediction_request(s: Session, job: JobRow, now: datetime, reads: Reads | No
     rows.reverse()
     total = next((r.total for r in reversed(rows) if r.total), None)
     points = tuple(ProgressPoint((r.at - now).total_seconds(), int(r.step), r.attempt) for r in rows)
-    finished: list[float] = []
-    running: list[float] = []
-    earlier: Iterable[JobRow] = reads.earlier(job) if reads is not None else \
-        s.scalars(_history_query(job).where(JobRow.id != job.id).limit(MAX_HISTORY))
-    for other in earlier:
-        done = reads.progress_s(other) if reads is not None else progress_s(s, other, now)
-        (finished if other.state == JobState.SUCCEEDED.value else running).append(done)
-    ran = reads.progress_s(job) if reads is not None else progress_s(s, job, now)
+    if reads is not None:
+        history_s, running_s = reads.earlier_s(job)
+        ran = reads.progress_s(job)
+    else:
+        finished: list[float] = []
+        running: list[float] = []
+        for other in s.scalars(_history_query(job).where(JobRow.id != job.id).limit(MAX_HISTORY)):
+            (finished if other.state == JobState.SUCCEEDED.value else running).append(progress_s(s, other, now))
+        history_s, running_s = tuple(finished), tuple(running)
+        ran = progress_s(s, job, now)
     return PredictionRequest(now_s=0.0, total_steps=int(total) if total else None, progress=points,
-                             work_s=job.work_s, ran_s=ran,
-                             history_s=tuple(finished), running_s=tuple(running))
+                             work_s=job.work_s, ran_s=ran, history_s=history_s, running_s=running_s)
 
 
 def predict_job(s: Session, job: JobRow, now: datetime) -> Prediction | None:
@@ -130,19 +147,35 @@ def _latest_of(s: Session, job_ids: list[str]) -> dict[str, tuple[int, datetime]
     return found
 
 
-def record(store: Store, now: datetime) -> None:
-    """Keep a fresh prediction for every running job whose last one is older than ``RECORD_EVERY``."""
+def record(store: Store, now: datetime, unknown: dict[str, tuple[int, datetime]] | None = None) -> None:
+    """Keep a fresh prediction for every running job whose last one is older than ``RECORD_EVERY``.
+
+    ``unknown`` (kept by the caller between calls; a cache, empty after a restart): job -> (attempt, when)
+    of its last try that nothing could predict (no progress, stated work or finished history yet); such
+    a job is tried again ``RECORD_EVERY`` later, as a predicted one is, not on every call."""
     with store.transaction() as s:
-        jobs = list(s.scalars(select(JobRow).where(JobRow.state == JobState.RUNNING.value)))
-        last = _latest_of(s, [job.id for job in jobs])
-        due = [job for job in jobs if not (job.id in last and last[job.id][0] == job.attempt
-                                          and now - last[job.id][1] < RECORD_EVERY)]
-        if not due:
+        attempts = dict(s.execute(select(JobRow.id, JobRow.attempt).where(JobRow.state == JobState.RUNNING.value))
+                        .all())
+        last = _latest_of(s, list(attempts))
+        if unknown is not None:
+            last.update({job_id: tried for job_id, tried in unknown.items() if job_id not in last
+                         or tried[1] > last[job_id][1]})
+            for job_id in [j for j in unknown if j not in attempts]:
+                del unknown[job_id]
+        wanted = sorted(job_id for job_id, attempt in attempts.items()
+                        if not (job_id in last and last[job_id][0] == attempt and now - last[job_id][1] < RECORD_EVERY))
+        if not wanted:
             return
+        due: list[JobRow] = []
+        for chunk in range(0, len(wanted), CHUNK):
+            due += s.scalars(select(JobRow).where(JobRow.id.in_(wanted[chunk:chunk + CHUNK])))
+        due.sort(key=lambda job: job.id)
         reads = Reads(s, due, now)
         for job in due:
             found = predict(prediction_request(s, job, now, reads))
             if found is None:
+                if unknown is not None:
+                    unknown[job.id] = (job.attempt, now)
                 continue
             s.add(PredictionRow(job_id=job.id, attempt=job.attempt, made_at=now, source=found.source,
                                 finish_at=now + timedelta(seconds=found.remaining_s),

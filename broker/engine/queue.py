@@ -17,8 +17,11 @@ rule out goes through the full decision, which is the one that decides.
   or ``queue_full`` with the same limit: the full decision would write nothing new);
 - **preemption**: no running job has a lower priority (the default policy takes only those).
 
-A view is good while nothing moves: the step reads a new one for each of its passes over the
-queue, and after any job whose advance changed something.
+A view is good while nothing moves: the step reads a new one after any job whose advance changed
+something, and for its second pass over the queue unless nothing in the process wrote to the store
+since the first pass's view was read. Reading one costs a few statements whatever the queue's
+length; what is per queued job is kept between views (``Shapes``: shapes, and each job's last word
+on waiting by event id).
 """
 
 from __future__ import annotations
@@ -62,11 +65,13 @@ class Queued:
 
 
 class Shapes:
-    """Queued jobs' shapes, kept for the engine's life (a job's spec never changes)."""
+    """Queued jobs' shapes, kept for the engine's life (a job's spec never changes), and their last words
+    on waiting, kept by event (an event never changes): a view reads each of them once, not every pass."""
 
     def __init__(self, parts: Parts) -> None:
         self.parts = parts
         self._known: dict[str, Shape] = {}
+        self.last_waits: dict[str, tuple[int, str, dict[str, object]]] = {}  # job -> (event id, kind, detail)
 
     def of(self, s: Session, job_ids: Iterable[str]) -> dict[str, Shape]:
         wanted = list(job_ids)
@@ -105,11 +110,17 @@ class QueueView:
             self.free = self._free_gpus(s)
             self.fleet = clusters.fleet_gpus(s)
             self.queues = self._queue_gpus(s) if options.queue_max_gpus else {}
-            self.last_wait = self._last_waits(s)
+            self.last_wait = self._last_waits(s, shapes)
             lowest = s.scalar(select(func.min(JobRow.priority)).where(JobRow.state == JobState.RUNNING.value))
             self.lowest_running = lowest
         self.may_preempt_any = options.preemption_policy not in LOWER_PRIORITY_ONLY
+        # What a job's last word says when the pool or its queue holds it back (the full decision's words).
+        self._fleet_full = ("fleet_full", jsonable({"max_gpus": options.max_gpus}))
+        self._queue_limits = dict(options.queue_max_gpus)
+        self._queue_full = {queue: ("queue_full", jsonable({"queue_max_gpus": limit}))
+                            for queue, limit in self._queue_limits.items()}
         self._no_preemption: set[Hashable] = set()
+        self._waiting: set[str] = set()  # jobs this view said wait
 
     def _stages_before(self, s: Session) -> dict[str, str]:
         ids = sorted({q.after_job_id for q in self.queued.values() if q.after_job_id is not None})
@@ -121,7 +132,9 @@ class QueueView:
 
     def _free_gpus(self, s: Session) -> dict[str, int]:
         """accelerator, lowercased -> the most GPUs not fully held on one cluster of it that is up."""
-        up = {row.id: row for row in s.scalars(select(ClusterRow).where(ClusterRow.state == ClusterState.UP.value))}
+        up = {cid: (nodes, per_node, accelerator) for cid, nodes, per_node, accelerator in s.execute(
+            select(ClusterRow.id, ClusterRow.num_nodes, ClusterRow.gpus_per_node, ClusterRow.accelerator)
+            .where(ClusterRow.state == ClusterState.UP.value))}
         use: dict[str, dict[tuple[int, int], float]] = {cid: {} for cid in up}
         held: set[tuple[str, str]] = set()
         for job_id, cid, gpus, share in s.execute(
@@ -137,11 +150,11 @@ class QueueView:
             if target is not None and claim and (target, job_id) not in held:
                 _hold(use[target], claim, share)
         free: dict[str, int] = {}
-        for cid, row in up.items():
+        for cid, (nodes, per_node, accelerator) in up.items():
             taken = sum(1 for (rank, gpu), part in use[cid].items()
-                        if 0 <= rank < row.num_nodes and 0 <= gpu < row.gpus_per_node and part >= 1.0 - EPSILON)
-            name = (row.accelerator or "").lower()
-            free[name] = max(free.get(name, 0), row.num_nodes * row.gpus_per_node - taken)
+                        if 0 <= rank < nodes and 0 <= gpu < per_node and part >= 1.0 - EPSILON)
+            name = (accelerator or "").lower()
+            free[name] = max(free.get(name, 0), nodes * per_node - taken)
         return free
 
     def _queue_gpus(self, s: Session) -> dict[str, int]:
@@ -153,27 +166,40 @@ class QueueView:
             held[queue] = held.get(queue, 0) + nodes * per_node
         return held
 
-    def _last_waits(self, s: Session) -> dict[str, tuple[str, dict[str, object]]]:
-        """Queued job -> its last event among those that open or end a spell of waiting on a limit."""
+    def _last_waits(self, s: Session, shapes: Shapes) -> dict[str, tuple[str, dict[str, object]]]:
+        """Queued job -> its last event among those that open or end a spell of waiting on a limit: the
+        events' ids read for every queued job, the kind and detail only of those not seen before."""
         kinds = (*clusters.BLOCKED, *clusters.UNBLOCKED)
-        last = (select(func.max(JobEventRow.id).label("id"))
-                .join(JobRow, JobRow.id == JobEventRow.job_id)
-                .where(JobRow.state == JobState.PENDING.value, JobEventRow.kind.in_(kinds))
-                .group_by(JobEventRow.job_id).subquery())
-        rows = s.execute(select(JobEventRow.job_id, JobEventRow.kind, JobEventRow.detail)
-                         .join(last, last.c.id == JobEventRow.id))
-        return {job_id: (kind, detail) for job_id, kind, detail in rows}
+        newest = dict(s.execute(select(JobEventRow.job_id, func.max(JobEventRow.id))
+                                .join(JobRow, JobRow.id == JobEventRow.job_id)
+                                .where(JobRow.state == JobState.PENDING.value, JobEventRow.kind.in_(kinds))
+                                .group_by(JobEventRow.job_id)).all())
+        known = shapes.last_waits
+        unseen = sorted(event_id for job_id, event_id in newest.items() if known.get(job_id, (None,))[0] != event_id)
+        for chunk in range(0, len(unseen), 500):
+            for event_id, job_id, kind, detail in s.execute(
+                    select(JobEventRow.id, JobEventRow.job_id, JobEventRow.kind, JobEventRow.detail)
+                    .where(JobEventRow.id.in_(unseen[chunk:chunk + 500]))):
+                known[job_id] = (event_id, kind, detail)
+        shapes.last_waits = {job_id: known[job_id] for job_id in newest if job_id in known}
+        return {job_id: (kind, detail) for job_id, (_, kind, detail) in shapes.last_waits.items()}
 
     def waits(self, job_id: str) -> bool:
         """True when the job certainly stays PENDING this pass, with nothing to write about it."""
+        if job_id in self._waiting:
+            return True
         queued = self.queued.get(job_id)
         shape = self.shapes.get(job_id)
         if queued is None or shape is None or shape.gpu_free:
             return False
         if queued.after_job_id is not None:
             before = self.before.get(queued.after_job_id)
-            return before is not None and not JobState(before).terminal
-        return not self.may_place(job_id) and self._launch_refused(queued, shape) and not self.may_preempt(job_id)
+            waits = before is not None and not JobState(before).terminal
+        else:
+            waits = not self.may_place(job_id) and self._launch_refused(queued, shape) and not self.may_preempt(job_id)
+        if waits:  # while the view holds, it stays so (what it learns, ``no_preemption``, only shuts doors)
+            self._waiting.add(job_id)
+        return waits
 
     def may_place(self, job_id: str) -> bool:
         """False when no cluster that is up has room for the job's GPUs (True: the full decision tells)."""
@@ -187,10 +213,10 @@ class QueueView:
         options = self.parts.options
         last = self.last_wait.get(queued.job_id)
         if options.max_gpus is not None and self.fleet + smallest > options.max_gpus:
-            return last == ("fleet_full", jsonable({"max_gpus": options.max_gpus}))
-        limit = dict(options.queue_max_gpus).get(shape.queue)
+            return last == self._fleet_full
+        limit = self._queue_limits.get(shape.queue)
         if limit is not None and self.queues.get(shape.queue, 0) + smallest > limit:
-            return last == ("queue_full", jsonable({"queue_max_gpus": limit}))
+            return last == self._queue_full[shape.queue]
         return False
 
     def may_preempt(self, job_id: str) -> bool:

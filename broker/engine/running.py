@@ -8,8 +8,9 @@ batched statements, what each of those needs: every running job with its allocat
 the clusters with an open notice, and for spot jobs the last checkpoint asked for, the newest one
 reported, the measured save times and each zone's preemption record. A job of which all say
 "nothing" (``quiet``) is passed over with no transaction of its own; the backend is still asked
-its run status, as the full decision would ask it. Anything the view cannot rule out goes through
-the full decision, which is the one that decides.
+its run status, as the full decision would ask it, but for all such jobs of the pass in one call
+(``Provisioner.run_statuses``): a run that ends during the pass is seen by the next step. Anything
+the view cannot rule out goes through the full decision, which is the one that decides.
 
 A view is good while nothing moves: the step reads a new one for each pass, and after any job
 whose advance changed something.
@@ -25,7 +26,7 @@ from datetime import datetime, timedelta
 from sqlalchemy import and_, func, select
 from sqlalchemy.orm import Session
 
-from broker.backends.base import RunPhase
+from broker.backends.base import RunPhase, RunStatus
 from broker.engine.cadence import ASKED, HAZARD_COLUMNS, MEASURED_KEPT, Cadence, hazard_of
 from broker.engine.notices import TERMINATE_KINDS
 from broker.engine.parts import Parts, cluster_info
@@ -52,8 +53,12 @@ class Running:
 class RunningView:
     """One pass's reading of the running jobs."""
 
-    def __init__(self, parts: Parts, cadence: Cadence, reviewer: Reviewer) -> None:
+    def __init__(self, parts: Parts, cadence: Cadence, reviewer: Reviewer,
+                 statuses: dict[tuple[str, int], RunStatus] | None = None) -> None:
+        """``statuses``: the run statuses this pass has read, by (job, attempt): kept by the pass across
+        its views, so that a view read again after a job moved does not ask the backend again."""
         self.parts = parts
+        self.statuses = statuses if statuses is not None else {}
         self.cadence = cadence
         self.reviewer = reviewer
         self.now = parts.clock.now()
@@ -170,8 +175,22 @@ class RunningView:
                 return False
         if cluster.spot and not self._not_due(running, now):
             return False
-        status = self.parts.provisioner.run_status(cluster_info(cluster), job_id, running.attempt)
-        return status.phase is RunPhase.RUNNING
+        return self._run_status(running).phase is RunPhase.RUNNING
+
+    def _run_status(self, running: Running) -> RunStatus:
+        """The run's status, from one backend call for every running job the pass may yet pass over
+        (``Provisioner.run_statuses``), made at the first one asked and kept for the pass (``statuses``)."""
+        key = (running.job_id, running.attempt)
+        if key not in self.statuses:
+            wanted = [r for r in self.running.values() if (r.job_id, r.attempt) not in self.statuses
+                      and r.heading_to is None and r.cluster.id not in self.noticed]
+            self.statuses.update(self.parts.provisioner.run_statuses(
+                [(cluster_info(r.cluster), r.job_id, r.attempt) for r in wanted]))
+        found = self.statuses.get(key)
+        if found is None:
+            found = self.statuses[key] = self.parts.provisioner.run_status(cluster_info(running.cluster),
+                                                                           running.job_id, running.attempt)
+        return found
 
     def _not_due(self, running: Running, now: datetime) -> bool:
         """No periodic checkpoint is due. The zone's hazard is the view's: read a moment earlier, it is

@@ -8,14 +8,17 @@ crash picks up exactly where the last one stopped.
 
 from __future__ import annotations
 
+import contextlib
 import threading
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import replace
+from datetime import datetime
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from broker.backends.base import Provisioner
+from broker.backends.base import Provisioner, RunStatus
 from broker.clock import Clock
 from broker.engine import clusters, eager, forecast, gpu_attribution, metering, setup_ahead
 from broker.engine.fair_share import FairShare
@@ -32,6 +35,9 @@ from broker.store import Store
 from broker.store.tables import AllocationRow, JobRow, NoticeRow
 from policies.selection import Location, SelectionRequest
 
+# How often a step's notices' lane looks again for termination notices while the step goes on.
+NOTICE_EVERY = 0.5  # seconds
+
 
 class Engine:
     def __init__(self, store: Store, clock: Clock, market: Market, provisioner: Provisioner,
@@ -41,6 +47,10 @@ class Engine:
         self.jobs = JobStepper(self.parts, self.planner)
         self._shapes = Shapes(self.parts)
         self._lock = threading.Lock()
+        self._in_step = False
+        self._view: tuple[int, QueueView] | None = None  # the step's last queue view, with the store's writes then
+        self._unpredicted: dict[str, tuple[int, datetime]] = {}  # running jobs nothing could predict yet, and when
+        self._notices_read = 0.0  # when the notices' lane last looked (time.monotonic)
         self.fair_share: FairShare | None = None
         if options.fair_share is not None:
             self.fair_share = FairShare(self.parts, options.fair_share)
@@ -88,8 +98,12 @@ class Engine:
         5. tear down clusters nobody holds or is heading to, unless the pool keeps them a while;
         6. write the ledger's minutes up to now, and split its running ones by what their GPUs did;
         7. keep a fresh finish-time prediction for every running job.
+
+        The notices' lane runs first, and again whenever ``NOTICE_EVERY`` has passed since it last looked
+        (between the phases above, and between jobs in a pass): a notice that arrives during a long step is
+        acted on within about that long, not at the next step.
         """
-        with self._lock:
+        with self._lock, self._stepping():
             self.act_on_notices()
             clusters.sync(self.parts)
             if self.fair_share is not None:
@@ -97,15 +111,37 @@ class Engine:
             self.advance_all(self.active_jobs(), running=True)
             eager.give_up(self.parts, self.planner)
             eager.release_leaving(self.parts)
+            self.notices_if_due()
             self.advance_all(self.active_jobs(JobState.PENDING))
             eager.ready_next(self.parts, self.planner)
             setup_ahead.stop_stale(self.parts)
             clusters.reap(self.parts)
+            self.notices_if_due()
             metering.meter(self.store, self.clock, self.parts.market)
             gpu_attribution.attribute(self.store, self.parts.options.gpu_idle_below, self.clock.now())
-            forecast.record(self.store, self.clock.now())
+            self.notices_if_due()
+            forecast.record(self.store, self.clock.now(), self._unpredicted)
+            self.notices_if_due()
 
-    def act_on_notices(self) -> None:
+    @contextlib.contextmanager
+    def _stepping(self) -> Iterator[None]:
+        """While a step runs, ``notices_if_due`` may run the notices' lane again, and a pass may take the last
+        pass's queue view (``_queue_view``)."""
+        self._in_step = True
+        try:
+            yield
+        finally:
+            self._in_step = False
+            self._view = None
+
+    def notices_if_due(self) -> bool:
+        """In a step, the notices' lane again if ``NOTICE_EVERY`` has passed since it last looked; True if
+        it moved a job. Outside a step (a pass driven on its own, as the parity tests do) nothing."""
+        if not self._in_step or time.monotonic() - self._notices_read < NOTICE_EVERY:
+            return False
+        return self.act_on_notices()
+
+    def act_on_notices(self) -> bool:
         """The notices' lane, first in a step: the running jobs on clusters with a termination notice not
         yet acted on are moved on before the fleet-wide work (a notice gives 30 s to 2 minutes; the whole
         step, with thousands of jobs, takes seconds). A notice the backend reports is recorded by the
@@ -118,26 +154,43 @@ class Engine:
                        AllocationRow.ended_at.is_(None), JobRow.state == JobState.RUNNING.value,
                        AllocationRow.attempt == JobRow.attempt)
                 .order_by(JobRow.priority.desc(), JobRow.created_at)))
+        self._notices_read = time.monotonic()
+        moved = False
         for job_id in dict.fromkeys(job_ids):
-            self.jobs.advance(job_id)
+            moved = self.jobs.advance(job_id) or moved
+        return moved
 
     def advance_all(self, job_ids: list[str], running: bool = False) -> None:
         """Advance each job in turn, passing over the queued ones the queue's view says wait and (``running``:
         the pass that holds running jobs) the running ones its view says are quiet; a view is read again
-        once anything has moved."""
+        once anything has moved (the notices' lane too, when it is due between jobs)."""
         view: QueueView | None = None
         quiet: RunningView | None = None
+        statuses: dict[tuple[str, int], RunStatus] = {}  # the runs' statuses, asked once per pass
         for job_id in job_ids:
+            if self.notices_if_due():
+                view = quiet = None
             if self.options.queue_fast_path:
-                view = view or QueueView(self.parts, self._shapes)
+                view = view or self._queue_view()
                 if view.waits(job_id):
                     continue
                 if running and job_id not in view.queued:
-                    quiet = quiet or RunningView(self.parts, self.jobs.cadence, self.jobs.reviewer)
+                    quiet = quiet or RunningView(self.parts, self.jobs.cadence, self.jobs.reviewer, statuses)
                     if quiet.quiet(job_id):
                         continue
             if self.jobs.advance(job_id, view):
                 view = quiet = None
+
+    def _queue_view(self) -> QueueView:
+        """The queue's view: in a step, the one the last pass read while nothing in this process has written
+        to the store since (the step's second pass over the queue, when the first moved nothing and the
+        eager phases between them changed nothing, reads no view of its own); else one read now."""
+        writes = self.store.writes.count
+        if self._in_step and self._view is not None and self._view[0] == writes:
+            return self._view[1]
+        view = QueueView(self.parts, self._shapes)
+        self._view = (writes, view) if self._in_step else None
+        return view
 
     def active_jobs(self, only: JobState | None = None) -> list[str]:
         states = [only.value] if only else ACTIVE_STATES

@@ -92,12 +92,30 @@ def _make_engine(url: str) -> Engine:
     return create_engine(url, pool_pre_ping=True)
 
 
+class WriteCount:
+    """How many statements that may change rows this process has sent through a store (any but a plain
+    read; the leader lease's own upkeep left out): equal counts on either side of a stretch of work say
+    that nothing in this process wrote to the store meanwhile."""
+
+    READS = ("select", "pragma", "set", "show", "savepoint", "release", "rollback")
+
+    def __init__(self, engine: Engine) -> None:
+        self.count = 0
+        event.listen(engine, "before_cursor_execute", self._seen)
+
+    def _seen(self, _conn: object, _cursor: object, statement: str, *_: object) -> None:
+        words = statement.lstrip()[:16].lower().split(None, 1)
+        if (not words or words[0] not in self.READS) and LeaderLeaseRow.__tablename__ not in statement:
+            self.count += 1
+
+
 class Store:
     """A handle on the database; ``with store.transaction() as s:`` is one atomic step."""
 
     def __init__(self, url: str) -> None:
         self.url = url
         self.engine = _make_engine(url)
+        self.writes = WriteCount(self.engine)
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
 
     @property
@@ -185,6 +203,7 @@ class FencedStore(Store):
         # Shares the store's pool (super().__init__ would open a second one).
         self.url = store.url
         self.engine = store.engine
+        self.writes = store.writes
         self._sessions = store._sessions
         self.fence = fence
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -71,14 +72,16 @@ def _claim_given_up(record: dict[str, Any] | None, since: float, claim_seconds: 
     return age >= DEAD_CLAIMER_GRACE_S and not same_process_alive(record)
 
 
-def node_fate(node_dir: Path, claim_seconds: float, now: float | None = None) -> str | None:
-    """None while the node's process starts or runs (or has reported); else why it has none, in a line."""
+def node_fate(node_dir: Path, claim_seconds: float, now: float | None = None,
+              alive: Callable[[dict[str, Any] | None], bool] = same_process_alive) -> str | None:
+    """None while the node's process starts or runs (or has reported); else why it has none, in a line.
+    ``alive``: how a recorded process is looked at (``same_process_alive``, or a memo of it for many runs)."""
     now = time.time() if now is None else now
     if (node_dir / "status").exists():
         return None
     started = read_json(node_dir / "started")
     if started is not None:
-        if same_process_alive(started) or (node_dir / "status").exists():  # it writes, then exits
+        if alive(started) or (node_dir / "status").exists():  # it writes, then exits
             return None
         return "its agent stopped before it reported how the job ended"
     if (node_dir / "status.pgid").exists() or (node_dir / "status.events").exists():

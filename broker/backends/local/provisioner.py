@@ -19,6 +19,7 @@ import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 from broker.agent.catching import may_send
 from broker.backends.base import (
@@ -29,7 +30,15 @@ from broker.backends.base import (
     RunPhase,
     RunStatus,
 )
-from broker.backends.local.claims import bury_unlaunched, claim_node, identity, missing_fate, node_fate, record_gang
+from broker.backends.local.claims import (
+    bury_unlaunched,
+    claim_node,
+    identity,
+    missing_fate,
+    node_fate,
+    record_gang,
+    same_process_alive,
+)
 from broker.backends.local.host import process_alive, read_json, write_json
 from broker.clock import AcceleratedClock
 from broker.store.private import private_directory, private_opener
@@ -326,6 +335,16 @@ class LocalProvisioner:
                     os.killpg(int(pid), signal.SIGKILL)
 
     def run_status(self, cluster: ClusterInfo, job_id: str, attempt: int) -> RunStatus:
+        return self._run_status(cluster, job_id, attempt, _Look(self))
+
+    def run_statuses(self, runs: list[tuple[ClusterInfo, str, int]]) -> dict[tuple[str, int], RunStatus]:
+        """``run_status`` of every (cluster, job, attempt) in one pass over their files: each cluster's
+        status and each recorded process looked at once, however many runs share them."""
+        look = _Look(self)
+        return {(job_id, attempt): self._run_status(cluster, job_id, attempt, look)
+                for cluster, job_id, attempt in runs}
+
+    def _run_status(self, cluster: ClusterInfo, job_id: str, attempt: int, look: _Look) -> RunStatus:
         base = self.cluster_dir(cluster) / "runs" / f"{job_id}-{attempt}"
         nodes = sorted(base.glob("node-*"))
         if not nodes:
@@ -336,18 +355,18 @@ class LocalProvisioner:
             failed = [c for c in exit_codes if c != 0]
             if not failed:
                 return RunStatus(RunPhase.SUCCEEDED, 0)
-            if self.status(cluster).phase is ClusterPhase.TERMINATED:
+            if look.status(cluster).phase is ClusterPhase.TERMINATED:
                 return RunStatus(RunPhase.LOST)
             for node in nodes:
                 with contextlib.suppress(OSError):
                     said = (node / START_FAILED).read_text(errors="replace").strip()
                     return RunStatus(RunPhase.START_FAILED, failed[0], f"{node.name}: {said[:200]}")
             return RunStatus(RunPhase.FAILED, failed[0])
-        if self.status(cluster).phase in (ClusterPhase.TERMINATED, ClusterPhase.FAILED):
+        if look.status(cluster).phase in (ClusterPhase.TERMINATED, ClusterPhase.FAILED):
             return RunStatus(RunPhase.LOST)
         # A node no process runs, nor ever will: its start died after the claim, or its agent did.
         for node, code in zip(nodes, codes, strict=True):
-            fate = None if code is not None else node_fate(node, self.claim_seconds)
+            fate = None if code is not None else node_fate(node, self.claim_seconds, alive=look.same_process_alive)
             if fate is not None:
                 return RunStatus(RunPhase.NO_PROCESS, None, f"{node.name}: {fate}")
         missing = missing_fate(base, nodes, self.claim_seconds)
@@ -398,3 +417,26 @@ class LocalProvisioner:
         for path in sorted(self.cluster_dir(cluster).glob("runs/*/node-*/status.events")):
             records.extend(json.loads(line) for line in path.read_text().splitlines() if line.strip())
         return records
+
+
+class _Look:
+    """What one call has already looked at: each cluster's status and each recorded process's life."""
+
+    def __init__(self, provisioner: LocalProvisioner) -> None:
+        self.provisioner = provisioner
+        self.clusters: dict[str, ClusterStatus] = {}
+        self.hosts: dict[int, bool] = {}  # host pid -> alive
+        self.processes: dict[tuple[object, object], bool] = {}  # (pid, its start) -> the same process runs
+
+    def status(self, cluster: ClusterInfo) -> ClusterStatus:
+        if cluster.id not in self.clusters:
+            self.clusters[cluster.id] = self.provisioner._status(cluster, self.hosts)
+        return self.clusters[cluster.id]
+
+    def same_process_alive(self, record: dict[str, Any] | None) -> bool:
+        if not record or "pid" not in record:
+            return False
+        key = (record["pid"], record.get("pid_start"))
+        if key not in self.processes:
+            self.processes[key] = same_process_alive(record)
+        return self.processes[key]

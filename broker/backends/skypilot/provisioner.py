@@ -289,6 +289,10 @@ class SkyPilotProvisioner:
     def run_status(self, cluster: ClusterInfo, job_id: str, attempt: int) -> RunStatus:
         return self._run_status(cluster, job_name(job_id, attempt))
 
+    def run_statuses(self, runs: list[tuple[ClusterInfo, str, int]]) -> dict[tuple[str, int], RunStatus]:
+        """Each run's status from its cluster's latest background ``sky queue`` snapshot (``_queue``)."""
+        return {(job_id, attempt): self.run_status(cluster, job_id, attempt) for cluster, job_id, attempt in runs}
+
     def _run_status(self, cluster: ClusterInfo, wanted: str) -> RunStatus:
         name = self.cluster_name(cluster)
         with self._lock:

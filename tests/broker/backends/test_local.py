@@ -9,6 +9,7 @@ import multiprocessing
 import os
 import signal
 import stat
+import subprocess
 import sys
 import threading
 import time
@@ -449,3 +450,44 @@ def test_a_checkpoint_request_waits_for_the_jobs_handler(provisioner: LocalProvi
         assert (tmp_path / "got").exists()
     finally:
         _stop_all(provisioner, [cluster])
+
+
+def test_one_call_says_of_every_run_what_run_status_says_of_each(provisioner: LocalProvisioner) -> None:
+    """Runs written as hosts and agents write them, one process standing in for the live ones: running,
+    ended, failed, never started, an agent gone, a host gone, and two runs on one cluster."""
+    from broker.backends.local.claims import identity
+
+    live = subprocess.Popen(["sleep", "600"], start_new_session=True)
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    try:
+        def run(cluster: ClusterInfo, job_id: str, host: int, agent: int | None, code: int | None) -> None:
+            directory = provisioner.cluster_dir(cluster)
+            node = directory / "runs" / f"{job_id}-1" / "node-0"
+            node.mkdir(parents=True, exist_ok=True)
+            (directory / "cluster.json").write_text(json.dumps({"cluster_id": cluster.id}))
+            (directory / "status.json").write_text(json.dumps({"state": "UP", "host_pid": host}))
+            (node.parent / "gang.json").write_text(json.dumps({"nodes": 1, **identity(live.pid)}))
+            if agent is not None:
+                (node / "started").write_text(json.dumps(identity(agent)))
+            if code is not None:
+                (node / "status").write_text(json.dumps({"exit_code": code}))
+
+        shared, alone, lost = _cluster("r-shared"), _cluster("r-alone"), _cluster("r-lost")
+        run(shared, "running", live.pid, live.pid, None)
+        run(shared, "ended", live.pid, live.pid, 0)
+        run(alone, "failed", live.pid, live.pid, 1)
+        run(alone, "agent-gone", live.pid, gone.pid, None)
+        run(lost, "host-gone", gone.pid, live.pid, None)
+        runs = [(shared, "running", 1), (shared, "ended", 1), (alone, "failed", 1), (alone, "agent-gone", 1),
+                (lost, "host-gone", 1), (shared, "never-started", 1)]
+        statuses = provisioner.run_statuses(runs)
+        assert statuses == {(job_id, attempt): provisioner.run_status(cluster, job_id, attempt)
+                            for cluster, job_id, attempt in runs}
+        assert [statuses[(job_id, 1)].phase for _, job_id, _ in runs] == [
+            RunPhase.RUNNING, RunPhase.SUCCEEDED, RunPhase.FAILED, RunPhase.NO_PROCESS, RunPhase.LOST,
+            RunPhase.NOT_STARTED]
+        assert provisioner.run_statuses([]) == {}
+    finally:
+        live.kill()
+        live.wait()

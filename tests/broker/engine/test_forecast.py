@@ -113,3 +113,46 @@ def test_a_stated_work_estimate_predicts_before_any_progress(tmp_path: Path) -> 
         assert summary["predicted_finish_low"] == (now + timedelta(seconds=400)).isoformat()
     finally:
         store.dispose()
+
+
+def test_predictions_of_many_jobs_at_once_ask_what_each_job_alone_asks(tmp_path: Path) -> None:
+    """``Reads`` sums a name and team's history once for all its jobs: each job's request is still the one
+    read for it alone, whether it is among the first ``MAX_HISTORY`` earlier jobs or past them."""
+    store = open_store(f"sqlite:///{tmp_path / 'store.db'}")
+    try:
+        count = forecast.MAX_HISTORY + 6
+        for i in range(count):
+            _setup(store, f"j{i:03d}", T0 + timedelta(seconds=i))
+        with store.transaction() as s:
+            for i, job in enumerate(s.scalars(select(JobRow).order_by(JobRow.id))):
+                if i % 3 == 0:  # some of them finished: a history with both kinds
+                    job.state = "SUCCEEDED"
+                    alloc = s.scalar(select(AllocationRow).where(AllocationRow.job_id == job.id))
+                    assert alloc is not None
+                    alloc.ended_at = T0 + timedelta(minutes=10 + i)
+        now = T0 + timedelta(hours=1)
+        with store.transaction() as s:
+            jobs = list(s.scalars(select(JobRow).where(JobRow.state == "RUNNING").order_by(JobRow.id)))
+            reads = forecast.Reads(s, jobs, now)
+            picked = [jobs[0], jobs[1], jobs[len(jobs) // 2], jobs[-2], jobs[-1]]  # newest first in history
+            for job in picked:
+                assert forecast.prediction_request(s, job, now, reads) == forecast.prediction_request(s, job, now)
+    finally:
+        store.dispose()
+
+
+def test_a_job_nothing_predicts_is_tried_again_only_after_the_interval(tmp_path: Path) -> None:
+    store = open_store(f"sqlite:///{tmp_path / 'store.db'}")
+    try:
+        _setup(store, "a", T0)
+        unknown: dict[str, tuple[int, datetime]] = {}
+        forecast.record(store, T0 + timedelta(minutes=5), unknown)
+        assert unknown == {"a": (1, T0 + timedelta(minutes=5))}
+        with store.transaction() as s:
+            s.get(JobRow, "a").work_s = 600.0  # type: ignore[union-attr]
+        forecast.record(store, T0 + timedelta(minutes=5, seconds=10), unknown)  # within the interval: not tried
+        assert _summary(store, "a")["predicted_finish"] is None
+        forecast.record(store, T0 + timedelta(minutes=5) + forecast.RECORD_EVERY, unknown)
+        assert _summary(store, "a")["prediction_source"] == "work"
+    finally:
+        store.dispose()

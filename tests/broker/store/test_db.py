@@ -6,7 +6,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
-from sqlalchemy import func, inspect, select
+from sqlalchemy import func, inspect, select, text
 from sqlalchemy.exc import IntegrityError
 
 from broker.store import open_store
@@ -88,3 +88,21 @@ def test_processes_opening_a_new_sqlite_store_at_once_migrate_it_once(tmp_path: 
     store = open_store(url)
     assert {"jobs", "ledger"} <= set(inspect(store.engine).get_table_names())
     store.dispose()
+
+
+def test_the_write_count_moves_on_writes_and_not_on_reads(tmp_path: Path) -> None:
+    store = open_store(f"sqlite:///{tmp_path / 'store.db'}")
+    try:
+        store.migrate()
+        before = store.writes.count
+        with store.transaction() as s:
+            s.scalar(select(func.count()).select_from(JobRow))
+            s.execute(text("  SELECT 1"))
+        assert store.writes.count == before
+        with store.transaction() as s:
+            s.execute(text("CREATE TEMP TABLE scratch (x INTEGER)"))  # not a plain read: counted
+            s.execute(text("insert into scratch values (1)"))
+            s.execute(text("WITH v AS (SELECT 2 AS x) INSERT INTO scratch SELECT x FROM v"))
+        assert store.writes.count == before + 3
+    finally:
+        store.dispose()
