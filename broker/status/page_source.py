@@ -9,15 +9,18 @@ read gives (a test compares them) at a fixed cost per page.
 
 from __future__ import annotations
 
+import functools
+import threading
+import weakref
 from collections.abc import Iterable, Sequence
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
-from sqlalchemy import func, select, union_all
+from sqlalchemy import Select, bindparam, func, select, union_all
 from sqlalchemy.orm import Session
 
 from broker.status.orm_source import SessionSource
-from broker.status.summary import EARLIER_JOBS, summarise
+from broker.status.summary import EARLIER_JOBS, errors_of, summarise
 from broker.store.gpu import GpuRollupRow
 from broker.store.tables import AllocationRow, ClusterRow, JobRow, LedgerRow, PredictionRow, ProgressRow
 
@@ -43,6 +46,65 @@ class Made(NamedTuple):
     finish_at: datetime
 
 
+# A finished job's predictions stop changing once the transaction that may have been writing one as it
+# finished (``broker.engine.forecast.record``) has ended: this long after its wall-clock finish.
+SETTLED = timedelta(minutes=1)
+BRANCHES = 256  # names and teams per statement reading their latest finished jobs
+KEPT_JOBS = 200_000  # finished jobs whose prediction errors a process keeps, per store (a few MB)
+
+
+class Kept:
+    """The prediction errors of finished jobs, kept across requests: each ``SUCCEEDED`` job's
+    (finished_at, errors), which no longer change once it has settled (``SETTLED``)."""
+
+    def __init__(self) -> None:
+        self._jobs: dict[str, tuple[datetime | None, list[tuple[float, float]]]] = {}
+
+    def __contains__(self, job_id: str) -> bool:
+        return job_id in self._jobs
+
+    def get(self, job_id: str) -> tuple[datetime | None, list[tuple[float, float]]]:
+        return self._jobs[job_id]
+
+    def put(self, job_id: str, finished_at: datetime | None, errors: list[tuple[float, float]]) -> None:
+        if len(self._jobs) >= KEPT_JOBS:
+            self._jobs = {}  # rare: started again rather than tracking which to drop
+        self._jobs[job_id] = (finished_at, errors)
+
+
+_KEPT: weakref.WeakKeyDictionary[Any, Kept] = weakref.WeakKeyDictionary()
+_KEPT_LOCK = threading.Lock()
+
+
+def _kept(s: Session) -> Kept:
+    """This store's (engine's) kept errors: a test's store and the next one reusing its path share nothing."""
+    engine = s.get_bind()
+    with _KEPT_LOCK:
+        kept = _KEPT.get(engine)
+        if kept is None:
+            kept = _KEPT[engine] = Kept()
+        return kept
+
+
+@functools.cache
+def _latest_finished(pairs: int) -> Select[tuple[str, str, str]]:
+    """The ids, names and teams of the ``EARLIER_JOBS + 1`` latest finished jobs of each of ``pairs`` names
+    and teams (parameters ``name0``, ``team0``, ...), latest first: a branch per pair, each through the
+    (name, team, finished_at) index."""
+    latest = union_all(*(
+        select(JobRow.id, JobRow.name, JobRow.team, JobRow.finished_at)
+        .where(JobRow.name == bindparam(f"name{i}"), JobRow.team == bindparam(f"team{i}"),
+               JobRow.state == "SUCCEEDED")
+        .order_by(JobRow.finished_at.desc()).limit(EARLIER_JOBS + 1).subquery().select()
+        for i in range(pairs))).subquery()
+    return select(latest.c.id, latest.c.name, latest.c.team).order_by(latest.c.finished_at.desc())
+
+
+def _bucket(n: int) -> int:
+    """``n`` rounded up to a power of two."""
+    return 1 << max(n - 1, 0).bit_length()
+
+
 class PageSource(SessionSource):
     """``SummarySource`` over the rows of ``jobs`` read in bulk; any other job is asked one at a time."""
 
@@ -57,7 +119,6 @@ class PageSource(SessionSource):
         self._up: dict[str, ClusterRow] = {}
         self._progress: dict[str, ProgressRow] = {}
         self._prediction: dict[str, PredictionRow] = {}
-        self._predictions: dict[str, list[Prediction]] = {}
         if ids:
             self._read(ids)
             self._read_earlier(jobs)
@@ -90,39 +151,60 @@ class PageSource(SessionSource):
         self._prediction = _latest(s, PredictionRow, PredictionRow.made_at, ids)
 
     def _read_earlier(self, jobs: Sequence[JobRow]) -> None:
-        """The latest finished jobs of each name and team on the page, and the predictions of those and of
-        the page's finished jobs (what ``summary._earlier_error`` and ``_errors`` ask for): the columns those
-        read, each name and team's jobs found through the (name, team, finished_at) index."""
+        """The latest finished jobs of each name and team on the page (``summary._earlier_error``), and the
+        prediction errors of those and of the page's finished jobs (``summary._errors``): the ids through
+        the (name, team, finished_at) index, then only the jobs whose errors this process has not kept."""
         cache: dict[tuple[str, str], list[Job]] = self.memo.setdefault("earlier_jobs", {})
+        scored: dict[str, list[tuple[float, float]]] = self.memo.setdefault("prediction_errors", {})
+        kept = _kept(self.s)
         pairs = sorted({(job.name, job.team) for job in jobs} - set(cache))
-        wanted = {job.id for job in jobs if job.state == "SUCCEEDED"}
-        self._predictions = {}
+        earlier: dict[tuple[str, str], list[str]] = {pair: [] for pair in pairs}
         if pairs:
-            latest = union_all(*(
-                select(JobRow.id, JobRow.name, JobRow.team, JobRow.state, JobRow.finished_at)
-                .where(JobRow.name == name, JobRow.team == team, JobRow.state == "SUCCEEDED")
-                .order_by(JobRow.finished_at.desc()).limit(EARLIER_JOBS + 1).subquery().select()
-                for name, team in pairs)).subquery()
-            found: dict[tuple[str, str], list[Job]] = {pair: [] for pair in pairs}
-            for row in self.s.execute(select(latest).order_by(latest.c.finished_at.desc())):
-                found[(row.name, row.team)].append(cast("Job", Finished(row.id, row.name, row.team, row.state,
-                                                                        row.finished_at)))
-            cache.update(found)
+            # A fixed number of branches per bucket of sizes, so that the statement is built and compiled
+            # once per bucket, not once per page (the padding repeats the last pair; its rows are skipped);
+            # at most ``BRANCHES`` per statement (SQLite takes 500 at most).
+            seen: set[str] = set()
+            for start in range(0, len(pairs), BRANCHES):
+                chunk = pairs[start:start + BRANCHES]
+                padded = chunk + [chunk[-1]] * (_bucket(len(chunk)) - len(chunk))
+                params = {f"{key}{i}": value for i, pair in enumerate(padded)
+                          for key, value in zip(("name", "team"), pair, strict=True)}
+                for job_id, name, team in self.s.execute(_latest_finished(len(padded)), params):
+                    if job_id not in seen:
+                        seen.add(job_id)
+                        earlier[(name, team)].append(job_id)
+        finished = {job.id: (job.finished_at, job.wall_finished_at) for job in jobs if job.state == "SUCCEEDED"}
+        unknown = sorted({job_id for ids in earlier.values() for job_id in ids if job_id not in kept}
+                         | {job_id for job_id in finished if job_id not in kept})
+        if unknown:
+            for job_id, finished_at, wall_finished_at in self.s.execute(
+                    select(JobRow.id, JobRow.finished_at, JobRow.wall_finished_at).where(JobRow.id.in_(unknown))):
+                finished[str(job_id)] = (finished_at, wall_finished_at)
+            made: dict[str, list[Prediction]] = {job_id: [] for job_id in unknown}
             for job_id, made_at, finish_at in self.s.execute(
                     select(PredictionRow.job_id, PredictionRow.made_at, PredictionRow.finish_at)
-                    .join(latest, latest.c.id == PredictionRow.job_id).order_by(PredictionRow.id)):
-                self._predictions.setdefault(str(job_id), []).append(cast("Prediction", Made(made_at, finish_at)))
-            for pair in pairs:
-                for job in found[pair]:
-                    self._predictions.setdefault(job.id, [])
-        wanted -= set(self._predictions)
-        if wanted:
-            for job_id, made_at, finish_at in self.s.execute(
-                    select(PredictionRow.job_id, PredictionRow.made_at, PredictionRow.finish_at)
-                    .where(PredictionRow.job_id.in_(sorted(wanted))).order_by(PredictionRow.id)):
-                self._predictions.setdefault(str(job_id), []).append(cast("Prediction", Made(made_at, finish_at)))
-            for job_id in wanted:
-                self._predictions.setdefault(job_id, [])
+                    .where(PredictionRow.job_id.in_(unknown)).order_by(PredictionRow.id)):
+                made[str(job_id)].append(cast("Prediction", Made(made_at, finish_at)))
+            settled = datetime.now(UTC) - SETTLED
+            for job_id in unknown:
+                finished_at, wall_finished_at = finished[job_id]
+                errors = errors_of(finished_at, made[job_id])
+                scored[job_id] = errors
+                if finished_at is not None and wall_finished_at is not None and wall_finished_at <= settled:
+                    kept.put(job_id, finished_at, errors)
+        for pair, ids in earlier.items():
+            rows = []
+            for job_id in ids:
+                if job_id in kept:
+                    finished_at, errors = kept.get(job_id)
+                    scored.setdefault(job_id, errors)
+                else:
+                    finished_at = finished[job_id][0]
+                rows.append(cast("Job", Finished(job_id, pair[0], pair[1], "SUCCEEDED", finished_at)))
+            cache[pair] = rows
+        for job_id in finished:
+            if job_id not in scored and job_id in kept:
+                scored[job_id] = kept.get(job_id)[1]
 
     def costs(self, job_id: str) -> tuple[float, float]:
         if job_id not in self.ids:
@@ -162,11 +244,6 @@ class PageSource(SessionSource):
         if job_id not in self.ids:
             return super().last_prediction(job_id)
         return self._prediction.get(job_id)
-
-    def predictions(self, job_id: str) -> list[Prediction]:
-        if job_id not in self._predictions:
-            return super().predictions(job_id)
-        return list(self._predictions[job_id])
 
 
 def _latest(s: Session, row: Any, at: Any, ids: list[str]) -> dict[str, Any]:
