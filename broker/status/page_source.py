@@ -87,7 +87,7 @@ def _kept(s: Session) -> Kept:
 
 
 @functools.cache
-def _latest_finished(pairs: int) -> Select[tuple[str, str, str]]:
+def _latest_finished(pairs: int) -> Select[str, str, str]:
     """The ids, names and teams of the ``EARLIER_JOBS + 1`` latest finished jobs of each of ``pairs`` names
     and teams (parameters ``name0``, ``team0``, ...), latest first: a branch per pair, each through the
     (name, team, finished_at) index."""
