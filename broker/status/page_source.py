@@ -29,6 +29,23 @@ if TYPE_CHECKING:
     from broker.status.summary import Allocation, Cluster, Job, Prediction, Progress
 
 
+# The columns of each kind of row a summary reads (``broker.status.summary``'s protocols), with what
+# finds the row of a job (job id, row id, times).
+ALLOCATION = (AllocationRow.job_id, AllocationRow.attempt, AllocationRow.cluster_id, AllocationRow.started_at,
+              AllocationRow.running_at, AllocationRow.ended_at)
+CLUSTER = (ClusterRow.id, ClusterRow.job_id, ClusterRow.created_at, ClusterRow.up_at, ClusterRow.cloud,
+           ClusterRow.zone, ClusterRow.instance_type, ClusterRow.spot, ClusterRow.price_per_node_hour,
+           ClusterRow.num_nodes, ClusterRow.teardown_reason)
+PROGRESS = (ProgressRow.id, ProgressRow.job_id, ProgressRow.step, ProgressRow.total)
+PREDICTION = (PredictionRow.id, PredictionRow.job_id, PredictionRow.made_at, PredictionRow.finish_at,
+              PredictionRow.low_at, PredictionRow.high_at, PredictionRow.source)
+# A job's, for a list's page (``GET /v1/jobs``): what a summary reads and the list's cursor.
+JOB = (JobRow.id, JobRow.name, JobRow.team, JobRow.state, JobRow.pipeline_id, JobRow.stage, JobRow.preemptions,
+       JobRow.migrations, JobRow.zones, JobRow.work_lost_s, JobRow.work_s, JobRow.num_nodes, JobRow.attempt,
+       JobRow.checkpoint, JobRow.deadline, JobRow.created_at, JobRow.finished_at, JobRow.wall_started_at,
+       JobRow.wall_finished_at, JobRow.exit_code, JobRow.reason, JobRow.checkpoint_reason)
+
+
 class Finished(NamedTuple):
     """The columns of an earlier finished job that ``summary._earlier_error`` and ``_errors`` read."""
 
@@ -59,6 +76,9 @@ class Kept:
 
     def __init__(self) -> None:
         self._jobs: dict[str, tuple[datetime | None, list[tuple[float, float]]]] = {}
+        # A name and team's ``earlier_prediction_error`` for its jobs outside its latest finished ones,
+        # and the ids of those (all kept) it was summed from: the same while they stay the latest.
+        self.outside: dict[tuple[str, str], tuple[tuple[str, ...], dict[str, Any] | None]] = {}
 
     def __contains__(self, job_id: str) -> bool:
         return job_id in self._jobs
@@ -68,7 +88,7 @@ class Kept:
 
     def put(self, job_id: str, finished_at: datetime | None, errors: list[tuple[float, float]]) -> None:
         if len(self._jobs) >= KEPT_JOBS:
-            self._jobs = {}  # rare: started again rather than tracking which to drop
+            self._jobs, self.outside = {}, {}  # rare: started again rather than tracking which to drop
         self._jobs[job_id] = (finished_at, errors)
 
 
@@ -108,17 +128,19 @@ def _bucket(n: int) -> int:
 class PageSource(SessionSource):
     """``SummarySource`` over the rows of ``jobs`` read in bulk; any other job is asked one at a time."""
 
-    def __init__(self, s: Session, jobs: Sequence[JobRow]) -> None:
+    def __init__(self, s: Session, jobs: Sequence[Job]) -> None:
         super().__init__(s)
         self.ids = {job.id for job in jobs}
+        self.kept = _kept(s)
+        self.settled: dict[tuple[str, str], tuple[str, ...]] = {}  # what to keep of ``earlier_errors``
         ids = sorted(self.ids)
         self._costs: dict[str, tuple[float, float]] = {}
         self._gpu: dict[str, tuple[float, float, float | None]] = {}
-        self._allocations: dict[str, list[AllocationRow]] = {job_id: [] for job_id in ids}
-        self._clusters: dict[str, ClusterRow] = {}
-        self._up: dict[str, ClusterRow] = {}
-        self._progress: dict[str, ProgressRow] = {}
-        self._prediction: dict[str, PredictionRow] = {}
+        self._allocations: dict[str, list[Any]] = {job_id: [] for job_id in ids}
+        self._clusters: dict[str, Any] = {}
+        self._up: dict[str, Any] = {}
+        self._progress: dict[str, Any] = {}
+        self._prediction: dict[str, Any] = {}
         if ids:
             self._read(ids)
             self._read_earlier(jobs)
@@ -136,27 +158,30 @@ class PageSource(SessionSource):
                        func.max(GpuRollupRow.peak_memory_mb))
                 .where(GpuRollupRow.job_id.in_(ids)).group_by(GpuRollupRow.job_id)):
             self._gpu[str(job_id)] = (float(measured), float(utilization), peak)
-        for allocation in s.scalars(select(AllocationRow).where(AllocationRow.job_id.in_(ids))):
+        # Columns, not mapped objects: a page reads a few hundred rows, and building an ORM object per row
+        # cost more than the rest of the page.
+        for allocation in s.execute(select(*ALLOCATION).where(AllocationRow.job_id.in_(ids))):
             self._allocations[allocation.job_id].append(allocation)
         wanted = sorted({max(rows, key=lambda a: a.attempt).cluster_id
                          for rows in self._allocations.values() if rows})
-        for cluster in s.scalars(select(ClusterRow).where(
+        for cluster in s.execute(select(*CLUSTER).where(
                 ClusterRow.id.in_(wanted) | (ClusterRow.job_id.in_(ids) & ClusterRow.up_at.is_not(None)))):
             self._clusters[cluster.id] = cluster
             if cluster.job_id in self.ids and cluster.up_at is not None:
                 newest = self._up.get(cluster.job_id)
                 if newest is None or cluster.created_at > newest.created_at:
                     self._up[cluster.job_id] = cluster
-        self._progress = _latest(s, ProgressRow, ProgressRow.at, ids)
-        self._prediction = _latest(s, PredictionRow, PredictionRow.made_at, ids)
+        self._progress = _latest(s, ProgressRow, ProgressRow.at, PROGRESS, ids)
+        self._prediction = _latest(s, PredictionRow, PredictionRow.made_at, PREDICTION, ids)
 
-    def _read_earlier(self, jobs: Sequence[JobRow]) -> None:
+    def _read_earlier(self, jobs: Sequence[Job]) -> None:
         """The latest finished jobs of each name and team on the page (``summary._earlier_error``), and the
         prediction errors of those and of the page's finished jobs (``summary._errors``): the ids through
         the (name, team, finished_at) index, then only the jobs whose errors this process has not kept."""
         cache: dict[tuple[str, str], list[Job]] = self.memo.setdefault("earlier_jobs", {})
         scored: dict[str, list[tuple[float, float]]] = self.memo.setdefault("prediction_errors", {})
-        kept = _kept(self.s)
+        outside: dict[tuple[str, str], dict[str, Any] | None] = self.memo.setdefault("earlier_errors", {})
+        kept = self.kept
         pairs = sorted({(job.name, job.team) for job in jobs} - set(cache))
         earlier: dict[tuple[str, str], list[str]] = {pair: [] for pair in pairs}
         if pairs:
@@ -202,6 +227,11 @@ class PageSource(SessionSource):
                     finished_at = finished[job_id][0]
                 rows.append(cast("Job", Finished(job_id, pair[0], pair[1], "SUCCEEDED", finished_at)))
             cache[pair] = rows
+            known = kept.outside.get(pair)
+            if known is not None and known[0] == tuple(ids):
+                outside[pair] = known[1]
+            elif all(job_id in kept for job_id in ids):
+                self.settled[pair] = tuple(ids)
         for job_id in finished:
             if job_id not in scored and job_id in kept:
                 scored[job_id] = kept.get(job_id)[1]
@@ -246,19 +276,25 @@ class PageSource(SessionSource):
         return self._prediction.get(job_id)
 
 
-def _latest(s: Session, row: Any, at: Any, ids: list[str]) -> dict[str, Any]:
-    """Each job's row with the latest ``at``, the latest id among equal times (``order_by(at desc, id desc)``)."""
+def _latest(s: Session, row: Any, at: Any, columns: tuple[Any, ...], ids: list[str]) -> dict[str, Any]:
+    """Each job's row (``columns`` of it) with the latest ``at``, the latest id among equal times
+    (``order_by(at desc, id desc)``)."""
     newest = select(row.job_id, func.max(at).label("at")).where(row.job_id.in_(ids)).group_by(row.job_id).subquery()
     found: dict[str, Any] = {}
-    for candidate in s.scalars(select(row).join(newest, (newest.c.job_id == row.job_id) & (newest.c.at == at))):
+    for candidate in s.execute(select(*columns).join(newest, (newest.c.job_id == row.job_id) & (newest.c.at == at))):
         if candidate.job_id not in found or candidate.id > found[candidate.job_id].id:
             found[candidate.job_id] = candidate
     return found
 
 
-def page_summaries(s: Session, jobs: Iterable[JobRow], now: datetime | None = None,
+def page_summaries(s: Session, jobs: Iterable[Job], now: datetime | None = None,
                    clock_now: datetime | None = None) -> list[dict[str, Any]]:
     """The summaries of ``jobs`` (``broker.status.orm_source.job_summary`` of each), read in bulk."""
     page = list(jobs)
     source = PageSource(s, page)
-    return [summarise(source, job, now, clock_now) for job in page]
+    found = [summarise(source, job, now, clock_now) for job in page]
+    summed = source.memo.get("earlier_errors", {})
+    for pair, ids in source.settled.items():
+        if pair in summed:
+            source.kept.outside[pair] = (ids, summed[pair])
+    return found
