@@ -21,8 +21,10 @@ With a ``Wake`` (what ``broker serve``'s leader gives it), a tick does not even 
 something may have changed: this process committed a write (``watch_writes``: an API request, an
 agent's report, a scheduled job, the engine itself), something is in flight or the last step changed
 something, a timer above is due, or ``REMOTE_S`` passed since the last read (what another process
-wrote: a replica that took a notice, a command on the same store). A write through this replica is
-acted on at the next tick, as before; one through another, within ``REMOTE_S`` plus a tick.
+wrote: a command on the same store). On PostgreSQL every replica's writing transactions also send
+``NOTIFY broker_wake`` as they commit, and the leader listens (``listen_for_writes``), so a notice
+taken by another replica wakes it at once too. A write through any replica is acted on at the next
+tick, as before; one by another process on SQLite, within ``REMOTE_S`` plus a tick.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from sqlalchemy import event, exists, func, select
+from sqlalchemy import event, exists, func, select, text
 from sqlalchemy.orm import ORMExecuteState, Session
 
 from broker.clock import Clock
@@ -61,6 +63,7 @@ REMOTE_S = 1.0  # wall seconds at most between two reads of the store while noth
 
 Signature = tuple[object, ...]
 WROTE = "broker.wake.wrote"  # in a session's ``info``: it wrote something, to be told at its commit
+CHANNEL = "broker_wake"  # PostgreSQL's notification channel for writes
 
 
 class Wake:
@@ -92,6 +95,13 @@ def watch_writes(store: Store, wake: Wake) -> Callable[[], None]:
         if state.is_insert or state.is_update or state.is_delete:
             state.session.info[WROTE] = True
 
+    notify = store.dialect == "postgresql"
+
+    def committing(session: Session) -> None:
+        # Before the commit's own flush: what it will write counts too.
+        if notify and (session.info.get(WROTE) or session.new or session.dirty or session.deleted):
+            session.execute(text(f"NOTIFY {CHANNEL}"))  # delivered at the commit, to every listener
+
     def committed(session: Session) -> None:
         if session.info.pop(WROTE, False):
             wake.set()
@@ -100,7 +110,7 @@ def watch_writes(store: Store, wake: Wake) -> Callable[[], None]:
         session.info.pop(WROTE, None)
 
     hooks: list[tuple[str, Callable[..., None]]] = [("after_flush", flushed), ("do_orm_execute", executed),
-                                                    ("after_commit", committed),
+                                                    ("before_commit", committing), ("after_commit", committed),
                                                     ("after_soft_rollback", lambda s, _t: rolled_back(s))]
     for name, hook in hooks:
         event.listen(sessions, name, hook)
@@ -110,6 +120,33 @@ def watch_writes(store: Store, wake: Wake) -> Callable[[], None]:
             event.remove(sessions, name, hook)
 
     return stop
+
+
+def listen_for_writes(store: Store, wake: Wake) -> Callable[[], None]:
+    """On PostgreSQL, set ``wake`` whenever a transaction of any replica that wrote commits (their
+    ``watch_writes`` notify ``CHANNEL``), from a connection of its own; elsewhere nothing. Returns
+    what stops it."""
+    if store.dialect != "postgresql":
+        return lambda: None
+    import psycopg
+
+    dsn = store.engine.url.set(drivername="postgresql").render_as_string(hide_password=False)
+    stopped = threading.Event()
+
+    def listen() -> None:
+        while not stopped.is_set():
+            try:
+                with psycopg.connect(dsn, autocommit=True) as conn:
+                    conn.execute(f"LISTEN {CHANNEL}")
+                    wake.set()  # whatever was written while not listening
+                    while not stopped.is_set():
+                        for _ in conn.notifies(timeout=1.0, stop_after=1):
+                            wake.set()
+            except psycopg.Error:
+                stopped.wait(1.0)  # the gate still reads the store every REMOTE_S meanwhile
+
+    threading.Thread(target=listen, daemon=True, name="wake-listener").start()
+    return stopped.set
 
 
 class StepGate:

@@ -3,6 +3,7 @@ report, a job under way, the market's next tick; and not otherwise."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -16,7 +17,7 @@ from broker.model import JobState
 from broker.notices.record import Notice, record_notice
 from broker.runtime import Runtime, assemble
 from broker.service import tasks
-from broker.service.wake import StepGate, Wake, watch_writes
+from broker.service.wake import StepGate, Wake, listen_for_writes, watch_writes
 from broker.spec.job import parse_job_spec
 from broker.store import Store, open_store
 from broker.store.tables import ClusterRow, JobRow, ProgressRow
@@ -222,3 +223,36 @@ def test_with_a_wake_a_tick_reads_the_store_only_after_a_write_or_when_due(runti
         assert len(reads) == 2
     finally:
         stop()
+
+
+def test_on_postgresql_another_replicas_write_wakes_the_leader(runtime: Runtime, db_url: str) -> None:
+    """A replica's writing transaction notifies the leader's listener as it commits; a read does not."""
+    if runtime.store.dialect != "postgresql":
+        pytest.skip("NOTIFY is PostgreSQL's; on SQLite the gate reads the store every remote_s")
+    wake = Wake()
+    unlisten = listen_for_writes(runtime.store, wake)
+    other = open_store(db_url)
+    stop = watch_writes(other, Wake())
+    try:
+        assert _woken(wake)  # the listener, once listening, wakes the gate for what came before
+        with other.transaction() as s:
+            s.scalars(select(JobRow)).all()
+        time.sleep(0.5)
+        assert not wake.take()  # a read notifies nothing
+        _ended_cluster(runtime, "c-other", store=other)
+        assert _woken(wake)
+        record_notice(other, runtime.clock, Notice("c-other", "terminate"), source="agent")
+        assert _woken(wake)
+    finally:
+        stop()
+        unlisten()
+        other.dispose()
+
+
+def _woken(wake: Wake, within_s: float = 60.0) -> bool:
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        if wake.take():
+            return True
+        time.sleep(0.05)
+    return False
