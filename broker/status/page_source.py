@@ -12,11 +12,11 @@ from __future__ import annotations
 import functools
 import threading
 import weakref
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
-from sqlalchemy import Select, bindparam, func, select, union_all
+from sqlalchemy import Select, bindparam, func, select, text, union_all
 from sqlalchemy.orm import Session
 
 from broker.status.orm_source import SessionSource
@@ -106,6 +106,13 @@ def _kept(s: Session) -> Kept:
         return kept
 
 
+LATEST_FINISHED_PG = text(
+    "SELECT j.id, j.name, j.team FROM unnest(CAST(:names AS VARCHAR[]), CAST(:teams AS VARCHAR[])) AS p(name, team) "
+    "CROSS JOIN LATERAL (SELECT jobs.id, jobs.name, jobs.team, jobs.finished_at FROM jobs "
+    "WHERE jobs.name = p.name AND jobs.team = p.team AND jobs.state = 'SUCCEEDED' "
+    f"ORDER BY jobs.finished_at DESC LIMIT {EARLIER_JOBS + 1}) AS j ORDER BY j.finished_at DESC")
+
+
 @functools.cache
 def _latest_finished(pairs: int) -> Select[str, str, str]:
     """The ids, names and teams of the ``EARLIER_JOBS + 1`` latest finished jobs of each of ``pairs`` names
@@ -185,19 +192,11 @@ class PageSource(SessionSource):
         pairs = sorted({(job.name, job.team) for job in jobs} - set(cache))
         earlier: dict[tuple[str, str], list[str]] = {pair: [] for pair in pairs}
         if pairs:
-            # A fixed number of branches per bucket of sizes, so that the statement is built and compiled
-            # once per bucket, not once per page (the padding repeats the last pair; its rows are skipped);
-            # at most ``BRANCHES`` per statement (SQLite takes 500 at most).
             seen: set[str] = set()
-            for start in range(0, len(pairs), BRANCHES):
-                chunk = pairs[start:start + BRANCHES]
-                padded = chunk + [chunk[-1]] * (_bucket(len(chunk)) - len(chunk))
-                params = {f"{key}{i}": value for i, pair in enumerate(padded)
-                          for key, value in zip(("name", "team"), pair, strict=True)}
-                for job_id, name, team in self.s.execute(_latest_finished(len(padded)), params):
-                    if job_id not in seen:
-                        seen.add(job_id)
-                        earlier[(name, team)].append(job_id)
+            for job_id, name, team in self._latest_finished(pairs):
+                if job_id not in seen:
+                    seen.add(job_id)
+                    earlier[(name, team)].append(job_id)
         finished = {job.id: (job.finished_at, job.wall_finished_at) for job in jobs if job.state == "SUCCEEDED"}
         unknown = sorted({job_id for ids in earlier.values() for job_id in ids if job_id not in kept}
                          | {job_id for job_id in finished if job_id not in kept})
@@ -235,6 +234,24 @@ class PageSource(SessionSource):
         for job_id in finished:
             if job_id not in scored and job_id in kept:
                 scored[job_id] = kept.get(job_id)[1]
+
+    def _latest_finished(self, pairs: list[tuple[str, str]]) -> Iterator[Any]:
+        """(id, name, team) of the ``EARLIER_JOBS + 1`` latest finished jobs of each name and team, latest
+        first: each pair's through the (name, team, finished_at) index."""
+        if self.s.get_bind().dialect.name == "postgresql":
+            # One short statement whatever the number of pairs (the driver parses a long one every time).
+            yield from self.s.execute(LATEST_FINISHED_PG, {"names": [name for name, _ in pairs],
+                                                           "teams": [team for _, team in pairs]})
+            return
+        # A branch per pair, a fixed number of them per bucket of sizes, so that the statement is built and
+        # compiled once per bucket, not once per page (the padding repeats the last pair; its rows come
+        # twice); at most ``BRANCHES`` per statement (SQLite takes 500 at most).
+        for start in range(0, len(pairs), BRANCHES):
+            chunk = pairs[start:start + BRANCHES]
+            padded = chunk + [chunk[-1]] * (_bucket(len(chunk)) - len(chunk))
+            params = {f"{key}{i}": value for i, pair in enumerate(padded)
+                      for key, value in zip(("name", "team"), pair, strict=True)}
+            yield from self.s.execute(_latest_finished(len(padded)), params)
 
     def costs(self, job_id: str) -> tuple[float, float]:
         if job_id not in self.ids:
