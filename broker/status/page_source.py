@@ -67,7 +67,7 @@ class Made(NamedTuple):
 # finished (``broker.engine.forecast.record``) has ended: this long after its wall-clock finish.
 SETTLED = timedelta(minutes=1)
 BRANCHES = 256  # names and teams per statement reading their latest finished jobs
-KEPT_JOBS = 200_000  # finished jobs whose prediction errors a process keeps, per store (a few MB)
+KEPT_JOBS = 50_000  # finished jobs whose prediction errors a process keeps, per store (about 25 MB at most)
 
 
 class Kept:
@@ -80,11 +80,9 @@ class Kept:
         # and the ids of those (all kept) it was summed from: the same while they stay the latest.
         self.outside: dict[tuple[str, str], tuple[tuple[str, ...], dict[str, Any] | None]] = {}
 
-    def __contains__(self, job_id: str) -> bool:
-        return job_id in self._jobs
-
-    def get(self, job_id: str) -> tuple[datetime | None, list[tuple[float, float]]]:
-        return self._jobs[job_id]
+    def jobs(self) -> dict[str, tuple[datetime | None, list[tuple[float, float]]]]:
+        """What is kept now, to read from (a ``put`` that starts again leaves it as it was)."""
+        return self._jobs
 
     def put(self, job_id: str, finished_at: datetime | None, errors: list[tuple[float, float]]) -> None:
         if len(self._jobs) >= KEPT_JOBS:
@@ -97,8 +95,11 @@ _KEPT_LOCK = threading.Lock()
 
 
 def _kept(s: Session) -> Kept:
+    return _kept_of(s.get_bind())
+
+
+def _kept_of(engine: Any) -> Kept:
     """This store's (engine's) kept errors: a test's store and the next one reusing its path share nothing."""
-    engine = s.get_bind()
     with _KEPT_LOCK:
         kept = _KEPT.get(engine)
         if kept is None:
@@ -189,6 +190,8 @@ class PageSource(SessionSource):
         scored: dict[str, list[tuple[float, float]]] = self.memo.setdefault("prediction_errors", {})
         outside: dict[tuple[str, str], dict[str, Any] | None] = self.memo.setdefault("earlier_errors", {})
         kept = self.kept
+        known = kept.jobs()
+        now_kept: set[str] = set()  # kept by this read
         pairs = sorted({(job.name, job.team) for job in jobs} - set(cache))
         earlier: dict[tuple[str, str], list[str]] = {pair: [] for pair in pairs}
         if pairs:
@@ -198,8 +201,8 @@ class PageSource(SessionSource):
                     seen.add(job_id)
                     earlier[(name, team)].append(job_id)
         finished = {job.id: (job.finished_at, job.wall_finished_at) for job in jobs if job.state == "SUCCEEDED"}
-        unknown = sorted({job_id for ids in earlier.values() for job_id in ids if job_id not in kept}
-                         | {job_id for job_id in finished if job_id not in kept})
+        unknown = sorted({job_id for ids in earlier.values() for job_id in ids if job_id not in known}
+                         | {job_id for job_id in finished if job_id not in known})
         if unknown:
             for job_id, finished_at, wall_finished_at in self.s.execute(
                     select(JobRow.id, JobRow.finished_at, JobRow.wall_finished_at).where(JobRow.id.in_(unknown))):
@@ -216,24 +219,25 @@ class PageSource(SessionSource):
                 scored[job_id] = errors
                 if finished_at is not None and wall_finished_at is not None and wall_finished_at <= settled:
                     kept.put(job_id, finished_at, errors)
+                    now_kept.add(job_id)
         for pair, ids in earlier.items():
             rows = []
             for job_id in ids:
-                if job_id in kept:
-                    finished_at, errors = kept.get(job_id)
+                if job_id in known:
+                    finished_at, errors = known[job_id]
                     scored.setdefault(job_id, errors)
                 else:
                     finished_at = finished[job_id][0]
                 rows.append(cast("Job", Finished(job_id, pair[0], pair[1], "SUCCEEDED", finished_at)))
             cache[pair] = rows
-            known = kept.outside.get(pair)
-            if known is not None and known[0] == tuple(ids):
-                outside[pair] = known[1]
-            elif all(job_id in kept for job_id in ids):
+            summed = kept.outside.get(pair)
+            if summed is not None and summed[0] == tuple(ids):
+                outside[pair] = summed[1]
+            elif all(job_id in known or job_id in now_kept for job_id in ids):
                 self.settled[pair] = tuple(ids)
         for job_id in finished:
-            if job_id not in scored and job_id in kept:
-                scored[job_id] = kept.get(job_id)[1]
+            if job_id not in scored:
+                scored[job_id] = known[job_id][1]
 
     def _latest_finished(self, pairs: list[tuple[str, str]]) -> Iterator[Any]:
         """(id, name, team) of the ``EARLIER_JOBS + 1`` latest finished jobs of each name and team, latest

@@ -7,8 +7,10 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import pytest
 from sqlalchemy import event, select
 
+from broker.status import page_source
 from broker.status.orm_source import job_summary
 from broker.status.page_source import page_summaries
 from broker.store import open_store
@@ -169,5 +171,25 @@ def test_a_page_of_more_names_than_one_statement_reads(db_url: str) -> None:
             bulk = page_summaries(s, jobs, NOW)
         assert bulk == one_by_one
         assert all(x["earlier_prediction_error"]["jobs"] == 1 for x in bulk)
+    finally:
+        store.dispose()
+
+
+def test_a_full_keep_starts_again_and_the_pages_stay_the_same(db_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """More finished jobs than a process keeps: the keep starts again mid-read, and every page is still
+    each job's own summary."""
+    monkeypatch.setattr(page_source, "KEPT_JOBS", 5)
+    store = open_store(db_url)
+    try:
+        with store.transaction() as s:
+            _fill(s)
+        for _ in range(3):
+            with store.transaction() as s:
+                jobs = list(s.scalars(select(JobRow).where(JobRow.team == "alpha").order_by(JobRow.id)))
+                one_by_one = [job_summary(s, job, NOW) for job in jobs]
+            with store.transaction() as s:
+                jobs = list(s.scalars(select(JobRow).where(JobRow.team == "alpha").order_by(JobRow.id)))
+                assert page_summaries(s, jobs, NOW) == one_by_one
+        assert len(page_source._kept_of(store.engine).jobs()) <= 5
     finally:
         store.dispose()
