@@ -9,7 +9,9 @@ with ``--running`` jobs started for real (a local cluster each, the pool capped 
 CPU the process uses (``time.process_time``: every thread of the service; the clusters' own host and
 agent processes are not the service's) over ``--seconds``:
 
-- ``gated``: the engine steps when something happened or is due (``broker.service.wake``);
+- ``gated``: the engine steps when something happened or is due, and the store is read only after this
+  process wrote, while something is in flight or due, or every ``REMOTE_S`` (``broker.service.wake``);
+- ``read a tick`` (baseline, same run, same service): gated, but the store read on every tick;
 - ``stored tick`` (baseline, same run, same service): gated, but the tick kept with the other jobs in
   the store's APScheduler schedule, as before ``broker.service.runner.build_ticker``;
 - ``every tick`` (baseline, same run, same service): the gate removed, a step on every tick.
@@ -116,9 +118,19 @@ def main() -> None:
             event.listen(service.runtime.store.engine, "before_cursor_execute",
                          lambda *_: statements.__setitem__(0, statements[0] + 1))
             steps[:] = [0, 0.0]
+            print(f"load average {Path('/proc/loadavg').read_text().split(' ', 1)[0]}", flush=True)
             gated = cpu_share(args.seconds)
             print(f"gated       CPU {100 * gated:5.1f} % of one core over {args.seconds:.0f} s, "
                   f"{statements[0]} statements{of_steps(args.seconds)}", flush=True)
+            # Before: the gate read the store on every tick (no wake on this process's writes).
+            assert service.step_gate is not None
+            wake, service.step_gate.wake = service.step_gate.wake, None
+            statements[0] = 0
+            every_read = cpu_share(args.seconds)
+            print(f"read a tick CPU {100 * every_read:5.1f} % of one core over {args.seconds:.0f} s, "
+                  f"{statements[0]} statements{of_steps(args.seconds)} (baseline: gated, the store read every "
+                  f"tick)", flush=True)
+            service.step_gate.wake = wake
             # Before: the tick kept with the other jobs in the store's schedule (read and rewritten every tick).
             service.ticker.pause()
             service.scheduler.add_job(tasks.engine_step, "interval", seconds=settings.poll_seconds,
@@ -136,6 +148,7 @@ def main() -> None:
             print(f"every tick  CPU {100 * every:5.1f} % of one core over {args.seconds:.0f} s, "
                   f"{statements[0]} statements{of_steps(args.seconds)} (baseline)", flush=True)
             service.step_gate = gate
+            print(f"load average {Path('/proc/loadavg').read_text().split(' ', 1)[0]}", flush=True)
             if not service.confirm_leadership():
                 raise SystemExit("the leader lost its lease during the measurement: the figures are void")
         finally:

@@ -19,7 +19,6 @@ from fastapi.responses import JSONResponse
 from pydantic import AfterValidator, BaseModel, Field
 from sqlalchemy import and_, or_, select
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.orm import defer
 
 from broker.api.idempotency import REPLAYED_HEADER, earlier, idempotency_key, remember, request_digest
 from broker.api.limits import out_of_time
@@ -33,7 +32,7 @@ from broker.spec.job import JobSpec, Pipeline, SpecError
 from broker.spec.yaml_lines import SURROGATE_PROBLEM, lone_surrogate
 from broker.status.joblogs import read_new
 from broker.status.orm_source import job_summary
-from broker.status.page_source import page_summaries
+from broker.status.page_source import JOB, page_summaries
 from broker.store import Store
 from broker.store.tables import JobRow
 
@@ -270,8 +269,7 @@ def jobs_router(store: Store, clock: Clock, intake: Intake, team_of: Any) -> API
         repeats one; newest first, they are ahead of the first page and paging goes on where it was."""
         with store.transaction() as s:
             newest = order == "desc"
-            query = (select(JobRow).options(defer(JobRow.spec), defer(JobRow.target_gpus))  # not summarised
-                     .where(JobRow.team == team)
+            query = (select(*JOB).where(JobRow.team == team)  # the columns a summary reads, as rows
                      .order_by(*((JobRow.created_at.desc(), JobRow.id.desc()) if newest
                                  else (JobRow.created_at, JobRow.id))))
             if state is not None:
@@ -290,7 +288,7 @@ def jobs_router(store: Store, clock: Clock, intake: Intake, team_of: Any) -> API
                         and_(JobRow.created_at == last.created_at, JobRow.id < last.id)) if newest else
                     or_(JobRow.created_at > last.created_at,
                         and_(JobRow.created_at == last.created_at, JobRow.id > last.id)))
-            page = list(s.scalars(query.limit(limit + 1)))
+            page = list(s.execute(query.limit(limit + 1)))
             if len(page) > limit:
                 page = page[:limit]
                 response.headers["X-Next-After"] = page[-1].id

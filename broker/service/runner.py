@@ -17,6 +17,7 @@ import logging
 import signal
 import socket
 import threading
+from collections.abc import Callable
 from datetime import UTC, datetime
 from types import FrameType
 from typing import Any
@@ -37,7 +38,7 @@ from broker.service.hooks import resolve
 from broker.service.leader import LeaseLock, leader_lock, lease_seconds
 from broker.service.schedule_config import policy_cron_trigger
 from broker.service.timepolicy import admission_check, apply_due_policies
-from broker.service.wake import StepGate
+from broker.service.wake import StepGate, Wake, listen_for_writes, watch_writes
 from broker.store import Store
 from broker.store.db import FencedStore
 
@@ -63,6 +64,9 @@ class Service:
         self.work_store: Store = self.runtime.store  # fenced by the lease's epoch while leading
         self.scheduler: Any = None
         self.ticker: Any = None  # the engine's tick (``build_ticker``)
+        self.wake = Wake()  # what this process wrote to the store: the tick reads it only then (or due)
+        watch_writes(self.runtime.store, self.wake)
+        self.unlisten: Callable[[], None] = lambda: None  # the leader's wake by other replicas' writes
         self.listener: Any = None  # EventBridge spot warnings through SQS, on the SkyPilot backend's leader
         self._stop = threading.Event()
         self._leadership = threading.Lock()
@@ -126,7 +130,8 @@ class Service:
         self.engine = self.runtime.engine(self.public_url, store=self.work_store,
                                           provisioner=FencedProvisioner(self.runtime.provisioner, fence.ensure),
                                           admit=admission_check(self.settings.capacity_gpus))
-        self.step_gate = StepGate(self.runtime.store, self.runtime.clock, self.runtime.market)
+        self.step_gate = StepGate(self.runtime.store, self.runtime.clock, self.runtime.market, wake=self.wake)
+        self.unlisten = listen_for_writes(self.runtime.store, self.wake)
         apply_due_policies(self.work_store, self.settings.policy_schedules, datetime.now(UTC))
         tasks.bind(self)
         self.scheduler = build_scheduler(self.runtime.store, self.settings)
@@ -155,6 +160,7 @@ class Service:
 
     def _stop_scheduler(self) -> None:
         self._stop_listener()
+        self.unlisten()
         for name in ("ticker", "scheduler"):
             scheduler = getattr(self, name)
             if scheduler is not None:

@@ -9,21 +9,41 @@ read gives (a test compares them) at a fixed cost per page.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
-from datetime import datetime
+import functools
+import threading
+import weakref
+from collections.abc import Iterable, Iterator, Sequence
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
-from sqlalchemy import func, select, union_all
+from sqlalchemy import Select, bindparam, func, select, text, union_all
 from sqlalchemy.orm import Session
 
 from broker.status.orm_source import SessionSource
-from broker.status.summary import EARLIER_JOBS, summarise
+from broker.status.summary import EARLIER_JOBS, errors_of, summarise
 from broker.store.gpu import GpuRollupRow
 from broker.store.tables import AllocationRow, ClusterRow, JobRow, LedgerRow, PredictionRow, ProgressRow
 
 if TYPE_CHECKING:
     from broker.status.progress import Span
     from broker.status.summary import Allocation, Cluster, Job, Prediction, Progress
+
+
+# The columns of each kind of row a summary reads (``broker.status.summary``'s protocols), with what
+# finds the row of a job (job id, row id, times).
+ALLOCATION = (AllocationRow.job_id, AllocationRow.attempt, AllocationRow.cluster_id, AllocationRow.started_at,
+              AllocationRow.running_at, AllocationRow.ended_at)
+CLUSTER = (ClusterRow.id, ClusterRow.job_id, ClusterRow.created_at, ClusterRow.up_at, ClusterRow.cloud,
+           ClusterRow.zone, ClusterRow.instance_type, ClusterRow.spot, ClusterRow.price_per_node_hour,
+           ClusterRow.num_nodes, ClusterRow.teardown_reason)
+PROGRESS = (ProgressRow.id, ProgressRow.job_id, ProgressRow.step, ProgressRow.total)
+PREDICTION = (PredictionRow.id, PredictionRow.job_id, PredictionRow.made_at, PredictionRow.finish_at,
+              PredictionRow.low_at, PredictionRow.high_at, PredictionRow.source)
+# A job's, for a list's page (``GET /v1/jobs``): what a summary reads and the list's cursor.
+JOB = (JobRow.id, JobRow.name, JobRow.team, JobRow.state, JobRow.pipeline_id, JobRow.stage, JobRow.preemptions,
+       JobRow.migrations, JobRow.zones, JobRow.work_lost_s, JobRow.work_s, JobRow.num_nodes, JobRow.attempt,
+       JobRow.checkpoint, JobRow.deadline, JobRow.created_at, JobRow.finished_at, JobRow.wall_started_at,
+       JobRow.wall_finished_at, JobRow.exit_code, JobRow.reason, JobRow.checkpoint_reason)
 
 
 class Finished(NamedTuple):
@@ -43,21 +63,92 @@ class Made(NamedTuple):
     finish_at: datetime
 
 
+# A finished job's predictions stop changing once the transaction that may have been writing one as it
+# finished (``broker.engine.forecast.record``) has ended: this long after its wall-clock finish.
+SETTLED = timedelta(minutes=1)
+BRANCHES = 256  # names and teams per statement reading their latest finished jobs
+KEPT_JOBS = 50_000  # finished jobs whose prediction errors a process keeps, per store (about 25 MB at most)
+
+
+class Kept:
+    """The prediction errors of finished jobs, kept across requests: each ``SUCCEEDED`` job's
+    (finished_at, errors), which no longer change once it has settled (``SETTLED``)."""
+
+    def __init__(self) -> None:
+        self._jobs: dict[str, tuple[datetime | None, list[tuple[float, float]]]] = {}
+        # A name and team's ``earlier_prediction_error`` for its jobs outside its latest finished ones,
+        # and the ids of those (all kept) it was summed from: the same while they stay the latest.
+        self.outside: dict[tuple[str, str], tuple[tuple[str, ...], dict[str, Any] | None]] = {}
+
+    def jobs(self) -> dict[str, tuple[datetime | None, list[tuple[float, float]]]]:
+        """What is kept now, to read from (a ``put`` that starts again leaves it as it was)."""
+        return self._jobs
+
+    def put(self, job_id: str, finished_at: datetime | None, errors: list[tuple[float, float]]) -> None:
+        if len(self._jobs) >= KEPT_JOBS:
+            self._jobs, self.outside = {}, {}  # rare: started again rather than tracking which to drop
+        self._jobs[job_id] = (finished_at, errors)
+
+
+_KEPT: weakref.WeakKeyDictionary[Any, Kept] = weakref.WeakKeyDictionary()
+_KEPT_LOCK = threading.Lock()
+
+
+def _kept(s: Session) -> Kept:
+    return _kept_of(s.get_bind())
+
+
+def _kept_of(engine: Any) -> Kept:
+    """This store's (engine's) kept errors: a test's store and the next one reusing its path share nothing."""
+    with _KEPT_LOCK:
+        kept = _KEPT.get(engine)
+        if kept is None:
+            kept = _KEPT[engine] = Kept()
+        return kept
+
+
+LATEST_FINISHED_PG = text(
+    "SELECT j.id, j.name, j.team FROM unnest(CAST(:names AS VARCHAR[]), CAST(:teams AS VARCHAR[])) AS p(name, team) "
+    "CROSS JOIN LATERAL (SELECT jobs.id, jobs.name, jobs.team, jobs.finished_at FROM jobs "
+    "WHERE jobs.name = p.name AND jobs.team = p.team AND jobs.state = 'SUCCEEDED' "
+    f"ORDER BY jobs.finished_at DESC LIMIT {EARLIER_JOBS + 1}) AS j ORDER BY j.finished_at DESC")
+
+
+@functools.cache
+def _latest_finished(pairs: int) -> Select[str, str, str]:
+    """The ids, names and teams of the ``EARLIER_JOBS + 1`` latest finished jobs of each of ``pairs`` names
+    and teams (parameters ``name0``, ``team0``, ...), latest first: a branch per pair, each through the
+    (name, team, finished_at) index."""
+    latest = union_all(*(
+        select(JobRow.id, JobRow.name, JobRow.team, JobRow.finished_at)
+        .where(JobRow.name == bindparam(f"name{i}"), JobRow.team == bindparam(f"team{i}"),
+               JobRow.state == "SUCCEEDED")
+        .order_by(JobRow.finished_at.desc()).limit(EARLIER_JOBS + 1).subquery().select()
+        for i in range(pairs))).subquery()
+    return select(latest.c.id, latest.c.name, latest.c.team).order_by(latest.c.finished_at.desc())
+
+
+def _bucket(n: int) -> int:
+    """``n`` rounded up to a power of two."""
+    return 1 << max(n - 1, 0).bit_length()
+
+
 class PageSource(SessionSource):
     """``SummarySource`` over the rows of ``jobs`` read in bulk; any other job is asked one at a time."""
 
-    def __init__(self, s: Session, jobs: Sequence[JobRow]) -> None:
+    def __init__(self, s: Session, jobs: Sequence[Job]) -> None:
         super().__init__(s)
         self.ids = {job.id for job in jobs}
+        self.kept = _kept(s)
+        self.settled: dict[tuple[str, str], tuple[str, ...]] = {}  # what to keep of ``earlier_errors``
         ids = sorted(self.ids)
         self._costs: dict[str, tuple[float, float]] = {}
         self._gpu: dict[str, tuple[float, float, float | None]] = {}
-        self._allocations: dict[str, list[AllocationRow]] = {job_id: [] for job_id in ids}
-        self._clusters: dict[str, ClusterRow] = {}
-        self._up: dict[str, ClusterRow] = {}
-        self._progress: dict[str, ProgressRow] = {}
-        self._prediction: dict[str, PredictionRow] = {}
-        self._predictions: dict[str, list[Prediction]] = {}
+        self._allocations: dict[str, list[Any]] = {job_id: [] for job_id in ids}
+        self._clusters: dict[str, Any] = {}
+        self._up: dict[str, Any] = {}
+        self._progress: dict[str, Any] = {}
+        self._prediction: dict[str, Any] = {}
         if ids:
             self._read(ids)
             self._read_earlier(jobs)
@@ -75,54 +166,96 @@ class PageSource(SessionSource):
                        func.max(GpuRollupRow.peak_memory_mb))
                 .where(GpuRollupRow.job_id.in_(ids)).group_by(GpuRollupRow.job_id)):
             self._gpu[str(job_id)] = (float(measured), float(utilization), peak)
-        for allocation in s.scalars(select(AllocationRow).where(AllocationRow.job_id.in_(ids))):
+        # Columns, not mapped objects: a page reads a few hundred rows, and building an ORM object per row
+        # cost more than the rest of the page.
+        for allocation in s.execute(select(*ALLOCATION).where(AllocationRow.job_id.in_(ids))):
             self._allocations[allocation.job_id].append(allocation)
         wanted = sorted({max(rows, key=lambda a: a.attempt).cluster_id
                          for rows in self._allocations.values() if rows})
-        for cluster in s.scalars(select(ClusterRow).where(
+        for cluster in s.execute(select(*CLUSTER).where(
                 ClusterRow.id.in_(wanted) | (ClusterRow.job_id.in_(ids) & ClusterRow.up_at.is_not(None)))):
             self._clusters[cluster.id] = cluster
             if cluster.job_id in self.ids and cluster.up_at is not None:
                 newest = self._up.get(cluster.job_id)
                 if newest is None or cluster.created_at > newest.created_at:
                     self._up[cluster.job_id] = cluster
-        self._progress = _latest(s, ProgressRow, ProgressRow.at, ids)
-        self._prediction = _latest(s, PredictionRow, PredictionRow.made_at, ids)
+        self._progress = _latest(s, ProgressRow, ProgressRow.at, PROGRESS, ids)
+        self._prediction = _latest(s, PredictionRow, PredictionRow.made_at, PREDICTION, ids)
 
-    def _read_earlier(self, jobs: Sequence[JobRow]) -> None:
-        """The latest finished jobs of each name and team on the page, and the predictions of those and of
-        the page's finished jobs (what ``summary._earlier_error`` and ``_errors`` ask for): the columns those
-        read, each name and team's jobs found through the (name, team, finished_at) index."""
+    def _read_earlier(self, jobs: Sequence[Job]) -> None:
+        """The latest finished jobs of each name and team on the page (``summary._earlier_error``), and the
+        prediction errors of those and of the page's finished jobs (``summary._errors``): the ids through
+        the (name, team, finished_at) index, then only the jobs whose errors this process has not kept."""
         cache: dict[tuple[str, str], list[Job]] = self.memo.setdefault("earlier_jobs", {})
+        scored: dict[str, list[tuple[float, float]]] = self.memo.setdefault("prediction_errors", {})
+        outside: dict[tuple[str, str], dict[str, Any] | None] = self.memo.setdefault("earlier_errors", {})
+        kept = self.kept
+        known = kept.jobs()
+        now_kept: set[str] = set()  # kept by this read
         pairs = sorted({(job.name, job.team) for job in jobs} - set(cache))
-        wanted = {job.id for job in jobs if job.state == "SUCCEEDED"}
-        self._predictions = {}
+        earlier: dict[tuple[str, str], list[str]] = {pair: [] for pair in pairs}
         if pairs:
-            latest = union_all(*(
-                select(JobRow.id, JobRow.name, JobRow.team, JobRow.state, JobRow.finished_at)
-                .where(JobRow.name == name, JobRow.team == team, JobRow.state == "SUCCEEDED")
-                .order_by(JobRow.finished_at.desc()).limit(EARLIER_JOBS + 1).subquery().select()
-                for name, team in pairs)).subquery()
-            found: dict[tuple[str, str], list[Job]] = {pair: [] for pair in pairs}
-            for row in self.s.execute(select(latest).order_by(latest.c.finished_at.desc())):
-                found[(row.name, row.team)].append(cast("Job", Finished(row.id, row.name, row.team, row.state,
-                                                                        row.finished_at)))
-            cache.update(found)
+            seen: set[str] = set()
+            for job_id, name, team in self._latest_finished(pairs):
+                if job_id not in seen:
+                    seen.add(job_id)
+                    earlier[(name, team)].append(job_id)
+        finished = {job.id: (job.finished_at, job.wall_finished_at) for job in jobs if job.state == "SUCCEEDED"}
+        unknown = sorted({job_id for ids in earlier.values() for job_id in ids if job_id not in known}
+                         | {job_id for job_id in finished if job_id not in known})
+        if unknown:
+            for job_id, finished_at, wall_finished_at in self.s.execute(
+                    select(JobRow.id, JobRow.finished_at, JobRow.wall_finished_at).where(JobRow.id.in_(unknown))):
+                finished[str(job_id)] = (finished_at, wall_finished_at)
+            made: dict[str, list[Prediction]] = {job_id: [] for job_id in unknown}
             for job_id, made_at, finish_at in self.s.execute(
                     select(PredictionRow.job_id, PredictionRow.made_at, PredictionRow.finish_at)
-                    .join(latest, latest.c.id == PredictionRow.job_id).order_by(PredictionRow.id)):
-                self._predictions.setdefault(str(job_id), []).append(cast("Prediction", Made(made_at, finish_at)))
-            for pair in pairs:
-                for job in found[pair]:
-                    self._predictions.setdefault(job.id, [])
-        wanted -= set(self._predictions)
-        if wanted:
-            for job_id, made_at, finish_at in self.s.execute(
-                    select(PredictionRow.job_id, PredictionRow.made_at, PredictionRow.finish_at)
-                    .where(PredictionRow.job_id.in_(sorted(wanted))).order_by(PredictionRow.id)):
-                self._predictions.setdefault(str(job_id), []).append(cast("Prediction", Made(made_at, finish_at)))
-            for job_id in wanted:
-                self._predictions.setdefault(job_id, [])
+                    .where(PredictionRow.job_id.in_(unknown)).order_by(PredictionRow.id)):
+                made[str(job_id)].append(cast("Prediction", Made(made_at, finish_at)))
+            settled = datetime.now(UTC) - SETTLED
+            for job_id in unknown:
+                finished_at, wall_finished_at = finished[job_id]
+                errors = errors_of(finished_at, made[job_id])
+                scored[job_id] = errors
+                if finished_at is not None and wall_finished_at is not None and wall_finished_at <= settled:
+                    kept.put(job_id, finished_at, errors)
+                    now_kept.add(job_id)
+        for pair, ids in earlier.items():
+            rows = []
+            for job_id in ids:
+                if job_id in known:
+                    finished_at, errors = known[job_id]
+                    scored.setdefault(job_id, errors)
+                else:
+                    finished_at = finished[job_id][0]
+                rows.append(cast("Job", Finished(job_id, pair[0], pair[1], "SUCCEEDED", finished_at)))
+            cache[pair] = rows
+            summed = kept.outside.get(pair)
+            if summed is not None and summed[0] == tuple(ids):
+                outside[pair] = summed[1]
+            elif all(job_id in known or job_id in now_kept for job_id in ids):
+                self.settled[pair] = tuple(ids)
+        for job_id in finished:
+            if job_id not in scored:
+                scored[job_id] = known[job_id][1]
+
+    def _latest_finished(self, pairs: list[tuple[str, str]]) -> Iterator[Any]:
+        """(id, name, team) of the ``EARLIER_JOBS + 1`` latest finished jobs of each name and team, latest
+        first: each pair's through the (name, team, finished_at) index."""
+        if self.s.get_bind().dialect.name == "postgresql":
+            # One short statement whatever the number of pairs (the driver parses a long one every time).
+            yield from self.s.execute(LATEST_FINISHED_PG, {"names": [name for name, _ in pairs],
+                                                           "teams": [team for _, team in pairs]})
+            return
+        # A branch per pair, a fixed number of them per bucket of sizes, so that the statement is built and
+        # compiled once per bucket, not once per page (the padding repeats the last pair; its rows come
+        # twice); at most ``BRANCHES`` per statement (SQLite takes 500 at most).
+        for start in range(0, len(pairs), BRANCHES):
+            chunk = pairs[start:start + BRANCHES]
+            padded = chunk + [chunk[-1]] * (_bucket(len(chunk)) - len(chunk))
+            params = {f"{key}{i}": value for i, pair in enumerate(padded)
+                      for key, value in zip(("name", "team"), pair, strict=True)}
+            yield from self.s.execute(_latest_finished(len(padded)), params)
 
     def costs(self, job_id: str) -> tuple[float, float]:
         if job_id not in self.ids:
@@ -163,25 +296,26 @@ class PageSource(SessionSource):
             return super().last_prediction(job_id)
         return self._prediction.get(job_id)
 
-    def predictions(self, job_id: str) -> list[Prediction]:
-        if job_id not in self._predictions:
-            return super().predictions(job_id)
-        return list(self._predictions[job_id])
 
-
-def _latest(s: Session, row: Any, at: Any, ids: list[str]) -> dict[str, Any]:
-    """Each job's row with the latest ``at``, the latest id among equal times (``order_by(at desc, id desc)``)."""
+def _latest(s: Session, row: Any, at: Any, columns: tuple[Any, ...], ids: list[str]) -> dict[str, Any]:
+    """Each job's row (``columns`` of it) with the latest ``at``, the latest id among equal times
+    (``order_by(at desc, id desc)``)."""
     newest = select(row.job_id, func.max(at).label("at")).where(row.job_id.in_(ids)).group_by(row.job_id).subquery()
     found: dict[str, Any] = {}
-    for candidate in s.scalars(select(row).join(newest, (newest.c.job_id == row.job_id) & (newest.c.at == at))):
+    for candidate in s.execute(select(*columns).join(newest, (newest.c.job_id == row.job_id) & (newest.c.at == at))):
         if candidate.job_id not in found or candidate.id > found[candidate.job_id].id:
             found[candidate.job_id] = candidate
     return found
 
 
-def page_summaries(s: Session, jobs: Iterable[JobRow], now: datetime | None = None,
+def page_summaries(s: Session, jobs: Iterable[Job], now: datetime | None = None,
                    clock_now: datetime | None = None) -> list[dict[str, Any]]:
     """The summaries of ``jobs`` (``broker.status.orm_source.job_summary`` of each), read in bulk."""
     page = list(jobs)
     source = PageSource(s, page)
-    return [summarise(source, job, now, clock_now) for job in page]
+    found = [summarise(source, job, now, clock_now) for job in page]
+    summed = source.memo.get("earlier_errors", {})
+    for pair, ids in source.settled.items():
+        if pair in summed:
+            source.kept.outside[pair] = (ids, summed[pair])
+    return found

@@ -212,7 +212,7 @@ def _progress_fields(source: SummarySource, job: Job, latest: Allocation | None,
     """Progress, the latest predicted finish (market clock) and how far off earlier predictions were."""
     report = source.last_progress(job.id)
     predicted = source.last_prediction(job.id)
-    own = _errors(source, job) if job.state == "SUCCEEDED" else []
+    own = _scored(source, job) if job.state == "SUCCEEDED" else []
     figure = job_progress(job.state, (report.step, report.total) if report else None,
                           job.work_s, job.work_lost_s,
                           [] if report else source.spans(job.id), clock_now)
@@ -257,14 +257,29 @@ def _earlier_error(source: SummarySource, job: Job) -> dict[str, Any] | None:
     return found
 
 
+def _scored(source: SummarySource, job: Job) -> list[tuple[float, float]]:
+    """``_errors`` of the job, read once per read (a bulk read may have them already)."""
+    scored: dict[str, list[tuple[float, float]]] = source.memo.setdefault("prediction_errors", {})
+    if job.id not in scored:
+        scored[job.id] = _errors(source, job)
+    return scored[job.id]
+
+
 def _errors(source: SummarySource, job: Job) -> list[tuple[float, float]]:
     """(seconds off, fraction of the time then left) of every prediction kept for a finished job."""
     if job.finished_at is None:
         return []
+    return errors_of(job.finished_at, source.predictions(job.id))
+
+
+def errors_of(finished_at: datetime | None, predictions: list[Prediction]) -> list[tuple[float, float]]:
+    """``_errors`` of a job that finished at ``finished_at`` from its predictions (in the order stored)."""
+    if finished_at is None:
+        return []
     found = []
-    for row in source.predictions(job.id):
-        off = (row.finish_at - job.finished_at).total_seconds()
-        left = max((job.finished_at - row.made_at).total_seconds(), 1.0)
+    for row in predictions:
+        off = (row.finish_at - finished_at).total_seconds()
+        left = max((finished_at - row.made_at).total_seconds(), 1.0)
         found.append((off, abs(off) / left))
     return found
 

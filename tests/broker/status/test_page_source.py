@@ -7,8 +7,10 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import pytest
 from sqlalchemy import event, select
 
+from broker.status import page_source
 from broker.status.orm_source import job_summary
 from broker.status.page_source import page_summaries
 from broker.store import open_store
@@ -111,5 +113,83 @@ def test_an_empty_page_reads_nothing(db_url: str) -> None:
     try:
         with store.transaction() as s:
             assert page_summaries(s, []) == []
+    finally:
+        store.dispose()
+
+
+def test_kept_errors_give_the_same_page_and_follow_a_newly_finished_job(db_url: str) -> None:
+    """A second page is answered from the prediction errors kept across requests (no prediction read), is
+    still each job's own summary, and a job of the name that succeeds afterwards is scored at once."""
+    store = open_store(db_url)
+    try:
+        with store.transaction() as s:
+            _fill(s)
+        with store.transaction() as s:
+            page_summaries(s, list(s.scalars(select(JobRow).where(JobRow.team == "alpha"))), NOW)
+        with store.transaction() as s:
+            s.add(_job("j-late", "sweep", "SUCCEEDED", 60))
+            s.add(PredictionRow(job_id="j-late", attempt=1, made_at=T0, finish_at=T0 + timedelta(hours=9),
+                                low_at=T0, high_at=NOW, source="work"))
+        with store.transaction() as s:
+            jobs = list(s.scalars(select(JobRow).where(JobRow.team == "alpha").order_by(JobRow.id)))
+            one_by_one = [job_summary(s, job, NOW) for job in jobs]
+        with store.transaction() as s:
+            jobs = list(s.scalars(select(JobRow).where(JobRow.team == "alpha").order_by(JobRow.id)))
+            read: list[tuple[str, str]] = []
+            event.listen(s.connection(), "before_cursor_execute", lambda *a: read.append((a[2], str(a[3]))))
+            bulk = page_summaries(s, jobs, NOW)
+        assert bulk == one_by_one
+        # Only the new job's predictions are read for their errors; the others' were kept.
+        scoring = [params for statement, params in read if "ORDER BY predictions.id" in statement]
+        assert len(scoring) == 1 and "j-late" in scoring[0] and "j-done" not in scoring[0]
+        late = next(x for x in bulk if x["job_id"] == "j-late")
+        assert late["prediction_error_s"] is not None
+        assert next(x for x in bulk if x["job_id"] == "j-pend")["earlier_prediction_error"] is None
+        running = next(x for x in bulk if x["job_id"] == "j-run")
+        assert running["earlier_prediction_error"] == one_by_one[jobs.index(next(j for j in jobs if j.id == "j-run"))][
+            "earlier_prediction_error"]
+    finally:
+        store.dispose()
+
+
+def test_a_page_of_more_names_than_one_statement_reads(db_url: str) -> None:
+    """300 names on one page: read in more than one statement (SQLite takes at most 500 branches), the
+    same summaries."""
+    store = open_store(db_url)
+    try:
+        with store.transaction() as s:
+            s.add_all([_job(f"j-n{i:03d}-{k}", f"name-{i}", "SUCCEEDED", i + k) for i in range(300) for k in range(2)])
+            s.flush()
+            s.add_all([PredictionRow(job_id=f"j-n{i:03d}-{k}", attempt=1, made_at=T0,
+                                     finish_at=T0 + timedelta(minutes=30 + i), low_at=T0, high_at=NOW,
+                                     source="work") for i in range(300) for k in range(2)])
+        with store.transaction() as s:
+            jobs = list(s.scalars(select(JobRow).order_by(JobRow.id)))
+            one_by_one = [job_summary(s, job, NOW) for job in jobs]
+        with store.transaction() as s:
+            jobs = list(s.scalars(select(JobRow).order_by(JobRow.id)))
+            bulk = page_summaries(s, jobs, NOW)
+        assert bulk == one_by_one
+        assert all(x["earlier_prediction_error"]["jobs"] == 1 for x in bulk)
+    finally:
+        store.dispose()
+
+
+def test_a_full_keep_starts_again_and_the_pages_stay_the_same(db_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """More finished jobs than a process keeps: the keep starts again mid-read, and every page is still
+    each job's own summary."""
+    monkeypatch.setattr(page_source, "KEPT_JOBS", 5)
+    store = open_store(db_url)
+    try:
+        with store.transaction() as s:
+            _fill(s)
+        for _ in range(3):
+            with store.transaction() as s:
+                jobs = list(s.scalars(select(JobRow).where(JobRow.team == "alpha").order_by(JobRow.id)))
+                one_by_one = [job_summary(s, job, NOW) for job in jobs]
+            with store.transaction() as s:
+                jobs = list(s.scalars(select(JobRow).where(JobRow.team == "alpha").order_by(JobRow.id)))
+                assert page_summaries(s, jobs, NOW) == one_by_one
+        assert len(page_source._kept_of(store.engine).jobs()) <= 5
     finally:
         store.dispose()
