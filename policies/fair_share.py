@@ -287,15 +287,7 @@ def _reclaim_or_wait(books: Books, owed: dict[str, float], gang: QueuedGang) -> 
     if sum(spare[t] for t in borrowers) < need:
         books.hold(gang, "waiting: for GPUs (every team is within its share)")
         return False
-    taken, left = [], need
-    for team in borrowers:
-        if left <= 0:
-            break
-        give = min(spare[team], left)
-        books.given_back[team] += give
-        left -= give
-        taken.append(team)
-    books.reclaims.append(Reclaim(gang.job_id, need, tuple(taken)))
+    taken = books.take_back(gang, need, borrowers, spare)
     books.hold(gang, f"waiting: reclaiming {need} GPU{'s' if need != 1 else ''} from team {', '.join(taken)}")
     books.admitted[gang.team] += gang.gpus
     if gang.gpu_type is not None:

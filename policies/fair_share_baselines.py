@@ -18,13 +18,7 @@ def fifo(request: FairShareRequest) -> FairShareDecision:
     """Today's engine: priority, then submission, each admitted while it fits; budgets and limits hold."""
     books = books_for(request)
     for gang in sorted(request.queued, key=lambda g: (-g.priority, g.order, g.job_id)):
-        why = books.over_budget(gang) or books.over_limit(gang)
-        if why is not None:
-            books.hold(gang, why)
-        elif gang.gpus <= books.free + EPSILON:
-            books.take(gang)
-        else:
-            books.hold(gang, "waiting: for GPUs")
+        books.take_or_hold(gang, books.over_budget(gang) or books.over_limit(gang))
     return FairShareDecision(tuple(books.admit), (), tuple(books.waits))
 
 
@@ -50,11 +44,6 @@ def static_quota(request: FairShareRequest) -> FairShareDecision:
         held = books.held.get(gang.team, 0) + books.admitted[gang.team]
         if why is None and capacity is not None and held + gang.gpus > math.floor(fixed[gang.team] + EPSILON):
             why = f"waiting: team {gang.team} at its fixed part of {math.floor(fixed[gang.team] + EPSILON)} GPUs"
-        if why is not None:
-            books.hold(gang, why)
-        elif gang.gpus <= books.free + EPSILON:
-            books.take(gang)
-        else:
-            books.hold(gang, "waiting: for GPUs")
+        books.take_or_hold(gang, why)
     return FairShareDecision(tuple(books.admit), (), tuple(books.waits),
                              tuple(sorted(fixed.items())))

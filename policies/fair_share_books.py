@@ -83,6 +83,32 @@ class Books:
     def hold(self, gang: QueuedGang, why: str) -> None:
         self.waits.append((gang.job_id, why))
 
+    def take_or_hold(self, gang: QueuedGang, why: str | None) -> None:
+        """Hold the gang with ``why``; with none, take it if it fits the GPUs still free, else hold it."""
+        if why is not None:
+            self.hold(gang, why)
+        elif gang.gpus <= self.free + EPSILON:
+            self.take(gang)
+        else:
+            self.hold(gang, "waiting: for GPUs")
+
+    def take_back(self, gang: QueuedGang, need: int, borrowers: list[str], spare: dict[str, int],
+                  gpu_type: str | None = None) -> list[str]:
+        """Reclaim ``need`` GPUs (of ``gpu_type``, if given) for the gang from the borrowers in order, each
+        giving at most its spare; the teams taken from."""
+        taken, left = [], need
+        for team in borrowers:
+            if left <= 0:
+                break
+            give = min(spare[team], left)
+            if gpu_type is not None:
+                self.given_back_type[(team, gpu_type)] += give
+            self.given_back[team] += give
+            left -= give
+            taken.append(team)
+        self.reclaims.append(Reclaim(gang.job_id, need, tuple(taken)))
+        return taken
+
 
 def books_for(request: FairShareRequest) -> Books:
     teams = {t.name: t for t in request.teams}

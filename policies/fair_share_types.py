@@ -11,7 +11,7 @@ goes by the team's weighted share as any other.
 from __future__ import annotations
 
 from policies.fair_share_books import Books
-from policies.fair_share_request import QueuedGang, Reclaim
+from policies.fair_share_request import QueuedGang
 
 
 def type_quota(books: Books, team: str, gpu_type: str | None) -> int | None:
@@ -43,16 +43,7 @@ def reclaim_by_type(books: Books, owed: dict[str, float], gang: QueuedGang, usab
         books.hold(gang, f"waiting: for {gpu_type} GPUs (within team {gang.team}'s {gpu_type} quota; every team "
                          f"holding them is within its own)")
         return False
-    taken, left = [], need
-    for team in borrowers:
-        if left <= 0:
-            break
-        give = min(spare[team], left)
-        books.given_back_type[(team, gpu_type)] += give
-        books.given_back[team] += give
-        left -= give
-        taken.append(team)
-    books.reclaims.append(Reclaim(gang.job_id, need, tuple(taken)))
+    taken = books.take_back(gang, need, borrowers, spare, gpu_type)
     books.hold(gang, f"waiting: reclaiming {need} {gpu_type} GPU{'s' if need != 1 else ''} from team "
                      f"{', '.join(taken)}")
     books.admitted[gang.team] += gang.gpus
