@@ -78,7 +78,7 @@ def seeds(text: str) -> list[int]:
     return values
 
 
-def per_seed(traces: Path, gpus: int, chosen: list[int]) -> None:
+def per_seed(traces: Path, gpus: int, chosen: list[int], first: int | None = None) -> None:
     """One line per seed and policy, every policy replayed on the same trace in this run."""
     print(f"Philly workloads 1-4 as four teams, {gpus} GPUs, step {STEP_S:.0f} s, checkpoints {CHECKPOINT_S:.0f} s; "
           f"reclaim bounds: handover {CHECKPOINT_S + STEP_S:.0f} s, lost {CHECKPOINT_INTERVAL_S:.0f} s")
@@ -86,7 +86,7 @@ def per_seed(traces: Path, gpus: int, chosen: list[int]) -> None:
           f"{'reclaims':>9}{'handover s':>11}{'lost s':>7}{'unfinished':>11}")
     wins = 0
     for seed in chosen:
-        jobs = philly_teams(traces, seed)
+        jobs = philly_teams(traces, seed)[:first]
         results = [replay(jobs, PHILLY_TEAMS, gpus, kinds.fair_share.get(name), name, step_s=STEP_S,
                           checkpoint_s=CHECKPOINT_S) for name in POLICIES]
         for r in results:
@@ -104,15 +104,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gpus", type=bounded(1, 100_000), default=128)
     parser.add_argument("--seed", type=bounded(0, 2**31), default=31)
     parser.add_argument("--seeds", type=seeds, default=None, help="several seeds, one line each: 1,2,3")
+    parser.add_argument("--jobs", type=bounded(1, 10_000_000), default=None,
+                        help="replay only the first N jobs submitted (a quick look; the figures are for all)")
     args = parser.parse_args(argv)
     if args.seeds is not None:
         try:
-            per_seed(args.traces, args.gpus, args.seeds)
+            per_seed(args.traces, args.gpus, args.seeds, args.jobs)
         except WorkloadError as exc:
             parser.exit(2, f"error: --traces: {exc}\n")
         return 0
     try:
-        jobs = philly_teams(args.traces, args.seed)
+        jobs = philly_teams(args.traces, args.seed)[:args.jobs]
     except WorkloadError as exc:
         parser.exit(2, f"error: --traces: {exc}\n")
     print(f"{len(jobs)} jobs of {len({j.team for j in jobs})} teams (Philly workloads 1-4, seed {args.seed}) "

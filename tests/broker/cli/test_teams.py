@@ -47,7 +47,8 @@ def test_the_shares_the_page_states() -> None:
 
 @pytest.mark.slow
 def test_the_benchmark_command_prints_its_figures_and_baselines(shared_traces: Path) -> None:
-    done = subprocess.run([sys.executable, "benchmarks/fair_share.py", "--traces", str(shared_traces)], cwd=ROOT,
+    done = subprocess.run([sys.executable, "benchmarks/fair_share.py", "--traces", str(shared_traces), "--jobs", "400"],
+                          cwd=ROOT,
                           capture_output=True, text=True, timeout=600, check=False)
     assert done.returncode == 0, done.stderr
     for policy in ("weighted_fair_share", "fifo", "static_quota"):
