@@ -149,12 +149,17 @@ def test_a_reservation_behind_a_job_running_late_is_given_up_for_other_gpus(tmp_
     broker = _broker(tmp_path, max_gpus=8, pool_idle_s=600.0)
     engine = broker.start()
     try:
-        # a says a minute of work and runs about fifteen; c says three minutes and runs about one and a half.
+        # a says a minute of work and runs about fifteen; c says thirty minutes and runs about one and a
+        # half once b has reserved (it waits for that: on a loaded machine a step can outlast a fixed run,
+        # and b would take c's idle cluster instead of reserving).
+        b_reserved = tmp_path / "b-reserved"
         a = _submit(engine, tmp_path, "a", TRAIN.format(steps=600), work="1m")
-        c = _submit(engine, tmp_path, "c", TRAIN.format(steps=60), work="3m")
+        c = _submit(engine, tmp_path, "c", f"while [ ! -e {b_reserved} ]; do sleep 0.05; done; "
+                    + TRAIN.format(steps=60), work="30m")
         run_until(engine, lambda: job_row(engine, a).state == job_row(engine, c).state == "RUNNING")
         b = _submit(engine, tmp_path, "b", TRAIN.format(steps=40))  # the pool is full: it reserves a's GPUs
         run_until(engine, lambda: bool(_events(engine, b, "eager_reserve")))
+        b_reserved.touch()
         reserve = _events(engine, b, "eager_reserve")[0]
         assert reserve.detail["after_job"] == a
         a_cluster, c_cluster = _cluster_of(engine, a), _cluster_of(engine, c)

@@ -37,6 +37,19 @@ def wait(done: Callable[[], bool], timeout: float = 90.0, what: Callable[[], str
     raise AssertionError(f"condition not reached: {what()}")
 
 
+def lead(service: Service) -> None:
+    """What `Service.run` does without its signals and API: renew the lease on one thread and campaign on
+    another, so a lease that runs out while the machine is loaded is taken again, as a replica would."""
+    def campaign() -> None:
+        while not service._stop.is_set():
+            service._campaign()
+            service._stop.wait(service.settings.leader_check_seconds)
+
+    threading.Thread(target=service._renew, daemon=True).start()
+    threading.Thread(target=campaign, daemon=True).start()
+    wait(lambda: service.leading and service.engine is not None, timeout=60)
+
+
 def state(store: Store, job_id: str) -> str | None:
     with store.transaction() as s:
         job = s.get(JobRow, job_id)
@@ -59,9 +72,7 @@ def test_the_leader_launches_in_the_zone_the_price_book_made_cheapest(broker_hom
     sky = skypilot
     service = Service(settings, store, sdk=sky.sdk())
     try:
-        threading.Thread(target=service._renew, daemon=True).start()  # as run() does, without its signals
-        service._campaign()
-        assert service.leading and service.engine is not None
+        lead(service)
         job_id = submit_job(store, service.runtime.clock, parse_job_spec(JOB, offline=True), broker_home, "skypilot")
 
         def running() -> bool:
@@ -98,9 +109,7 @@ def test_a_replica_takes_over_a_dead_leader_and_adopts_its_cluster(broker_home: 
     sky = skypilot  # one SkyPilot API server, as both replicas share, each with its own client
     first, second = Service(settings, store, sdk=sky.sdk()), Service(settings, open_store(db_url), sdk=sky.sdk())
     try:
-        threading.Thread(target=first._renew, daemon=True).start()
-        first._campaign()
-        assert first.leading
+        lead(first)
         job_id = submit_job(store, first.runtime.clock, parse_job_spec(JOB, offline=True), broker_home, "skypilot")
         wait(lambda: (state(store, job_id) or "").startswith("RUNNING"), what=lambda: f"job {state(store, job_id)}")
         first._stop.set()  # no more renewals
@@ -151,8 +160,7 @@ def test_a_notice_moves_on_the_checkpoint_reported_after_it(broker_home: Path, d
     service = Service(settings, store, sdk=skypilot.sdk())
     spec = JOB.replace("run:", "broker:\n  checkpoint:\n    dir: s3://bucket/train\nrun:")
     try:
-        threading.Thread(target=service._renew, daemon=True).start()
-        service._campaign()
+        lead(service)
         job_id = submit_job(store, service.runtime.clock, parse_job_spec(spec, offline=True), broker_home, "skypilot")
         wait(lambda: (state(store, job_id) or "").startswith("RUNNING"), what=lambda: f"job {state(store, job_id)}")
         with store.transaction() as s:
