@@ -251,7 +251,7 @@ def _victims(holding: list[_Run], owner: str, teams: set[str], need: int, now: f
     candidates = {r.job.job_id: r for r in holding if r.job.team in teams and r.running_since is not None
                   and r.leaving_at is None}
     # A gang still restoring from its checkpoint has lost nothing since it: only its restart.
-    gangs = tuple(RunningGang(job_id, 0, r.job.gpus, max(now - max(r.last_checkpoint_s, r.running_since or now), 0.0),
+    gangs = tuple(RunningGang(job_id, 0, r.job.gpus, max(now - max(r.last_checkpoint_s, r.running_since or 0.0), 0.0),
                               restart_s) for job_id, r in candidates.items())
     chosen, freed = [], 0
     for gang in victim_order(PreemptionRequest(PlacementRequest(owner, need), 1, math.inf, reclaim=True),
