@@ -33,7 +33,8 @@ Every policy is ``policy(request: FairShareRequest) -> FairShareDecision``, pure
   counts as within its team's share, and takes back only GPUs of its type (``policies/fair_share_types.py``).
 - **reclaim**: a gang that does not fit, whose team would stay within its share, takes GPUs back
   from the teams holding more than theirs (the most over first); the caller picks the borrowers'
-  gangs to checkpoint by the least work lost and requeues them.
+  gangs to checkpoint, the smallest first, then the least work lost (``policies/preemption.py``),
+  and requeues them.
 - gangs at or above ``exempt_priority`` (``inference``) are admitted whatever the shares: the
   in-cluster preemption by priority still applies to them.
 

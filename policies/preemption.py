@@ -11,6 +11,12 @@ running: tuple[RunningGang, ...]) -> PreemptionPlan | None``, pure; ``None`` mea
   not to need are then dropped again, the most expensive first;
 - it never preempts when the work lost exceeds what the preemptor gains.
 
+A fair-share reclaim (``PreemptionRequest.reclaim``) takes the borrowers' smallest gangs first, the
+least work lost only among gangs of one size: a requeued gang restarts only once all its GPUs are
+free at once, the later the more it needs, and pays its restart on each of them; by work lost alone
+a large gang that has just started (it has lost nothing since its checkpoint) would be the first
+taken, and wait again for a place its size rarely finds.
+
 Both sides are measured in GPU-seconds:
 
 - work lost by a victim = its GPUs x (seconds since its last completed checkpoint + its restart
@@ -63,6 +69,8 @@ class PreemptionRequest:
     placement: PlacementRequest
     priority: int
     wait_avoided_s: float
+    # a fair-share reclaim: the smallest gangs go first, the least work lost among those of one size
+    reclaim: bool = False
 
     def __post_init__(self) -> None:
         if self.wait_avoided_s < 0:
@@ -82,10 +90,11 @@ class PreemptionPlan:
 
 
 def victim_order(request: PreemptionRequest, running: tuple[RunningGang, ...]) -> list[RunningGang]:
-    """Candidates in the order they are considered: lower priority first, then least work lost."""
+    """Candidates in the order they are considered: lower priority first, then (for a reclaim) the fewer
+    GPUs, then least work lost."""
     return sorted(
         (r for r in running if r.priority < request.priority),
-        key=lambda r: (r.priority, r.work_lost_gpu_s, r.job_id),
+        key=lambda r: (r.priority, r.gpus if request.reclaim else 0, r.work_lost_gpu_s, r.job_id),
     )
 
 

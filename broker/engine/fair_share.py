@@ -10,10 +10,11 @@ at the prices paid) and the queued gangs. Its answer:
   ``waiting: budget: ...``, ``waiting: reclaiming 1 GPU from team b``); the engine's admission gate
   passes over it this step;
 - a reclaim is carried out through the preemption path: the preemption policy (checkpoint-aware:
-  the least work lost first) picks, among the borrowing teams' running gangs on a cluster the
-  owner's gang fits, those to checkpoint; they are asked to (CHECKPOINTING, ``preempted_by`` the
-  owner), leave once the checkpoint is reported or their grace runs out, and are requeued to
-  resume from it; the owner's gang claims their GPUs and starts as soon as they are free.
+  for a reclaim the smallest gangs first, then the least work lost) picks, among the borrowing
+  teams' running gangs on a cluster the owner's gang fits, those to checkpoint; they are asked to
+  (CHECKPOINTING, ``preempted_by`` the owner), leave once the checkpoint is reported or their grace
+  runs out, and are requeued to resume from it; the owner's gang claims their GPUs and starts as
+  soon as they are free.
 
 Nothing is kept between steps: the decision is made again from the store every step.
 """
@@ -113,7 +114,7 @@ class FairShare:
                                and (exempt is None or g.priority < exempt))
             if not candidates:
                 continue
-            request = PreemptionRequest(packing.gang_request(owner, spec, per_node), 1, math.inf)
+            request = PreemptionRequest(packing.gang_request(owner, spec, per_node), 1, math.inf, reclaim=True)
             plan = parts.preemption(request, packing.snapshot(s, row), candidates)
             if plan is None:
                 continue

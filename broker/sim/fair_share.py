@@ -4,10 +4,10 @@ against what it was owed, the fleet's utilisation, waits, and work lost to recla
 The fleet is a pool of ``capacity`` GPUs stepped every ``step_s`` seconds, as the engine steps. Each
 step the policy is asked the same ``FairShareRequest`` the live engine builds (GPUs each team holds,
 its usage decayed with the half-life, the queued gangs in submission order): admitted gangs start;
-for a reclaim the borrowers' running gangs are taken by the least work lost (the order of the
-checkpoint-aware preemption policy), asked to checkpoint, and hand their GPUs over once it is
-written (``checkpoint_s``); the owner's gang starts then, and the borrower is requeued keeping its
-progress, paying ``restart_s`` when it resumes.
+for a reclaim the borrowers' running gangs are taken in the checkpoint-aware preemption policy's
+order for a reclaim (the smallest first, then the least work lost), asked to checkpoint, and hand
+their GPUs over once it is written (``checkpoint_s``); the owner's gang starts then, and the
+borrower is requeued keeping its progress, paying ``restart_s`` when it resumes.
 
 A job trace with teams: ``team,job_id,num_gpus,submit_time,duration,priority`` (seconds), built from
 the Philly workloads by ``philly_teams``.
@@ -23,6 +23,8 @@ from pathlib import Path
 
 from broker.sim.workload import read_workload
 from policies.fair_share import FairSharePolicy, FairShareRequest, QueuedGang, Team, TeamUsage, owed_shares
+from policies.placement import PlacementRequest
+from policies.preemption import PreemptionRequest, RunningGang, victim_order
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,7 +135,7 @@ def replay(jobs: list[TeamJob], teams: tuple[Team, ...], capacity: int, policy: 
                 holding.append(run)
         for reclaim in decision.reclaims:
             owner = runs[reclaim.job_id]
-            victims = _victims(holding, set(reclaim.from_teams), reclaim.gpus, now, restart_s)
+            victims = _victims(holding, owner.job.job_id, set(reclaim.from_teams), reclaim.gpus, now, restart_s)
             if victims is None:
                 continue
             for victim in victims:
@@ -241,19 +243,23 @@ def _entitled(held: dict[str, int], queued: list[_Run], owed: dict[str, float]) 
     return entitled
 
 
-def _victims(holding: list[_Run], teams: set[str], need: int, now: float, restart_s: float) -> list[_Run] | None:
-    """Borrowers' running gangs by the least work lost (as the checkpoint-aware preemption policy orders
-    them), until ``need`` GPUs are freed; None if they cannot free that many."""
-    candidates = sorted((r for r in holding if r.job.team in teams and r.running_since is not None
-                         and r.leaving_at is None),
-                        key=lambda r: (r.job.gpus * ((now - max(r.last_checkpoint_s, r.running_since or now))
-                                                     + restart_s), r.job.job_id))
+def _victims(holding: list[_Run], owner: str, teams: set[str], need: int, now: float,
+             restart_s: float) -> list[_Run] | None:
+    """Borrowers' running gangs in the order the checkpoint-aware preemption policy takes them for a reclaim
+    (the smallest first, then the least work lost), until ``need`` GPUs are freed; None if they cannot free
+    that many."""
+    candidates = {r.job.job_id: r for r in holding if r.job.team in teams and r.running_since is not None
+                  and r.leaving_at is None}
+    # A gang still restoring from its checkpoint has lost nothing since it: only its restart.
+    gangs = tuple(RunningGang(job_id, 0, r.job.gpus, max(now - max(r.last_checkpoint_s, r.running_since or 0.0), 0.0),
+                              restart_s) for job_id, r in candidates.items())
     chosen, freed = [], 0
-    for run in candidates:
+    for gang in victim_order(PreemptionRequest(PlacementRequest(owner, need), 1, math.inf, reclaim=True),
+                             gangs):
         if freed >= need:
             break
-        chosen.append(run)
-        freed += run.job.gpus
+        chosen.append(candidates[gang.job_id])
+        freed += gang.gpus
     return chosen if freed >= need else None
 
 

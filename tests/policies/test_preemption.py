@@ -85,3 +85,38 @@ def test_bad_inputs_name_the_field() -> None:
         RunningGang("a", BATCH, 2, -1.0)
     with pytest.raises(ValueError, match="wait_avoided_s"):
         PreemptionRequest(PlacementRequest("a", 1), BATCH, -5.0)
+
+
+def test_a_reclaim_takes_the_smaller_gang_not_the_large_one_just_started() -> None:
+    # The borrowers hold a 48-GPU gang started a minute ago and a 16-GPU one 25 minutes past its checkpoint;
+    # the owner needs 4 more GPUs. By work lost alone the fresh large gang goes (48 x 120 < 16 x 1560 GPU-s),
+    # and must then find 48 GPUs free at once again; a reclaim takes the smaller one.
+    snap = ClusterSnapshot.empty("c1", "p4d.24xlarge", 8)
+    snap = snap.with_placement("large", GangPlacement("c1", tuple((n, tuple(range(8))) for n in range(6))))
+    snap = snap.with_placement("small", GangPlacement("c1", tuple((n, tuple(range(8))) for n in range(6, 8))))
+    running = (RunningGang("large", 0, 48, 60.0, restart_overhead_s=60.0),
+               RunningGang("small", 0, 16, 1500.0, restart_overhead_s=60.0))
+    assert running[0].work_lost_gpu_s < running[1].work_lost_gpu_s
+    by_work_lost = plan_preemption(PreemptionRequest(PlacementRequest("owner", 4), 1, math.inf), snap, running)
+    assert by_work_lost is not None and by_work_lost.victims == ("large",)
+    reclaim = PreemptionRequest(PlacementRequest("owner", 4), 1, math.inf, reclaim=True)
+    assert [r.job_id for r in victim_order(reclaim, running)] == ["small", "large"]
+    plan = plan_preemption(reclaim, snap, running)
+    assert plan is not None and plan.victims == ("small",)
+    assert plan.work_lost_gpu_s == 16 * 1560.0
+
+
+def test_a_reclaim_still_takes_a_large_gang_just_started_when_the_small_ones_do_not_free_enough() -> None:
+    # The owner needs 40 GPUs: the 16-GPU gang is not enough, so the large one goes, and only it (the small
+    # one is then not needed and is spared).
+    snap = ClusterSnapshot.empty("c1", "p4d.24xlarge", 8)
+    snap = snap.with_placement("large", GangPlacement("c1", tuple((n, tuple(range(8))) for n in range(6))))
+    snap = snap.with_placement("small", GangPlacement("c1", tuple((n, tuple(range(8))) for n in range(6, 8))))
+    running = (RunningGang("large", 0, 48, 60.0, restart_overhead_s=60.0),
+               RunningGang("small", 0, 16, 1500.0, restart_overhead_s=60.0))
+    plan = plan_preemption(PreemptionRequest(PlacementRequest("owner", 40), 1, math.inf, reclaim=True), snap, running)
+    assert plan is not None and plan.victims == ("large",)
+    # Among gangs of one size, the least work lost still goes first.
+    same = (RunningGang("old", 0, 4, 1500.0), RunningGang("fresh", 0, 4, 60.0), RunningGang("one", 0, 1, 3000.0))
+    reclaim = PreemptionRequest(PlacementRequest("owner", 4), 1, math.inf, reclaim=True)
+    assert [r.job_id for r in victim_order(reclaim, same)] == ["one", "fresh", "old"]

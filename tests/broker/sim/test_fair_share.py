@@ -77,3 +77,14 @@ def test_a_window_counts_only_for_a_team_that_had_work_waiting_throughout_it() -
     # Under FIFO b waits for a's jobs through the whole second window: that one counts, all short.
     baseline = replay(jobs, TWO, 2, fifo, "fifo")
     assert baseline.teams["b"].windows == 1 and baseline.teams["b"].worst_window_error == 1.0
+
+
+def test_a_reclaim_takes_the_borrowers_smaller_gang_not_the_large_one_just_started() -> None:
+    # b borrows the idle fleet: a 2-GPU gang from the start, a 4-GPU one ten minutes in; a minute later a's
+    # 4-GPU gang needs 2 GPUs back. By work lost alone the 4-GPU gang (a minute old) would go; the 2-GPU one does.
+    jobs = [TeamJob("b", "b-small", 2, 3600.0, 4 * 3600.0), TeamJob("b", "b-large", 4, 4200.0, 4 * 3600.0),
+            TeamJob("a", "a0", 4, 4260.0, 3600.0)]
+    result = replay(jobs, TWO, 8, weighted_fair_share, "fair", checkpoint_s=60.0, restart_s=60.0)
+    assert result.unfinished == 0 and result.handovers_s == [60.0]
+    assert result.teams["b"].reclaims == 1
+    assert result.teams["b"].reclaimed_gpu_s == 2 * (60.0 + 60.0)  # the 2-GPU gang's checkpoint and restart
