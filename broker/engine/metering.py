@@ -34,7 +34,7 @@ from providers.base import OfferKey
 
 CHUNK = 500  # ids per IN (...) list
 # Clusters a step meters at most (the engine's step): a fleet's minute is spread over a few steps.
-PER_STEP = 200
+PER_STEP = 100
 
 
 @dataclass(frozen=True, slots=True)
