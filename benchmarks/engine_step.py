@@ -14,8 +14,8 @@ jobs RUNNING and the pool capped at their GPUs (``max_gpus``), queues N more job
 - ``new:tick`` (seeded runs): the first step after the market's next tick, which reviews every
   running job's place once (the selection policy asked for each);
 - ``new:steady``: ``--steps`` steps in which nothing changes (median and p95);
-- ``new:minute`` (seeded runs): the first step after a market minute ends, which meters that minute of
-  every cluster;
+- ``new:minute`` (seeded runs): the first step after a market minute ends, which meters that minute
+  (of ``metering.PER_STEP`` clusters at most: the rest in the steps after it);
 - a notice's time to act: a termination notice recorded for one running cluster, then the notices'
   lane a step begins with (``Engine.act_on_notices``), timed until that job is CHECKPOINTING, and
   the rest of that step;

@@ -28,7 +28,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from broker.engine import checkpoint_reports
-from broker.engine.parts import AfterCommit, Parts, cluster_info
+from broker.engine.parts import AfterCommit, Parts, Place, cluster_info
 from broker.market.capacity import prior_uptime_s
 from broker.model import ClusterState, TeardownReason
 from broker.store.tables import (
@@ -71,7 +71,7 @@ class Cadence:
         after.signals.append((cluster_info(cluster), job.id, job.attempt, signal))
         self.parts.event(s, job.id, ASKED, interval_s=round(interval, 1), checkpoint_s=measured, reason=why)
 
-    def cloud_uptime(self, cluster: ClusterRow, now: datetime) -> float | None:
+    def cloud_uptime(self, cluster: Place, now: datetime) -> float | None:
         """What the cloud expects of a spot VM's run in the cluster's zone (None: it says nothing)."""
         try:
             quote = self.parts.market.quote(

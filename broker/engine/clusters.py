@@ -17,7 +17,7 @@ from datetime import datetime
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from broker.backends.base import ClusterPhase, ClusterStatus
+from broker.backends.base import ClusterInfo, ClusterPhase, ClusterStatus
 from broker.engine import autoscale, packing
 from broker.engine.checkpoints import end_allocation
 from broker.engine.notices import record_backend_notice
@@ -54,9 +54,13 @@ def _move(row: ClusterRow, target: ClusterState) -> None:
 
 def sync(parts: Parts) -> None:
     """Bring every live cluster row in line with what the backend says of it."""
-    with parts.store.transaction() as s:
-        rows = list(s.scalars(select(ClusterRow).where(ClusterRow.state.in_(LIVE_CLUSTER_STATES))))
-    infos = [cluster_info(row, parts.tokens(row.id)) for row in rows]
+    with parts.store.transaction() as s:  # columns, not rows: thousands of clusters, most with nothing to write
+        rows = s.execute(select(ClusterRow.id, ClusterRow.state, ClusterRow.handle, ClusterRow.cloud,
+                                ClusterRow.region, ClusterRow.zone, ClusterRow.instance_type, ClusterRow.num_nodes,
+                                ClusterRow.gpus_per_node, ClusterRow.spot)
+                         .where(ClusterRow.state.in_(LIVE_CLUSTER_STATES))).all()
+    infos = [ClusterInfo(row.id, row.cloud, row.region, row.zone, row.instance_type, row.num_nodes,
+                         row.gpus_per_node, row.spot, parts.tokens(row.id), dict(row.handle or {})) for row in rows]
     statuses = parts.provisioner.statuses(infos) if infos else {}  # one call for the whole fleet
     for row, info in zip(rows, infos, strict=True):
         status = statuses[row.id]
@@ -66,7 +70,7 @@ def sync(parts: Parts) -> None:
             continue
         if status.notice_action_at is not None:
             record_backend_notice(parts.store, parts.clock, row.id, status.notice_action_at)
-        if _unchanged(row, status):
+        if _unchanged(row.state, row.handle, status):
             continue
         with parts.store.transaction() as s:
             current = s.get(ClusterRow, row.id)
@@ -93,11 +97,12 @@ def sync(parts: Parts) -> None:
                     current.up_at = current.terminated_at
 
 
-def _unchanged(row: ClusterRow, status: ClusterStatus) -> bool:
-    """The backend says of the cluster what its row already holds: sync has nothing to write."""
+def _unchanged(state: str, handle: dict[str, object] | None, status: ClusterStatus) -> bool:
+    """The backend says of the cluster what its row (``state``, ``handle``) already holds: sync has nothing
+    to write."""
     same_state = (status.phase is ClusterPhase.PROVISIONING
-                  or (status.phase is ClusterPhase.UP and row.state != ClusterState.PROVISIONING))
-    handle = row.handle or {}
+                  or (status.phase is ClusterPhase.UP and state != ClusterState.PROVISIONING))
+    handle = handle or {}
     return same_state and all(handle.get(key) == value for key, value in status.handle.items())
 
 
@@ -192,29 +197,29 @@ def reap(parts: Parts) -> None:
     after = AfterCommit()
     now = parts.clock.now()
     with parts.store.transaction() as s:
-        holding = list(s.scalars(select(ClusterRow).where(ClusterRow.state.in_(HOLDING))))
-        # Read for every cluster at once: the open allocations with their holders' states, and the
-        # clusters an active job is heading to with GPUs claimed (``packing.claims``, batched).
-        open_allocs: dict[str, list[tuple[AllocationRow, str | None]]] = {}
+        # Only what may change is read (a step with thousands of held clusters reads none of them): the
+        # open allocations on live clusters whose holder has ended or is gone, which end here, and the
+        # live clusters no open allocation of an active job holds, which go unless a job is heading to
+        # one with GPUs claimed (``packing.claims``) or the pool keeps it.
         state: str | None
         for alloc, state in s.execute(select(AllocationRow, JobRow.state.label("holder"))
                                       .outerjoin(JobRow, JobRow.id == AllocationRow.job_id)
                                       .join(ClusterRow, ClusterRow.id == AllocationRow.cluster_id)
-                                      .where(AllocationRow.ended_at.is_(None), ClusterRow.state.in_(HOLDING))
+                                      .where(AllocationRow.ended_at.is_(None), ClusterRow.state.in_(HOLDING),
+                                             JobRow.state.is_(None) | JobRow.state.not_in(ACTIVE_STATES))
                                       .order_by(AllocationRow.id)):
-            open_allocs.setdefault(alloc.cluster_id, []).append((alloc, state))
+            end_allocation(alloc, state.lower() if state else "orphaned", now)
+        held = (select(AllocationRow.id).join(JobRow, JobRow.id == AllocationRow.job_id)
+                .where(AllocationRow.cluster_id == ClusterRow.id, AllocationRow.ended_at.is_(None),
+                       JobRow.state.in_(ACTIVE_STATES)).exists())
+        unheld = list(s.scalars(select(ClusterRow).where(ClusterRow.state.in_(HOLDING), ~held)
+                                .order_by(ClusterRow.id)))
         headed = {cid for cid, gpus in s.execute(
             select(JobRow.target_cluster_id, JobRow.target_gpus)
             .join(ClusterRow, ClusterRow.id == JobRow.target_cluster_id)
-            .where(JobRow.state.in_(ACTIVE_STATES), ClusterRow.state.in_(HOLDING))) if gpus}
-        for row in holding:
-            held = False
-            for alloc, state in open_allocs.get(row.id, []):
-                if state is None or JobState(state).terminal:
-                    end_allocation(alloc, state.lower() if state else "orphaned", now)
-                else:
-                    held = True
-            if not held and row.id not in headed and not autoscale.keep(parts, s, row, now):
+            .where(JobRow.state.in_(ACTIVE_STATES), ClusterRow.state.in_(HOLDING))) if gpus} if unheld else set()
+        for row in unheld:
+            if row.id not in headed and not autoscale.keep(parts, s, row, now):
                 release(row, now, TeardownReason.IDLE)
         for row in s.scalars(select(ClusterRow).where(ClusterRow.state == ClusterState.TERMINATING.value)):
             after.terminations.append(cluster_info(row))

@@ -25,6 +25,7 @@ RECORD_EVERY = timedelta(seconds=30)
 MAX_POINTS = 400  # the latest progress reports a prediction reads (bounded memory per job)
 MAX_HISTORY = 200  # earlier jobs of the same name and team
 CHUNK = 500  # ids per IN (...) list
+PER_STEP = 200  # jobs a step predicts at most (the engine's step): the rest in the next steps
 
 
 class Reads:
@@ -147,8 +148,14 @@ def _latest_of(s: Session, job_ids: list[str]) -> dict[str, tuple[int, datetime]
     return found
 
 
-def record(store: Store, now: datetime, unknown: dict[str, tuple[int, datetime]] | None = None) -> None:
-    """Keep a fresh prediction for every running job whose last one is older than ``RECORD_EVERY``.
+def record(store: Store, now: datetime, unknown: dict[str, tuple[int, datetime]] | None = None,
+           limit: int | None = None) -> int:
+    """Keep a fresh prediction for every running job whose last one is older than ``RECORD_EVERY``;
+    returns the jobs tried.
+
+    ``limit`` (the engine's step: ``PER_STEP``): at most that many, those tried longest ago first (never
+    tried, first of all), the rest left to the next calls: thousands of jobs that started together,
+    all due in the same 30 s, are spread over steps.
 
     ``unknown`` (kept by the caller between calls; a cache, empty after a restart): job -> (attempt, when)
     of its last try that nothing could predict (no progress, stated work or finished history yet); such
@@ -162,10 +169,13 @@ def record(store: Store, now: datetime, unknown: dict[str, tuple[int, datetime]]
                          or tried[1] > last[job_id][1]})
             for job_id in [j for j in unknown if j not in attempts]:
                 del unknown[job_id]
-        wanted = sorted(job_id for job_id, attempt in attempts.items()
-                        if not (job_id in last and last[job_id][0] == attempt and now - last[job_id][1] < RECORD_EVERY))
+        stale = sorted(((job_id in last, last[job_id][1] if job_id in last else now, job_id)
+                        for job_id, attempt in attempts.items()
+                        if not (job_id in last and last[job_id][0] == attempt
+                                and now - last[job_id][1] < RECORD_EVERY)))
+        wanted = sorted(job_id for _, _, job_id in (stale if limit is None else stale[:limit]))
         if not wanted:
-            return
+            return 0
         due: list[JobRow] = []
         for chunk in range(0, len(wanted), CHUNK):
             due += s.scalars(select(JobRow).where(JobRow.id.in_(wanted[chunk:chunk + CHUNK])))
@@ -181,3 +191,4 @@ def record(store: Store, now: datetime, unknown: dict[str, tuple[int, datetime]]
                                 finish_at=now + timedelta(seconds=found.remaining_s),
                                 low_at=now + timedelta(seconds=found.low_s),
                                 high_at=now + timedelta(seconds=found.high_s)))
+        return len(due)

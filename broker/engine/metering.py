@@ -33,6 +33,8 @@ from broker.store.tables import AllocationRow, ClusterRow, JobRow, LedgerRow
 from providers.base import OfferKey
 
 CHUNK = 500  # ids per IN (...) list
+# Clusters a step meters at most (the engine's step): a fleet's minute is spread over a few steps.
+PER_STEP = 100
 
 
 @dataclass(frozen=True, slots=True)
@@ -198,26 +200,32 @@ def minimum_shortfall(row: ClusterRow) -> float:
     return max(MINIMUM_SECONDS - (row.terminated_at - row.created_at).total_seconds(), 0.0)
 
 
-def meter(store: Store, clock: Clock, market: Market) -> None:
+def meter(store: Store, clock: Clock, market: Market, limit: int | None = None) -> int:
     """Meter every cluster with minutes not yet in the ledger, all in one transaction: their rows
     locked and their histories read in a few statements for all of them, their ledger rows written
-    in one flush (batched inserts), whatever the number of clusters.
+    in one flush (batched inserts), whatever the number of clusters. Returns the clusters metered.
+
+    ``limit`` (the engine's step: ``PER_STEP``): at most that many clusters, those metered least far
+    first, the rest left to the next calls. Nothing is lost or billed twice either way: a cluster
+    metered writes every minute it has not yet written, and moves its ``metered_until`` in the same
+    transaction (an engine killed between two calls finds the rest still due).
 
     A cluster metered past its end (its end learned late, after a broker restart) is taken again,
     so the minutes after its end are taken back.
     """
     now = clock.now()
     with store.transaction() as s:
-        ids = sorted(cluster_id for cluster_id, metered, ended in s.execute(
-            select(ClusterRow.id, ClusterRow.metered_until, ClusterRow.terminated_at)
+        due = sorted((metered or created, cluster_id) for cluster_id, created, metered, ended in s.execute(
+            select(ClusterRow.id, ClusterRow.created_at, ClusterRow.metered_until, ClusterRow.terminated_at)
             .where(ClusterRow.up_at.is_not(None))
             .where((ClusterRow.metered_until.is_(None))
                    | (ClusterRow.terminated_at.is_(None))
                    | (ClusterRow.metered_until != ClusterRow.terminated_at)))
             if ended is not None or metered is None or metered.replace(second=0, microsecond=0) + MINUTE <= now)
         # (a live cluster is metered in whole minutes: one whose next minute has not ended has nothing to write)
+        ids = sorted(cluster_id for _, cluster_id in (due if limit is None else due[:limit]))
         if not ids:
-            return
+            return 0
         rows: list[ClusterRow] = []
         for start in range(0, len(ids), CHUNK):  # locked in id order, as one transaction per cluster did
             rows += s.scalars(select(ClusterRow).where(ClusterRow.id.in_(ids[start:start + CHUNK]))
@@ -225,6 +233,7 @@ def meter(store: Store, clock: Clock, market: Market) -> None:
         histories = ClusterHistory.read_many(s, rows)
         for row in rows:
             meter_cluster(s, row, now, market, histories[row.id])
+        return len(rows)
 
 
 def _take_back(s: Session, row: ClusterRow, ended: datetime) -> None:

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from sqlalchemy.orm import Session
 
@@ -25,7 +25,7 @@ from broker.market.book import Market
 from broker.spec.job import JobSpec, job_spec_from_data
 from broker.store import Store
 from broker.store.db import Fenced
-from broker.store.tables import ClusterRow, JobEventRow, JobRow
+from broker.store.tables import JobEventRow, JobRow
 from policies import kinds
 
 if TYPE_CHECKING:
@@ -85,7 +85,31 @@ def engine_options(settings: Settings, broker_url: str | None, **extra: Any) -> 
     )
 
 
-def cluster_info(row: ClusterRow, token: str | None = None) -> ClusterInfo:
+class Place(Protocol):
+    """A cluster as the backend, the planner and the cadence read it: a ``ClusterRow``, or just its
+    columns (``running.Held``: thousands of running jobs' clusters read each pass, not loaded as rows)."""
+
+    @property
+    def id(self) -> str: ...
+    @property
+    def cloud(self) -> str: ...
+    @property
+    def region(self) -> str: ...
+    @property
+    def zone(self) -> str: ...
+    @property
+    def instance_type(self) -> str: ...
+    @property
+    def num_nodes(self) -> int: ...
+    @property
+    def gpus_per_node(self) -> int: ...
+    @property
+    def spot(self) -> bool: ...
+    @property
+    def handle(self) -> dict[str, Any]: ...
+
+
+def cluster_info(row: Place, token: str | None = None) -> ClusterInfo:
     return ClusterInfo(row.id, row.cloud, row.region, row.zone, row.instance_type, row.num_nodes,
                        row.gpus_per_node, row.spot, token, dict(row.handle or {}))
 

@@ -18,7 +18,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from broker.engine.checkpoints import current_allocation, progress_of, progress_s
-from broker.engine.parts import Parts
+from broker.engine.parts import Parts, Place
 from broker.market.capacity import capacity_score_of, prior_uptime_s
 from broker.model import ClusterState, JobState, TeardownReason
 from broker.spec.job import JobSpec
@@ -229,7 +229,7 @@ class Planner:
             self._series[key] = MarketSeries.from_trace(past)
         return MarketHistory(self._series[key], market.tick_at(now)), market.tick_seconds
 
-    def location_of(self, cluster: ClusterRow) -> Location:
+    def location_of(self, cluster: Place) -> Location:
         """Where a cluster is, as the policy names places: on demand, or a spot offer at today's price."""
         if not cluster.spot:
             return Location(ON_DEMAND)

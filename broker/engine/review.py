@@ -12,7 +12,7 @@ from datetime import datetime
 from sqlalchemy.orm import Session
 
 from broker.engine import clusters, machine
-from broker.engine.parts import AfterCommit, Parts, cluster_info
+from broker.engine.parts import AfterCommit, Parts, Place, cluster_info
 from broker.engine.planning import Planner, Reads, same_place
 from broker.model import CheckpointReason, ClusterState
 from broker.store.tables import AllocationRow, ClusterRow, JobRow
@@ -32,7 +32,7 @@ class Reviewer:
     def tick(self, now: datetime) -> int:
         return int(now.timestamp() // self.planner.review_seconds())
 
-    def stays(self, s: Session, job: JobRow, cluster: ClusterRow, reads: Reads) -> bool:
+    def stays(self, s: Session, job: JobRow, cluster: Place, reads: Reads) -> bool:
         """Review the place of a running job that owns its cluster and is heading nowhere, with what the
         pass read for all such jobs at once: True, and the job counts as reviewed this tick, when the
         policy keeps it where it is (as ``review`` would find); False leaves the review to ``review``."""

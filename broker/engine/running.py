@@ -22,6 +22,7 @@ import statistics
 from collections import defaultdict
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 
 from sqlalchemy import and_, func, select
 from sqlalchemy.orm import Session
@@ -42,12 +43,33 @@ DUE_MARGIN = timedelta(milliseconds=1)
 
 
 @dataclass(frozen=True, slots=True)
+class Held:
+    """A running job's cluster as the view reads it: its columns (a ``parts.Place``), not a loaded row."""
+
+    id: str
+    job_id: str | None
+    cloud: str
+    region: str
+    zone: str
+    instance_type: str
+    num_nodes: int
+    gpus_per_node: int
+    spot: bool
+    handle: dict[str, Any]
+
+
+HELD_COLUMNS = (ClusterRow.id, ClusterRow.job_id, ClusterRow.cloud, ClusterRow.region, ClusterRow.zone,
+                ClusterRow.instance_type, ClusterRow.num_nodes, ClusterRow.gpus_per_node, ClusterRow.spot,
+                ClusterRow.handle)
+
+
+@dataclass(frozen=True, slots=True)
 class Running:
     job_id: str
     attempt: int
     heading_to: str | None  # its target cluster or GPUs: a move under way
     began: datetime
-    cluster: ClusterRow
+    cluster: Held
 
 
 class RunningView:
@@ -64,11 +86,10 @@ class RunningView:
         self.now = parts.clock.now()
         with parts.store.transaction() as s:
             self.running = {job_id: Running(job_id, attempt, target or (str(gpus) if gpus else None),
-                                            running_at or started_at, cluster)
-                            for job_id, attempt, target, gpus, running_at, started_at, cluster in s.execute(
+                                            running_at or started_at, Held(*cluster))
+                            for job_id, attempt, target, gpus, running_at, started_at, *cluster in s.execute(
                                 select(JobRow.id, JobRow.attempt, JobRow.target_cluster_id, JobRow.target_gpus,
-                                       AllocationRow.running_at,
-                                       AllocationRow.started_at, ClusterRow)
+                                       AllocationRow.running_at, AllocationRow.started_at, *HELD_COLUMNS)
                                 .join(AllocationRow, and_(AllocationRow.job_id == JobRow.id,
                                                           AllocationRow.attempt == JobRow.attempt))
                                 .join(ClusterRow, ClusterRow.id == AllocationRow.cluster_id)

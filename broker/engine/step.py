@@ -96,8 +96,11 @@ class Engine:
         4. ready the queued jobs still waiting for a running job's predicted finish (eager allocation,
            a reserved job's setup run ahead), and stop the early setups of jobs no longer heading there;
         5. tear down clusters nobody holds or is heading to, unless the pool keeps them a while;
-        6. write the ledger's minutes up to now, and split its running ones by what their GPUs did;
-        7. keep a fresh finish-time prediction for every running job.
+        6. write the ledger's minutes up to now, and split its running ones by what their GPUs did (at most
+           ``metering.PER_STEP`` clusters a step, those metered least far first: a fleet's minute is spread
+           over a few steps, each cluster's minutes written once, whole);
+        7. keep a fresh finish-time prediction for every running job (at most ``forecast.PER_STEP`` a step,
+           the stalest first).
 
         The notices' lane runs first, and again whenever ``NOTICE_EVERY`` has passed since it last looked
         (between the phases above, and between jobs in a pass): a notice that arrives during a long step is
@@ -117,10 +120,10 @@ class Engine:
             setup_ahead.stop_stale(self.parts)
             clusters.reap(self.parts)
             self.notices_if_due()
-            metering.meter(self.store, self.clock, self.parts.market)
+            metering.meter(self.store, self.clock, self.parts.market, limit=metering.PER_STEP)
             gpu_attribution.attribute(self.store, self.parts.options.gpu_idle_below, self.clock.now())
             self.notices_if_due()
-            forecast.record(self.store, self.clock.now(), self._unpredicted)
+            forecast.record(self.store, self.clock.now(), self._unpredicted, limit=forecast.PER_STEP)
             self.notices_if_due()
 
     @contextlib.contextmanager

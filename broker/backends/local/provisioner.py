@@ -19,7 +19,6 @@ import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
 from broker.agent.catching import may_send
 from broker.backends.base import (
@@ -37,10 +36,10 @@ from broker.backends.local.claims import (
     missing_fate,
     node_fate,
     record_gang,
-    same_process_alive,
 )
 from broker.backends.local.host import process_alive, read_json, write_json
 from broker.backends.local.scripts import START_FAILED, job_script, private_file, script_head, setup_script
+from broker.backends.local.steady import Look, Steady, mtime_ns
 from broker.clock import AcceleratedClock
 from broker.store.private import private_directory, private_opener
 from providers.local import LocalMarket
@@ -90,6 +89,7 @@ class LocalProvisioner:
         self.provision_seconds = provision_seconds
         self.agent_poll = agent_poll
         self.claim_seconds = claim_seconds
+        self.steady = Steady()  # what earlier looks found, while the files stay unchanged (a cache)
 
     def cluster_dir(self, cluster: ClusterInfo) -> Path:
         return self.root / cluster.id
@@ -122,14 +122,16 @@ class LocalProvisioner:
     def statuses(self, clusters: list[ClusterInfo]) -> dict[str, ClusterStatus]:
         """Every cluster's status in one pass over their files, each host process looked at once."""
         alive: dict[int, bool] = {}
-        return {cluster.id: self._status(cluster, alive) for cluster in clusters}
+        found = {cluster.id: self._status(cluster, alive) for cluster in clusters}
+        self.steady.keep_statuses({self.cluster_dir(cluster) for cluster in clusters})
+        return found
 
     def _status(self, cluster: ClusterInfo, alive: dict[int, bool]) -> ClusterStatus:
         """``alive``: host pid -> alive, as already looked at in this call (filled in here)."""
         directory = self.cluster_dir(cluster)
-        if not (directory / "cluster.json").exists():
+        launched, data = self.steady.status_file(directory)
+        if not launched:
             return ClusterStatus(ClusterPhase.UNKNOWN)
-        data = read_json(directory / "status.json")
         if data is None:
             if not self._host_alive(directory) and self._launch_age(directory) > 30:
                 return ClusterStatus(ClusterPhase.FAILED, reason="local cluster host never started")
@@ -279,18 +281,37 @@ class LocalProvisioner:
                     os.killpg(int(pid), signal.SIGKILL)
 
     def run_status(self, cluster: ClusterInfo, job_id: str, attempt: int) -> RunStatus:
-        return self._run_status(cluster, job_id, attempt, _Look(self))
+        return self._run_status(cluster, job_id, attempt, Look(self._status))
 
     def run_statuses(self, runs: list[tuple[ClusterInfo, str, int]]) -> dict[tuple[str, int], RunStatus]:
         """``run_status`` of every (cluster, job, attempt) in one pass over their files: each cluster's
         status and each recorded process looked at once, however many runs share them."""
-        look = _Look(self)
-        return {(job_id, attempt): self._run_status(cluster, job_id, attempt, look)
-                for cluster, job_id, attempt in runs}
+        look = Look(self._status)
+        found = {(job_id, attempt): self._run_status(cluster, job_id, attempt, look)
+                 for cluster, job_id, attempt in runs}
+        self.steady.keep_only({(cluster.id, job_id, attempt) for cluster, job_id, attempt in runs})
+        return found
 
-    def _run_status(self, cluster: ClusterInfo, job_id: str, attempt: int, look: _Look) -> RunStatus:
+    def _run_status(self, cluster: ClusterInfo, job_id: str, attempt: int, look: Look) -> RunStatus:
+        """The run's status; a run found running whose directories have not changed since is looked at through
+        its cluster's status and its processes alone (``steady``), with no file of the run read."""
         base = self.cluster_dir(cluster) / "runs" / f"{job_id}-{attempt}"
+        key = (cluster.id, job_id, attempt)
+        steady = self.steady.run(key, base)
+        if steady is not None and look.status(cluster).phase not in (ClusterPhase.TERMINATED, ClusterPhase.FAILED) \
+                and all(look.same_process_alive(process) for process in steady.processes):
+            return RunStatus(RunPhase.RUNNING)
+        before = self.steady.before(base)
         nodes = sorted(base.glob("node-*"))
+        node_times = [mtime_ns(node) for node in nodes]
+        found = self._look_at_run(cluster, base, nodes, look)
+        if found.phase is RunPhase.RUNNING:
+            self.steady.running(key, base, nodes, before, node_times)
+        else:
+            self.steady.forget(key)
+        return found
+
+    def _look_at_run(self, cluster: ClusterInfo, base: Path, nodes: list[Path], look: Look) -> RunStatus:
         if not nodes:
             return RunStatus(RunPhase.NOT_STARTED)
         codes = [read_json(n / "status") for n in nodes]
@@ -361,26 +382,3 @@ class LocalProvisioner:
         for path in sorted(self.cluster_dir(cluster).glob("runs/*/node-*/status.events")):
             records.extend(json.loads(line) for line in path.read_text().splitlines() if line.strip())
         return records
-
-
-class _Look:
-    """What one call has already looked at: each cluster's status and each recorded process's life."""
-
-    def __init__(self, provisioner: LocalProvisioner) -> None:
-        self.provisioner = provisioner
-        self.clusters: dict[str, ClusterStatus] = {}
-        self.hosts: dict[int, bool] = {}  # host pid -> alive
-        self.processes: dict[tuple[object, object], bool] = {}  # (pid, its start) -> the same process runs
-
-    def status(self, cluster: ClusterInfo) -> ClusterStatus:
-        if cluster.id not in self.clusters:
-            self.clusters[cluster.id] = self.provisioner._status(cluster, self.hosts)
-        return self.clusters[cluster.id]
-
-    def same_process_alive(self, record: dict[str, Any] | None) -> bool:
-        if not record or "pid" not in record:
-            return False
-        key = (record["pid"], record.get("pid_start"))
-        if key not in self.processes:
-            self.processes[key] = same_process_alive(record)
-        return self.processes[key]

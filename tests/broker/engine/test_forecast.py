@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 from rich.console import Console
-from sqlalchemy import select
+from sqlalchemy import func, select
 
 from broker.cli.job_output import status_table
 from broker.engine import forecast
@@ -144,3 +144,25 @@ def test_a_job_nothing_predicts_is_tried_again_only_after_the_interval(store: St
     assert _summary(store, "a")["predicted_finish"] is None
     forecast.record(store, T0 + timedelta(minutes=5) + forecast.RECORD_EVERY, unknown)
     assert _summary(store, "a")["prediction_source"] == "work"
+
+
+def test_a_bounded_record_predicts_the_stalest_first_and_the_rest_on_the_next_calls(store: Store) -> None:
+    for job_id in ("a", "b", "c"):
+        _setup(store, job_id, T0)
+    with store.transaction() as s:
+        for job in s.scalars(select(JobRow)):
+            job.work_s = 600.0
+    now = T0 + timedelta(minutes=5)
+    assert forecast.record(store, now, {}, limit=2) == 2
+    assert forecast.record(store, now, {}, limit=2) == 1  # the one left: none is predicted twice
+    assert forecast.record(store, now, {}, limit=2) == 0
+    later = now + forecast.RECORD_EVERY + timedelta(seconds=1)
+    with store.transaction() as s:  # c's prediction is the newest: a and b are due first
+        s.add(PredictionRow(job_id="c", attempt=1, made_at=now + timedelta(seconds=2), source="work",
+                            finish_at=later, low_at=later, high_at=later))
+    assert forecast.record(store, later, {}, limit=2) == 2
+    with store.transaction() as s:
+        made = {job_id: at for job_id, at in s.execute(select(PredictionRow.job_id, func.max(PredictionRow.made_at))
+                                                       .group_by(PredictionRow.job_id))}
+    assert made["a"] == made["b"] == later.replace(tzinfo=made["a"].tzinfo)
+    assert made["c"] != made["a"]

@@ -297,3 +297,50 @@ def test_metering_a_fleet_at_once_writes_what_metering_each_cluster_alone_writes
     finally:
         together.dispose()
         alone.dispose()
+
+
+def test_metering_a_few_clusters_a_call_writes_every_minute_once(tmp_path: Path, db_url: str) -> None:
+    """The step's bounded metering (``limit``): the least-metered clusters first, each written whole, so calls
+    that meter two clusters each catch up on the fleet and write what metering it all at once writes; a
+    call that stops partway (an engine killed between steps) leaves the rest due, nothing billed twice."""
+    market = _market(tmp_path)
+    together, chunked = open_store(f"sqlite:///{tmp_path / 'together.db'}"), open_store(db_url)
+    try:
+        for store in (together, chunked):
+            _fleet(store)
+        for minutes in (1, 3, 5):
+            now = T0 + timedelta(minutes=minutes, seconds=10)
+            due = metering.meter(together, _At(now), market)
+            # two a call: as many calls as it takes meter each due cluster once (those metered least far first)
+            calls = [metering.meter(chunked, _At(now), market, limit=2) for _ in range((due + 1) // 2)]
+            assert due > 2 and max(calls) == 2 and sum(calls) == due
+        rows = []
+        for store in (together, chunked):
+            clusters, ledger = _ledger(store)
+            assert ledger_outside_cluster_life(clusters, ledger) == []
+            assert ledger_tiles_cluster_life(clusters, ledger) == []
+            rows.append(sorted((r.cluster_id, r.minute, r.holder, r.usage, r.gpus, r.seconds, round(r.cost, 9))
+                               for r in ledger))
+        assert rows[0] == rows[1]
+    finally:
+        together.dispose()
+        chunked.dispose()
+
+
+def test_bounded_metering_takes_the_cluster_metered_least_far_first(tmp_path: Path, db_url: str) -> None:
+    market = _market(tmp_path)
+    store = open_store(db_url)
+    try:
+        with store.transaction() as s:
+            s.add_all([_cluster("a", T0, None), _cluster("b", T0 + timedelta(minutes=2), None),
+                       _cluster("c", T0 + timedelta(minutes=1), None)])
+        now = T0 + timedelta(minutes=4, seconds=10)
+        order = []
+        for _ in range(3):
+            assert metering.meter(store, _At(now), market, limit=1) == 1
+            clusters, _ = _ledger(store)
+            order.append(next(c.id for c in clusters if c.metered_until is not None and c.id not in order))
+        assert order == ["a", "c", "b"]
+        assert metering.meter(store, _At(now), market, limit=1) == 0
+    finally:
+        store.dispose()
