@@ -10,45 +10,46 @@ from typing import Any
 
 import pytest
 
-torch = pytest.importorskip("torch")
-pl = pytest.importorskip("lightning.pytorch")
-
-from broker.job import read_marker  # noqa: E402
-from broker.job.lightning import BrokerCheckpoint  # noqa: E402
-from tests.broker.job.shipped import Died, load_example  # noqa: E402
+from broker.job import read_marker
+from tests.broker.job.shipped import Died, load_example
 
 STEPS = 30
 
 
+@pytest.fixture(scope="module")
+def pl() -> Any:
+    """Lightning, imported by the tests that use it, not when the suite is collected (seconds per worker)."""
+    pytest.importorskip("torch")
+    return pytest.importorskip("lightning.pytorch")
 
 
-class Preemption(pl.Callback):
-    """Sends the real checkpoint signal at one step and takes the process away a few steps later."""
+def train(pl: Any, module, signal_at: int | None = None, die_after: int | None = None) -> dict[str, object]:
+    from broker.job.lightning import BrokerCheckpoint
 
-    def __init__(self, signal_at: int | None, die_after: int | None) -> None:
-        self.signal_at, self.die_after = signal_at, die_after
+    class Preemption(pl.Callback):  # type: ignore[misc,name-defined]
+        """Sends the real checkpoint signal at one step and takes the process away a few steps later."""
 
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        if trainer.global_step == self.signal_at:
-            os.kill(os.getpid(), signal.SIGUSR1)
-        if trainer.global_step == self.die_after:
-            raise Died
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+            if trainer.global_step == signal_at:
+                os.kill(os.getpid(), signal.SIGUSR1)
+            if trainer.global_step == die_after:
+                raise Died
 
-
-def train(module, signal_at: int | None = None, die_after: int | None = None) -> dict[str, object]:
     pl.seed_everything(0, verbose=False)
     model = module.Regressor()
     broker_ckpt = BrokerCheckpoint()
     # The test's callback runs first, so the signal is seen by the broker's callback in the same step.
     trainer = pl.Trainer(max_steps=STEPS, accelerator="cpu", devices=1, deterministic=True,
-                         callbacks=[Preemption(signal_at, die_after), broker_ckpt], enable_checkpointing=False,
+                         callbacks=[Preemption(), broker_ckpt], enable_checkpointing=False,
                          logger=False, enable_progress_bar=False, enable_model_summary=False)
     trainer.fit(model, train_dataloaders=module.SeededBatches(7), ckpt_path=broker_ckpt.resume_path())
     assert trainer.global_step == STEPS
     return model.state_dict()
 
 
-def test_a_fit_interrupted_mid_epoch_at_a_random_step_ends_bit_identical(tmp_path: Path, monkeypatch) -> None:
+def test_a_fit_interrupted_mid_epoch_at_a_random_step_ends_bit_identical(tmp_path: Path, monkeypatch, pl: Any) -> None:
+    torch = pytest.importorskip("torch")
+
     for name in ("BROKER_RESUME_FROM", "RANK", "SKYPILOT_NODE_RANK", "BROKER_CHECKPOINT_SIGNAL"):
         monkeypatch.delenv(name, raising=False)
     module: Any = load_example("train_lightning")
@@ -56,21 +57,25 @@ def test_a_fit_interrupted_mid_epoch_at_a_random_step_ends_bit_identical(tmp_pat
     at = random.Random().randint(1, STEPS - 5)
     try:
         monkeypatch.setenv("BROKER_CHECKPOINT_DIR", str(tmp_path / "a"))
-        uninterrupted = train(module)
+        uninterrupted = train(pl, module)
         monkeypatch.setenv("BROKER_CHECKPOINT_DIR", str(tmp_path / "b"))
         with pytest.raises(Died):
-            train(module, signal_at=at, die_after=at + 3)
+            train(pl, module, signal_at=at, die_after=at + 3)
         path, step = read_marker(tmp_path / "b")  # type: ignore[misc]
         assert step == at
         monkeypatch.setenv("BROKER_RESUME_FROM", str(path))
-        resumed = train(module)
+        resumed = train(pl, module)
     finally:
         signal.signal(signal.SIGUSR1, original)
     for name, tensor in uninterrupted.items():
         assert torch.equal(tensor, resumed[name]), (name, at)
 
 
-def test_a_corrupt_checkpoint_is_skipped_for_the_one_before(tmp_path: Path, monkeypatch, capsys) -> None:
+def test_a_corrupt_checkpoint_is_skipped_for_the_one_before(tmp_path: Path, monkeypatch, capsys, pl: Any) -> None:
+    torch = pytest.importorskip("torch")
+
+    from broker.job.lightning import BrokerCheckpoint
+
     monkeypatch.setenv("BROKER_CHECKPOINT_DIR", str(tmp_path))
     torch.save({"x": torch.zeros(3)}, tmp_path / "step-00000003")
     (tmp_path / "step-00000006").write_bytes(b"PK\x03\x04" + b"\x00" * 64)  # a zip that stops short

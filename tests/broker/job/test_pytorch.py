@@ -9,20 +9,26 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-torch = pytest.importorskip("torch")
-
-from broker.job import read_marker  # noqa: E402
-from broker.job.pytorch import TorchCheckpointer  # noqa: E402
-from tests.broker.job.shipped import Died  # noqa: E402
+from broker.job import read_marker
+from tests.broker.job.shipped import Died
 
 ROOT = Path(__file__).resolve().parents[3]
 STEPS = 40
 
 
-def train(die_after: int | None = None, signal_at: int | None = None) -> dict[str, object]:
+@pytest.fixture(scope="module")
+def torch() -> Any:
+    """PyTorch, imported by the tests that use it, not when the suite is collected (seconds per worker)."""
+    return pytest.importorskip("torch")
+
+
+def train(torch: Any, die_after: int | None = None, signal_at: int | None = None) -> dict[str, object]:
+    from broker.job.pytorch import TorchCheckpointer
+
     torch.use_deterministic_algorithms(True)
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Dropout(0.1), torch.nn.Linear(16, 1))
@@ -52,21 +58,21 @@ def train(die_after: int | None = None, signal_at: int | None = None) -> dict[st
     return model.state_dict()
 
 
-def test_a_run_interrupted_at_a_random_step_ends_bit_identical(tmp_path: Path, monkeypatch) -> None:
+def test_a_run_interrupted_at_a_random_step_ends_bit_identical(tmp_path: Path, monkeypatch, torch: Any) -> None:
     for name in ("BROKER_RESUME_FROM", "RANK", "SKYPILOT_NODE_RANK", "BROKER_CHECKPOINT_SIGNAL"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("BROKER_CHECKPOINT_DIR", str(tmp_path / "ckpt"))
     original = signal.getsignal(signal.SIGUSR1)
     try:
-        uninterrupted = train()
+        uninterrupted = train(torch)
         monkeypatch.setenv("BROKER_CHECKPOINT_DIR", str(tmp_path / "ckpt2"))
         at = random.Random().randint(1, STEPS - 5)
         with pytest.raises(Died):
-            train(signal_at=at, die_after=at + 3)  # the steps after the checkpoint are lost
+            train(torch, signal_at=at, die_after=at + 3)  # the steps after the checkpoint are lost
         path, step = read_marker(tmp_path / "ckpt2")  # type: ignore[misc]
         assert step == at
         monkeypatch.setenv("BROKER_RESUME_FROM", str(path))
-        resumed = train()
+        resumed = train(torch)
     finally:
         signal.signal(signal.SIGUSR1, original)
     assert resumed.keys() == uninterrupted.keys()
@@ -93,7 +99,7 @@ def _finish(process: subprocess.Popen[str], lines: list[str]) -> str:
 
 
 @pytest.mark.slow
-def test_a_torchrun_gang_signalled_on_one_rank_checkpoints_every_rank_at_one_step(tmp_path: Path) -> None:
+def test_a_torchrun_gang_signalled_on_one_rank_checkpoints_every_rank_at_one_step(tmp_path: Path, torch: Any) -> None:
     process = _torchrun(tmp_path, "--step-seconds", "0.05")
     assert process.stdout is not None
     lines: list[str] = []
