@@ -16,7 +16,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
-from sqlalchemy import Select, bindparam, func, select, text, union_all
+from sqlalchemy import ARRAY, Select, String, any_, bindparam, func, select, text, union_all
 from sqlalchemy.orm import Session
 
 from broker.status.orm_source import SessionSource
@@ -155,32 +155,26 @@ class PageSource(SessionSource):
 
     def _read(self, ids: list[str]) -> None:
         s = self.s
-        for job_id, cost, on_demand in s.execute(
-                select(LedgerRow.job_id, func.coalesce(func.sum(LedgerRow.cost), 0.0),
-                       func.coalesce(func.sum(LedgerRow.on_demand_cost), 0.0))
-                .where(LedgerRow.job_id.in_(ids)).group_by(LedgerRow.job_id)):
-            self._costs[str(job_id)] = (cost, on_demand)
-        for job_id, measured, utilization, peak in s.execute(
-                select(GpuRollupRow.job_id, func.coalesce(func.sum(GpuRollupRow.measured_seconds), 0.0),
-                       func.coalesce(func.sum(GpuRollupRow.utilization_seconds), 0.0),
-                       func.max(GpuRollupRow.peak_memory_mb))
-                .where(GpuRollupRow.job_id.in_(ids)).group_by(GpuRollupRow.job_id)):
-            self._gpu[str(job_id)] = (float(measured), float(utilization), peak)
+        reads = _reads(s.get_bind().dialect.name)
+        params = {"ids": ids}
+        for job_id, cost, on_demand in s.execute(reads.costs, params):
+            self._costs[job_id] = (cost, on_demand)
+        for job_id, measured, utilization, peak in s.execute(reads.gpu, params):
+            self._gpu[job_id] = (float(measured), float(utilization), peak)
         # Columns, not mapped objects: a page reads a few hundred rows, and building an ORM object per row
         # cost more than the rest of the page.
-        for allocation in s.execute(select(*ALLOCATION).where(AllocationRow.job_id.in_(ids))):
+        for allocation in s.execute(reads.allocations, params):
             self._allocations[allocation.job_id].append(allocation)
         wanted = sorted({max(rows, key=lambda a: a.attempt).cluster_id
                          for rows in self._allocations.values() if rows})
-        for cluster in s.execute(select(*CLUSTER).where(
-                ClusterRow.id.in_(wanted) | (ClusterRow.job_id.in_(ids) & ClusterRow.up_at.is_not(None)))):
+        for cluster in s.execute(reads.clusters, {"ids": ids, "wanted": wanted}):
             self._clusters[cluster.id] = cluster
             if cluster.job_id in self.ids and cluster.up_at is not None:
                 newest = self._up.get(cluster.job_id)
                 if newest is None or cluster.created_at > newest.created_at:
                     self._up[cluster.job_id] = cluster
-        self._progress = _latest(s, ProgressRow, ProgressRow.at, PROGRESS, ids)
-        self._prediction = _latest(s, PredictionRow, PredictionRow.made_at, PREDICTION, ids)
+        self._progress = _newest_per_job(s.execute(reads.progress, params))
+        self._prediction = _newest_per_job(s.execute(reads.prediction, params))
 
     def _read_earlier(self, jobs: Sequence[Job]) -> None:
         """The latest finished jobs of each name and team on the page (``summary._earlier_error``), and the
@@ -297,15 +291,62 @@ class PageSource(SessionSource):
         return self._prediction.get(job_id)
 
 
-def _latest(s: Session, row: Any, at: Any, columns: tuple[Any, ...], ids: list[str]) -> dict[str, Any]:
-    """Each job's row (``columns`` of it) with the latest ``at``, the latest id among equal times
-    (``order_by(at desc, id desc)``)."""
-    newest = select(row.job_id, func.max(at).label("at")).where(row.job_id.in_(ids)).group_by(row.job_id).subquery()
+def _newest_per_job(rows: Iterable[Any]) -> dict[str, Any]:
+    """Each job's row among its rows with the latest time (``_Reads.progress``): the latest id among equal
+    times (``order_by(at desc, id desc)``)."""
     found: dict[str, Any] = {}
-    for candidate in s.execute(select(*columns).join(newest, (newest.c.job_id == row.job_id) & (newest.c.at == at))):
+    for candidate in rows:
         if candidate.job_id not in found or candidate.id > found[candidate.job_id].id:
             found[candidate.job_id] = candidate
     return found
+
+
+class _Reads(NamedTuple):
+    """A page's statements, built and compiled once per dialect; each takes the page's job ids as ``ids``."""
+
+    costs: Select[*tuple[Any, ...]]
+    gpu: Select[*tuple[Any, ...]]
+    allocations: Select[*tuple[Any, ...]]
+    clusters: Select[*tuple[Any, ...]]  # also ``wanted``: the clusters of the jobs' latest allocations
+    progress: Select[*tuple[Any, ...]]
+    prediction: Select[*tuple[Any, ...]]
+
+
+def _among(column: Any, name: str, postgres: bool) -> Any:
+    """``column`` is one of the list parameter ``name``: on PostgreSQL ``= ANY`` of one array parameter, so
+    that the statement's text is the same for every page (compiled and parsed once, then prepared by the
+    driver), instead of a placeholder per id rendered anew for each page; elsewhere an expanding ``IN``."""
+    if postgres:
+        return column == any_(bindparam(name, type_=ARRAY(String)))
+    return column.in_(bindparam(name, expanding=True))
+
+
+@functools.cache
+def _reads(dialect: str) -> _Reads:
+    postgres = dialect == "postgresql"
+
+    def ids(column: Any) -> Any:
+        return _among(column, "ids", postgres)
+
+    def latest(row: Any, at: Any, columns: tuple[Any, ...]) -> Select[*tuple[Any, ...]]:
+        """Each job's rows with its latest ``at`` (``_newest_per_job`` keeps the latest id among them)."""
+        newest = select(row.job_id, func.max(at).label("at")).where(ids(row.job_id)).group_by(row.job_id).subquery()
+        return select(*columns).join(newest, (newest.c.job_id == row.job_id) & (newest.c.at == at))
+
+    return _Reads(
+        costs=select(LedgerRow.job_id, func.coalesce(func.sum(LedgerRow.cost), 0.0),
+                     func.coalesce(func.sum(LedgerRow.on_demand_cost), 0.0))
+        .where(ids(LedgerRow.job_id)).group_by(LedgerRow.job_id),
+        gpu=select(GpuRollupRow.job_id, func.coalesce(func.sum(GpuRollupRow.measured_seconds), 0.0),
+                   func.coalesce(func.sum(GpuRollupRow.utilization_seconds), 0.0),
+                   func.max(GpuRollupRow.peak_memory_mb))
+        .where(ids(GpuRollupRow.job_id)).group_by(GpuRollupRow.job_id),
+        allocations=select(*ALLOCATION).where(ids(AllocationRow.job_id)),
+        clusters=select(*CLUSTER).where(_among(ClusterRow.id, "wanted", postgres)
+                                        | (ids(ClusterRow.job_id) & ClusterRow.up_at.is_not(None))),
+        progress=latest(ProgressRow, ProgressRow.at, PROGRESS),
+        prediction=latest(PredictionRow, PredictionRow.made_at, PREDICTION),
+    )
 
 
 def page_summaries(s: Session, jobs: Iterable[Job], now: datetime | None = None,
