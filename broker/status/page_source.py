@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 import threading
 import weakref
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
@@ -70,15 +70,23 @@ BRANCHES = 256  # names and teams per statement reading their latest finished jo
 KEPT_JOBS = 50_000  # finished jobs whose prediction errors a process keeps, per store (about 25 MB at most)
 
 
+class Outside(NamedTuple):
+    """What a name and team's latest finished jobs give every other job of theirs, while they stay the latest."""
+
+    ids: tuple[str, ...]  # latest finished first
+    error: dict[str, Any] | None  # ``earlier_prediction_error``
+    rows: list[Job]  # ``Finished`` rows of ``ids``
+
+
 class Kept:
     """The prediction errors of finished jobs, kept across requests: each ``SUCCEEDED`` job's
     (finished_at, errors), which no longer change once it has settled (``SETTLED``)."""
 
     def __init__(self) -> None:
         self._jobs: dict[str, tuple[datetime | None, list[tuple[float, float]]]] = {}
-        # A name and team's ``earlier_prediction_error`` for its jobs outside its latest finished ones,
-        # and the ids of those (all kept) it was summed from: the same while they stay the latest.
-        self.outside: dict[tuple[str, str], tuple[tuple[str, ...], dict[str, Any] | None]] = {}
+        # A name and team's ``earlier_prediction_error`` for its jobs outside its latest finished ones, the
+        # ids of those (all kept) it was summed from and their rows: the same while they stay the latest.
+        self.outside: dict[tuple[str, str], Outside] = {}
 
     def jobs(self) -> dict[str, tuple[datetime | None, list[tuple[float, float]]]]:
         """What is kept now, to read from (a ``put`` that starts again leaves it as it was)."""
@@ -107,11 +115,13 @@ def _kept_of(engine: Any) -> Kept:
         return kept
 
 
+# One row per name and team: the ids of its latest finished jobs, latest first, as one array (a row per
+# job cost more to fetch than the rest of the read).
 LATEST_FINISHED_PG = text(
-    "SELECT j.id, j.name, j.team FROM unnest(CAST(:names AS VARCHAR[]), CAST(:teams AS VARCHAR[])) AS p(name, team) "
-    "CROSS JOIN LATERAL (SELECT jobs.id, jobs.name, jobs.team, jobs.finished_at FROM jobs "
+    "SELECT p.name, p.team, ARRAY(SELECT jobs.id FROM jobs "
     "WHERE jobs.name = p.name AND jobs.team = p.team AND jobs.state = 'SUCCEEDED' "
-    f"ORDER BY jobs.finished_at DESC LIMIT {EARLIER_JOBS + 1}) AS j ORDER BY j.finished_at DESC")
+    f"ORDER BY jobs.finished_at DESC LIMIT {EARLIER_JOBS + 1}) "
+    "FROM unnest(CAST(:names AS VARCHAR[]), CAST(:teams AS VARCHAR[])) AS p(name, team)")
 
 
 @functools.cache
@@ -179,21 +189,29 @@ class PageSource(SessionSource):
     def _read_earlier(self, jobs: Sequence[Job]) -> None:
         """The latest finished jobs of each name and team on the page (``summary._earlier_error``), and the
         prediction errors of those and of the page's finished jobs (``summary._errors``): the ids through
-        the (name, team, finished_at) index, then only the jobs whose errors this process has not kept."""
+        the (name, team, finished_at) index, then only the jobs whose errors this process has not kept. A
+        name whose latest finished jobs are those its kept error was summed from is answered from that."""
         cache: dict[tuple[str, str], list[Job]] = self.memo.setdefault("earlier_jobs", {})
         scored: dict[str, list[tuple[float, float]]] = self.memo.setdefault("prediction_errors", {})
         outside: dict[tuple[str, str], dict[str, Any] | None] = self.memo.setdefault("earlier_errors", {})
         kept = self.kept
         known = kept.jobs()
-        now_kept: set[str] = set()  # kept by this read
+        page = self.ids
+        earlier: dict[tuple[str, str], tuple[str, ...]] = {}
         pairs = sorted({(job.name, job.team) for job in jobs} - set(cache))
-        earlier: dict[tuple[str, str], list[str]] = {pair: [] for pair in pairs}
-        if pairs:
-            seen: set[str] = set()
-            for job_id, name, team in self._latest_finished(pairs):
-                if job_id not in seen:
-                    seen.add(job_id)
-                    earlier[(name, team)].append(job_id)
+        for pair, ids in self._latest_finished(pairs).items():
+            summed = kept.outside.get(pair)
+            # A job of the page among them has its own error summed from the others': theirs must be kept
+            # (a keep started again since may have dropped them).
+            among = not page.isdisjoint(ids)
+            if summed is not None and summed.ids == ids and (not among or all(i in known for i in ids)):
+                outside[pair], cache[pair] = summed.error, summed.rows
+                if among:
+                    for job_id in ids:
+                        scored.setdefault(job_id, known[job_id][1])
+            else:
+                earlier[pair] = ids
+        now_kept: set[str] = set()  # kept by this read
         finished = {job.id: (job.finished_at, job.wall_finished_at) for job in jobs if job.state == "SUCCEEDED"}
         unknown = sorted({job_id for ids in earlier.values() for job_id in ids if job_id not in known}
                          | {job_id for job_id in finished if job_id not in known})
@@ -224,32 +242,36 @@ class PageSource(SessionSource):
                     finished_at = finished[job_id][0]
                 rows.append(cast("Job", Finished(job_id, pair[0], pair[1], "SUCCEEDED", finished_at)))
             cache[pair] = rows
-            summed = kept.outside.get(pair)
-            if summed is not None and summed[0] == tuple(ids):
-                outside[pair] = summed[1]
-            elif all(job_id in known or job_id in now_kept for job_id in ids):
-                self.settled[pair] = tuple(ids)
+            if all(job_id in known or job_id in now_kept for job_id in ids):
+                self.settled[pair] = ids
         for job_id in finished:
             if job_id not in scored:
                 scored[job_id] = known[job_id][1]
 
-    def _latest_finished(self, pairs: list[tuple[str, str]]) -> Iterator[Any]:
-        """(id, name, team) of the ``EARLIER_JOBS + 1`` latest finished jobs of each name and team, latest
-        first: each pair's through the (name, team, finished_at) index."""
+    def _latest_finished(self, pairs: list[tuple[str, str]]) -> dict[tuple[str, str], tuple[str, ...]]:
+        """The ids of the ``EARLIER_JOBS + 1`` latest finished jobs of each name and team, latest first: each
+        pair's through the (name, team, finished_at) index."""
+        if not pairs:
+            return {}
         if self.s.get_bind().dialect.name == "postgresql":
             # One short statement whatever the number of pairs (the driver parses a long one every time).
-            yield from self.s.execute(LATEST_FINISHED_PG, {"names": [name for name, _ in pairs],
-                                                           "teams": [team for _, team in pairs]})
-            return
+            return {(name, team): tuple(ids) for name, team, ids in self.s.execute(
+                LATEST_FINISHED_PG, {"names": [name for name, _ in pairs], "teams": [team for _, team in pairs]})}
         # A branch per pair, a fixed number of them per bucket of sizes, so that the statement is built and
         # compiled once per bucket, not once per page (the padding repeats the last pair; its rows come
         # twice); at most ``BRANCHES`` per statement (SQLite takes 500 at most).
+        found: dict[tuple[str, str], list[str]] = {pair: [] for pair in pairs}
+        seen: set[str] = set()
         for start in range(0, len(pairs), BRANCHES):
             chunk = pairs[start:start + BRANCHES]
             padded = chunk + [chunk[-1]] * (_bucket(len(chunk)) - len(chunk))
             params = {f"{key}{i}": value for i, pair in enumerate(padded)
                       for key, value in zip(("name", "team"), pair, strict=True)}
-            yield from self.s.execute(_latest_finished(len(padded)), params)
+            for job_id, name, team in self.s.execute(_latest_finished(len(padded)), params):
+                if job_id not in seen:
+                    seen.add(job_id)
+                    found[(name, team)].append(job_id)
+        return {pair: tuple(ids) for pair, ids in found.items()}
 
     def costs(self, job_id: str) -> tuple[float, float]:
         if job_id not in self.ids:
@@ -356,7 +378,8 @@ def page_summaries(s: Session, jobs: Iterable[Job], now: datetime | None = None,
     source = PageSource(s, page)
     found = [summarise(source, job, now, clock_now) for job in page]
     summed = source.memo.get("earlier_errors", {})
+    rows = source.memo.get("earlier_jobs", {})
     for pair, ids in source.settled.items():
         if pair in summed:
-            source.kept.outside[pair] = (ids, summed[pair])
+            source.kept.outside[pair] = Outside(ids, summed[pair], rows[pair])
     return found
