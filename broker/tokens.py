@@ -10,6 +10,10 @@ from __future__ import annotations
 import hashlib
 import hmac
 import secrets
+import threading
+import time
+import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -23,6 +27,11 @@ from broker.store.tables import ApiTokenRow, BrokerSecretRow
 
 TOKEN_PREFIX = "bkr_"
 AGENT_KEY = "agent_token_key"
+# Seconds an API replica takes a token it found valid without asking the store again: a token revoked
+# or expired by another process (``broker token revoke``) is refused within this; through this process
+# (``revoke_api_token``, ``extend_api_token`` on the same store), at once.
+TOKEN_CHECK_S = 5.0
+MAX_CHECKED = 10_000  # valid tokens remembered per store; past that the memory starts again
 
 
 def token_digest(token: str) -> str:
@@ -56,17 +65,68 @@ def extend_api_token(store: Store, token_id: str, expires_in: timedelta) -> None
         row = s.get(ApiTokenRow, token_id)
         if row is not None and row.revoked_at is None:
             row.expires_at = datetime.now(UTC) + expires_in
+    _forget_checked(store)
 
 
 def team_of_token(store: Store, token: str) -> str | None:
     """The team a valid token belongs to: neither revoked nor expired."""
+    found = _valid_token(store, token_digest(token), datetime.now(UTC))
+    return found[0] if found is not None else None
+
+
+def _valid_token(store: Store, digest: str, now: datetime) -> tuple[str, datetime | None] | None:
+    """(team, end) of the valid token with this digest at ``now``."""
     with store.transaction() as s:
-        row = s.scalar(select(ApiTokenRow).where(ApiTokenRow.token_hash == token_digest(token)))
+        row = s.execute(select(ApiTokenRow.team, ApiTokenRow.revoked_at, ApiTokenRow.expires_at)
+                        .where(ApiTokenRow.token_hash == digest)).first()
     if row is None or row.revoked_at is not None:
         return None
-    if row.expires_at is not None and row.expires_at <= datetime.now(UTC):
+    if row.expires_at is not None and row.expires_at <= now:
         return None
-    return row.team
+    return row.team, row.expires_at
+
+
+_CHECKED: weakref.WeakKeyDictionary[object, dict[str, tuple[str, float]]] = weakref.WeakKeyDictionary()
+_CHECKED_LOCK = threading.Lock()
+
+
+def _checked(store: Store) -> dict[str, tuple[str, float]]:
+    """The store's (its engine's) valid tokens: digest -> (team, monotonic time until which it is taken)."""
+    with _CHECKED_LOCK:
+        found = _CHECKED.get(store.engine)
+        if found is None:
+            found = _CHECKED[store.engine] = {}
+        return found
+
+
+def _forget_checked(store: Store) -> None:
+    _checked(store).clear()
+
+
+def checked_team_of_token(store: Store, token: str, within_s: float = TOKEN_CHECK_S,
+                          monotonic: Callable[[], float] = time.monotonic,
+                          wall: Callable[[], datetime] = lambda: datetime.now(UTC)) -> str | None:
+    """``team_of_token``, asking the store at most once per ``within_s`` seconds for a token found valid
+    (never past the token's end); an unknown, revoked or expired token is asked about every time."""
+    digest = token_digest(token)
+    checked = _checked(store)
+    at = monotonic()
+    hit = checked.get(digest)
+    if hit is not None and at < hit[1]:
+        return hit[0]
+    now = wall()
+    found = _valid_token(store, digest, now)
+    if found is None:
+        checked.pop(digest, None)
+        return None
+    team, ends = found
+    until = at + within_s
+    if ends is not None:
+        until = min(until, at + (ends - now).total_seconds())
+    if len(checked) >= MAX_CHECKED:
+        checked.clear()
+    checked[digest] = (team, until)
+    return team
 
 
 def list_api_tokens(store: Store) -> list[ApiTokenRow]:
@@ -80,6 +140,7 @@ def revoke_api_token(store: Store, token_id: str) -> bool:
         if row is None:
             return False
         row.revoked_at = row.revoked_at or datetime.now(UTC)
+    _forget_checked(store)
     return True
 
 

@@ -279,7 +279,7 @@ def jobs_router(store: Store, clock: Clock, intake: Intake, team_of: Any) -> API
             if pipeline is not None:
                 query = query.where(JobRow.pipeline_id == pipeline)
             if after is not None:
-                last = s.get(JobRow, after)
+                last = s.execute(select(JobRow.team, JobRow.created_at, JobRow.id).where(JobRow.id == after)).first()
                 if last is None or last.team != team:
                     raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT,
                                         f"after: no job {after!r} of team {team!r} to list from")

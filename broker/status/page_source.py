@@ -12,11 +12,11 @@ from __future__ import annotations
 import functools
 import threading
 import weakref
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
-from sqlalchemy import Select, bindparam, func, select, text, union_all
+from sqlalchemy import ARRAY, Select, String, any_, bindparam, func, select, text, union_all
 from sqlalchemy.orm import Session
 
 from broker.status.orm_source import SessionSource
@@ -70,15 +70,23 @@ BRANCHES = 256  # names and teams per statement reading their latest finished jo
 KEPT_JOBS = 50_000  # finished jobs whose prediction errors a process keeps, per store (about 25 MB at most)
 
 
+class Outside(NamedTuple):
+    """What a name and team's latest finished jobs give every other job of theirs, while they stay the latest."""
+
+    ids: tuple[str, ...]  # latest finished first
+    error: dict[str, Any] | None  # ``earlier_prediction_error``
+    rows: list[Job]  # ``Finished`` rows of ``ids``
+
+
 class Kept:
     """The prediction errors of finished jobs, kept across requests: each ``SUCCEEDED`` job's
     (finished_at, errors), which no longer change once it has settled (``SETTLED``)."""
 
     def __init__(self) -> None:
         self._jobs: dict[str, tuple[datetime | None, list[tuple[float, float]]]] = {}
-        # A name and team's ``earlier_prediction_error`` for its jobs outside its latest finished ones,
-        # and the ids of those (all kept) it was summed from: the same while they stay the latest.
-        self.outside: dict[tuple[str, str], tuple[tuple[str, ...], dict[str, Any] | None]] = {}
+        # A name and team's ``earlier_prediction_error`` for its jobs outside its latest finished ones, the
+        # ids of those (all kept) it was summed from and their rows: the same while they stay the latest.
+        self.outside: dict[tuple[str, str], Outside] = {}
 
     def jobs(self) -> dict[str, tuple[datetime | None, list[tuple[float, float]]]]:
         """What is kept now, to read from (a ``put`` that starts again leaves it as it was)."""
@@ -107,11 +115,13 @@ def _kept_of(engine: Any) -> Kept:
         return kept
 
 
+# One row per name and team: the ids of its latest finished jobs, latest first, as one array (a row per
+# job cost more to fetch than the rest of the read).
 LATEST_FINISHED_PG = text(
-    "SELECT j.id, j.name, j.team FROM unnest(CAST(:names AS VARCHAR[]), CAST(:teams AS VARCHAR[])) AS p(name, team) "
-    "CROSS JOIN LATERAL (SELECT jobs.id, jobs.name, jobs.team, jobs.finished_at FROM jobs "
+    "SELECT p.name, p.team, ARRAY(SELECT jobs.id FROM jobs "
     "WHERE jobs.name = p.name AND jobs.team = p.team AND jobs.state = 'SUCCEEDED' "
-    f"ORDER BY jobs.finished_at DESC LIMIT {EARLIER_JOBS + 1}) AS j ORDER BY j.finished_at DESC")
+    f"ORDER BY jobs.finished_at DESC LIMIT {EARLIER_JOBS + 1}) "
+    "FROM unnest(CAST(:names AS VARCHAR[]), CAST(:teams AS VARCHAR[])) AS p(name, team)")
 
 
 @functools.cache
@@ -155,51 +165,53 @@ class PageSource(SessionSource):
 
     def _read(self, ids: list[str]) -> None:
         s = self.s
-        for job_id, cost, on_demand in s.execute(
-                select(LedgerRow.job_id, func.coalesce(func.sum(LedgerRow.cost), 0.0),
-                       func.coalesce(func.sum(LedgerRow.on_demand_cost), 0.0))
-                .where(LedgerRow.job_id.in_(ids)).group_by(LedgerRow.job_id)):
-            self._costs[str(job_id)] = (cost, on_demand)
-        for job_id, measured, utilization, peak in s.execute(
-                select(GpuRollupRow.job_id, func.coalesce(func.sum(GpuRollupRow.measured_seconds), 0.0),
-                       func.coalesce(func.sum(GpuRollupRow.utilization_seconds), 0.0),
-                       func.max(GpuRollupRow.peak_memory_mb))
-                .where(GpuRollupRow.job_id.in_(ids)).group_by(GpuRollupRow.job_id)):
-            self._gpu[str(job_id)] = (float(measured), float(utilization), peak)
+        reads = _reads(s.get_bind().dialect.name)
+        params = {"ids": ids}
+        for job_id, cost, on_demand in s.execute(reads.costs, params):
+            self._costs[job_id] = (cost, on_demand)
+        for job_id, measured, utilization, peak in s.execute(reads.gpu, params):
+            self._gpu[job_id] = (float(measured), float(utilization), peak)
         # Columns, not mapped objects: a page reads a few hundred rows, and building an ORM object per row
         # cost more than the rest of the page.
-        for allocation in s.execute(select(*ALLOCATION).where(AllocationRow.job_id.in_(ids))):
+        for allocation in s.execute(reads.allocations, params):
             self._allocations[allocation.job_id].append(allocation)
         wanted = sorted({max(rows, key=lambda a: a.attempt).cluster_id
                          for rows in self._allocations.values() if rows})
-        for cluster in s.execute(select(*CLUSTER).where(
-                ClusterRow.id.in_(wanted) | (ClusterRow.job_id.in_(ids) & ClusterRow.up_at.is_not(None)))):
+        for cluster in s.execute(reads.clusters, {"ids": ids, "wanted": wanted}):
             self._clusters[cluster.id] = cluster
             if cluster.job_id in self.ids and cluster.up_at is not None:
                 newest = self._up.get(cluster.job_id)
                 if newest is None or cluster.created_at > newest.created_at:
                     self._up[cluster.job_id] = cluster
-        self._progress = _latest(s, ProgressRow, ProgressRow.at, PROGRESS, ids)
-        self._prediction = _latest(s, PredictionRow, PredictionRow.made_at, PREDICTION, ids)
+        self._progress = _newest_per_job(s.execute(reads.progress, params))
+        self._prediction = _newest_per_job(s.execute(reads.prediction, params))
 
     def _read_earlier(self, jobs: Sequence[Job]) -> None:
         """The latest finished jobs of each name and team on the page (``summary._earlier_error``), and the
         prediction errors of those and of the page's finished jobs (``summary._errors``): the ids through
-        the (name, team, finished_at) index, then only the jobs whose errors this process has not kept."""
+        the (name, team, finished_at) index, then only the jobs whose errors this process has not kept. A
+        name whose latest finished jobs are those its kept error was summed from is answered from that."""
         cache: dict[tuple[str, str], list[Job]] = self.memo.setdefault("earlier_jobs", {})
         scored: dict[str, list[tuple[float, float]]] = self.memo.setdefault("prediction_errors", {})
         outside: dict[tuple[str, str], dict[str, Any] | None] = self.memo.setdefault("earlier_errors", {})
         kept = self.kept
         known = kept.jobs()
-        now_kept: set[str] = set()  # kept by this read
+        page = self.ids
+        earlier: dict[tuple[str, str], tuple[str, ...]] = {}
         pairs = sorted({(job.name, job.team) for job in jobs} - set(cache))
-        earlier: dict[tuple[str, str], list[str]] = {pair: [] for pair in pairs}
-        if pairs:
-            seen: set[str] = set()
-            for job_id, name, team in self._latest_finished(pairs):
-                if job_id not in seen:
-                    seen.add(job_id)
-                    earlier[(name, team)].append(job_id)
+        for pair, ids in self._latest_finished(pairs).items():
+            summed = kept.outside.get(pair)
+            # A job of the page among them has its own error summed from the others': theirs must be kept
+            # (a keep started again since may have dropped them).
+            among = not page.isdisjoint(ids)
+            if summed is not None and summed.ids == ids and (not among or all(i in known for i in ids)):
+                outside[pair], cache[pair] = summed.error, summed.rows
+                if among:
+                    for job_id in ids:
+                        scored.setdefault(job_id, known[job_id][1])
+            else:
+                earlier[pair] = ids
+        now_kept: set[str] = set()  # kept by this read
         finished = {job.id: (job.finished_at, job.wall_finished_at) for job in jobs if job.state == "SUCCEEDED"}
         unknown = sorted({job_id for ids in earlier.values() for job_id in ids if job_id not in known}
                          | {job_id for job_id in finished if job_id not in known})
@@ -230,32 +242,36 @@ class PageSource(SessionSource):
                     finished_at = finished[job_id][0]
                 rows.append(cast("Job", Finished(job_id, pair[0], pair[1], "SUCCEEDED", finished_at)))
             cache[pair] = rows
-            summed = kept.outside.get(pair)
-            if summed is not None and summed[0] == tuple(ids):
-                outside[pair] = summed[1]
-            elif all(job_id in known or job_id in now_kept for job_id in ids):
-                self.settled[pair] = tuple(ids)
+            if all(job_id in known or job_id in now_kept for job_id in ids):
+                self.settled[pair] = ids
         for job_id in finished:
             if job_id not in scored:
                 scored[job_id] = known[job_id][1]
 
-    def _latest_finished(self, pairs: list[tuple[str, str]]) -> Iterator[Any]:
-        """(id, name, team) of the ``EARLIER_JOBS + 1`` latest finished jobs of each name and team, latest
-        first: each pair's through the (name, team, finished_at) index."""
+    def _latest_finished(self, pairs: list[tuple[str, str]]) -> dict[tuple[str, str], tuple[str, ...]]:
+        """The ids of the ``EARLIER_JOBS + 1`` latest finished jobs of each name and team, latest first: each
+        pair's through the (name, team, finished_at) index."""
+        if not pairs:
+            return {}
         if self.s.get_bind().dialect.name == "postgresql":
             # One short statement whatever the number of pairs (the driver parses a long one every time).
-            yield from self.s.execute(LATEST_FINISHED_PG, {"names": [name for name, _ in pairs],
-                                                           "teams": [team for _, team in pairs]})
-            return
+            return {(name, team): tuple(ids) for name, team, ids in self.s.execute(
+                LATEST_FINISHED_PG, {"names": [name for name, _ in pairs], "teams": [team for _, team in pairs]})}
         # A branch per pair, a fixed number of them per bucket of sizes, so that the statement is built and
         # compiled once per bucket, not once per page (the padding repeats the last pair; its rows come
         # twice); at most ``BRANCHES`` per statement (SQLite takes 500 at most).
+        found: dict[tuple[str, str], list[str]] = {pair: [] for pair in pairs}
+        seen: set[str] = set()
         for start in range(0, len(pairs), BRANCHES):
             chunk = pairs[start:start + BRANCHES]
             padded = chunk + [chunk[-1]] * (_bucket(len(chunk)) - len(chunk))
             params = {f"{key}{i}": value for i, pair in enumerate(padded)
                       for key, value in zip(("name", "team"), pair, strict=True)}
-            yield from self.s.execute(_latest_finished(len(padded)), params)
+            for job_id, name, team in self.s.execute(_latest_finished(len(padded)), params):
+                if job_id not in seen:
+                    seen.add(job_id)
+                    found[(name, team)].append(job_id)
+        return {pair: tuple(ids) for pair, ids in found.items()}
 
     def costs(self, job_id: str) -> tuple[float, float]:
         if job_id not in self.ids:
@@ -297,15 +313,62 @@ class PageSource(SessionSource):
         return self._prediction.get(job_id)
 
 
-def _latest(s: Session, row: Any, at: Any, columns: tuple[Any, ...], ids: list[str]) -> dict[str, Any]:
-    """Each job's row (``columns`` of it) with the latest ``at``, the latest id among equal times
-    (``order_by(at desc, id desc)``)."""
-    newest = select(row.job_id, func.max(at).label("at")).where(row.job_id.in_(ids)).group_by(row.job_id).subquery()
+def _newest_per_job(rows: Iterable[Any]) -> dict[str, Any]:
+    """Each job's row among its rows with the latest time (``_Reads.progress``): the latest id among equal
+    times (``order_by(at desc, id desc)``)."""
     found: dict[str, Any] = {}
-    for candidate in s.execute(select(*columns).join(newest, (newest.c.job_id == row.job_id) & (newest.c.at == at))):
+    for candidate in rows:
         if candidate.job_id not in found or candidate.id > found[candidate.job_id].id:
             found[candidate.job_id] = candidate
     return found
+
+
+class _Reads(NamedTuple):
+    """A page's statements, built and compiled once per dialect; each takes the page's job ids as ``ids``."""
+
+    costs: Select[*tuple[Any, ...]]
+    gpu: Select[*tuple[Any, ...]]
+    allocations: Select[*tuple[Any, ...]]
+    clusters: Select[*tuple[Any, ...]]  # also ``wanted``: the clusters of the jobs' latest allocations
+    progress: Select[*tuple[Any, ...]]
+    prediction: Select[*tuple[Any, ...]]
+
+
+def _among(column: Any, name: str, postgres: bool) -> Any:
+    """``column`` is one of the list parameter ``name``: on PostgreSQL ``= ANY`` of one array parameter, so
+    that the statement's text is the same for every page (compiled and parsed once, then prepared by the
+    driver), instead of a placeholder per id rendered anew for each page; elsewhere an expanding ``IN``."""
+    if postgres:
+        return column == any_(bindparam(name, type_=ARRAY(String)))
+    return column.in_(bindparam(name, expanding=True))
+
+
+@functools.cache
+def _reads(dialect: str) -> _Reads:
+    postgres = dialect == "postgresql"
+
+    def ids(column: Any) -> Any:
+        return _among(column, "ids", postgres)
+
+    def latest(row: Any, at: Any, columns: tuple[Any, ...]) -> Select[*tuple[Any, ...]]:
+        """Each job's rows with its latest ``at`` (``_newest_per_job`` keeps the latest id among them)."""
+        newest = select(row.job_id, func.max(at).label("at")).where(ids(row.job_id)).group_by(row.job_id).subquery()
+        return select(*columns).join(newest, (newest.c.job_id == row.job_id) & (newest.c.at == at))
+
+    return _Reads(
+        costs=select(LedgerRow.job_id, func.coalesce(func.sum(LedgerRow.cost), 0.0),
+                     func.coalesce(func.sum(LedgerRow.on_demand_cost), 0.0))
+        .where(ids(LedgerRow.job_id)).group_by(LedgerRow.job_id),
+        gpu=select(GpuRollupRow.job_id, func.coalesce(func.sum(GpuRollupRow.measured_seconds), 0.0),
+                   func.coalesce(func.sum(GpuRollupRow.utilization_seconds), 0.0),
+                   func.max(GpuRollupRow.peak_memory_mb))
+        .where(ids(GpuRollupRow.job_id)).group_by(GpuRollupRow.job_id),
+        allocations=select(*ALLOCATION).where(ids(AllocationRow.job_id)),
+        clusters=select(*CLUSTER).where(_among(ClusterRow.id, "wanted", postgres)
+                                        | (ids(ClusterRow.job_id) & ClusterRow.up_at.is_not(None))),
+        progress=latest(ProgressRow, ProgressRow.at, PROGRESS),
+        prediction=latest(PredictionRow, PredictionRow.made_at, PREDICTION),
+    )
 
 
 def page_summaries(s: Session, jobs: Iterable[Job], now: datetime | None = None,
@@ -315,7 +378,8 @@ def page_summaries(s: Session, jobs: Iterable[Job], now: datetime | None = None,
     source = PageSource(s, page)
     found = [summarise(source, job, now, clock_now) for job in page]
     summed = source.memo.get("earlier_errors", {})
+    rows = source.memo.get("earlier_jobs", {})
     for pair, ids in source.settled.items():
         if pair in summed:
-            source.kept.outside[pair] = (ids, summed[pair])
+            source.kept.outside[pair] = Outside(ids, summed[pair], rows[pair])
     return found

@@ -243,7 +243,10 @@ def _earlier_error(source: SummarySource, job: Job) -> dict[str, Any] | None:
         cache[key] = source.succeeded(job.name, job.team, EARLIER_JOBS + 1)
     # The same for every job of the name and team that is not one of those earlier jobs: summed once.
     outside: dict[tuple[str, str], dict[str, Any] | None] = source.memo.setdefault("earlier_errors", {})
-    among = any(other.id == job.id for other in cache[key])
+    members: dict[tuple[str, str], set[str]] = source.memo.setdefault("earlier_ids", {})
+    if key not in members:
+        members[key] = {other.id for other in cache[key]}
+    among = job.id in members[key]
     if not among and key in outside:
         return outside[key]
     earlier = [other for other in cache[key] if other.id != job.id][:EARLIER_JOBS]
