@@ -6,6 +6,7 @@ imports the other.
 
 from __future__ import annotations
 
+import itertools
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -16,6 +17,7 @@ if TYPE_CHECKING:
     from datetime import datetime
 
     from broker.config.settings import Settings
+    from broker.engine import Engine
     from broker.runtime import Runtime
     from broker.store import Store
 
@@ -66,8 +68,22 @@ def drive(runtime: Runtime, settings: Settings, job_id: str | list[str] | None, 
                     break
                 time.sleep(settings.poll_seconds)
             if engine is not None:
-                for _ in range(3):  # tear down and meter the final minutes
-                    engine.step()
-                    time.sleep(settings.poll_seconds)
+                _settle(engine, watched, settings.poll_seconds)
     finally:
         lock.release()
+
+
+SETTLE_S = 120.0  # at most this long after the jobs ended (a cloud that never confirms a teardown)
+
+
+def _settle(engine: Engine, watched: list[str], poll_seconds: float) -> None:
+    """Step on until the ended jobs' ledger is final: clusters torn down and metered to their end, the GPU
+    minutes their agents sent on exit split. A fixed few steps were not enough on a loaded machine."""
+    from broker.engine.gpu_attribution import settled
+
+    deadline = time.monotonic() + SETTLE_S
+    for step in itertools.count():
+        engine.step()
+        if (step >= 2 and (not watched or settled(engine.store, watched))) or time.monotonic() > deadline:
+            return
+        time.sleep(poll_seconds)

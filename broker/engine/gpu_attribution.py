@@ -27,7 +27,7 @@ from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
 from broker.engine.cadence import ASKED
-from broker.model import Usage
+from broker.model import ClusterState, Usage
 from broker.store import Store
 from broker.store.gpu import GpuMinuteRow
 from broker.store.tables import AllocationRow, CheckpointReportRow, ClusterRow, JobEventRow, LedgerRow, ProgressRow
@@ -154,3 +154,20 @@ def _part(s: Session, job_id: str, alloc: AllocationRow, minute: datetime, first
             return Usage.HELD_IDLE_CHECKPOINT.value
     return Usage.HELD_IDLE_STALLED.value
 
+
+
+def settled(store: Store, job_ids: list[str]) -> bool:
+    """Whether the ledger is final for these ended jobs: every cluster they ran on torn down and metered
+    to its end (or still up, metered on), and every GPU minute their agents reported split."""
+    with store.transaction() as s:
+        if s.scalar(select(func.count()).select_from(GpuMinuteRow).where(
+                GpuMinuteRow.job_id.in_(job_ids), GpuMinuteRow.attributed_at.is_(None))):
+            return False
+        clusters = s.execute(select(ClusterRow.state, ClusterRow.metered_until, ClusterRow.terminated_at)
+                             .join(AllocationRow, AllocationRow.cluster_id == ClusterRow.id)
+                             .where(AllocationRow.job_id.in_(job_ids)))
+        for state, metered, terminated in clusters:
+            if state == ClusterState.TERMINATING.value or (
+                    terminated is not None and (metered is None or metered < terminated)):
+                return False
+    return True

@@ -25,7 +25,7 @@ from sqlalchemy import select
 
 from broker.api.gpu_reports import add_to_rollup
 from broker.engine.cadence import ASKED
-from broker.engine.gpu_attribution import attribute
+from broker.engine.gpu_attribution import attribute, settled
 from broker.engine.metering import meter_cluster
 from broker.reports.build import Window, build_report
 from broker.reports.render import render_text, summary_lines
@@ -186,3 +186,23 @@ def test_a_late_cluster_end_takes_the_split_back_and_it_is_made_again(tmp_path: 
     assert [x for x in after if x[0] < _at(6)] == [x for x in before if x[0] < _at(6)]
     assert (_at(6), "held_idle:j", "held_idle_stalled", 2.0) in after  # minute 6 split again after re-metering
     assert not [x for x in after if x[0] >= _at(7)]
+
+
+def test_an_ended_job_is_settled_once_its_cluster_is_metered_to_its_end_and_its_gpu_minutes_split(
+        tmp_path: Path, db_url: str) -> None:
+    """What `broker launch` steps on for after its job ended: the minutes its agent sent on exit split."""
+    store, market = _setup(tmp_path, db_url)
+    assert not settled(store, ["j"])  # torn down at 8:00, metered to nothing yet
+    _report_minutes(store, range(0, 7))
+    with store.transaction() as s:
+        row = s.get(ClusterRow, "c1")
+        assert row is not None
+        meter_cluster(s, row, _at(9), market)
+    assert not settled(store, ["j"])  # metered, the GPU minutes not split yet
+    attribute(store, 0.10, _at(9))
+    assert settled(store, ["j"]) and settled(store, ["other"])
+    with store.transaction() as s:
+        row = s.get(ClusterRow, "c1")
+        assert row is not None
+        row.state = "TERMINATING"  # a teardown the cloud has not confirmed
+    assert not settled(store, ["j"])
