@@ -26,6 +26,22 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ.setdefault(SESSION_MARK, uuid.uuid4().hex)
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under xdist, each worker's share starts with its part of the slow tests.
+
+    The suite mostly waits on processes it started, and worksteal first hands each worker a contiguous
+    run of the collection and later steals from the end of the longest queue: ordered as collected, a
+    minutes-long test could start last and hold the run open alone. Interleaved so, every worker begins
+    with slow tests and the run ends on short ones, whichever worker steals them.
+    """
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers < 2:
+        return
+    slow = [item for item in items if item.get_closest_marker("slow")]
+    fast = [item for item in items if not item.get_closest_marker("slow")]
+    items[:] = [item for share in range(workers) for item in (*slow[share::workers], *fast[share::workers])]
+
+
 @pytest.hookimpl(trylast=True)  # after xdist has stopped its workers
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """Fail the run if a test left a process behind (checked once, by the controlling process)."""
