@@ -104,7 +104,7 @@ def test_broker_engine_runs_in_the_foreground_and_ctrl_c_leaves_the_job_for_the_
         busy = _broker(broker_home, "engine")  # a second one finds the first and leaves
         assert busy.returncode == 0 and f"an engine already drives {broker_home} (pid {engine.pid})" in busy.stderr
         engine.send_signal(signal.SIGINT)
-        _, err = engine.communicate(timeout=60)
+        _, err = engine.communicate(timeout=180)  # a loaded machine: what the step under way takes to end
     finally:
         if engine.poll() is None:
             engine.kill()
