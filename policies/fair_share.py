@@ -197,22 +197,29 @@ def weighted_fair_share(request: FairShareRequest) -> FairShareDecision:
         books.reservation = _reserve_among_teams(books, owed, queues, oldest)
     elif oldest is not None and oldest.gpus > books.free + EPSILON:
         books.reservation = reserve(oldest.job_id, oldest.gpus, books.free, books.releases)
+    kept = _kept_for_shares(books, owed, queues)
     while heap:
         _, team = heapq.heappop(heap)
         gang = queues[team].pop(0)
+        below = _below_share(books, owed, gang)
+        taken_before = books.admitted[team]
         why = books.over_budget(gang) or books.over_limit(gang)
         exempt = request.exempt_priority is not None and gang.priority >= request.exempt_priority
         # The reservation stops borrowing only: a gang its team's share covers is never held back by it.
         blocking = books.reservation
-        if blocking is not None and (blocking.job_id == gang.job_id or _below_share(books, owed, gang)
+        if blocking is not None and (blocking.job_id == gang.job_id or below
                                      or blocking.allows(gang.gpus, gang.runtime_s)):
             blocking = None
+        others = sum(n for t, n in kept.items() if t != gang.team)
         if why is not None:
             books.hold(gang, why)
         elif exempt:
             books.take(gang)
         elif gang.gpus <= books.free + EPSILON:
-            if blocking is None and _waits_its_turn(books, owed, gang):
+            if not below and gang.gpus > books.free - others + EPSILON:
+                owners = ", ".join(sorted(t for t, n in kept.items() if t != gang.team and n > 0))
+                books.hold(gang, f"waiting: the free GPUs go to team {owners}'s gangs within its share first")
+            elif blocking is None and _waits_its_turn(books, owed, gang):
                 books.hold(gang, f"waiting: its {gang.gpus} GPUs are more than team {gang.team}'s share of "
                                  f"{owed.get(gang.team, 0.0):g}; it borrows them once it is the job waiting longest")
             elif blocking is None:
@@ -222,10 +229,29 @@ def weighted_fair_share(request: FairShareRequest) -> FairShareDecision:
         elif _reclaim_or_wait(books, owed, gang) and books.reservation is not None \
                 and books.reservation.job_id == gang.job_id:
             books.reservation = None  # it takes borrowed GPUs back instead
+        if kept.get(team) and books.admitted[team] > taken_before:
+            kept[team] = max(kept[team] - (books.admitted[team] - taken_before), 0)
         if queues[team]:
             heapq.heappush(heap, (key(team), team))
     return FairShareDecision(tuple(books.admit), tuple(books.reclaims), tuple(books.waits),
                              tuple(sorted(owed.items())))
+
+
+def _kept_for_shares(books: Books, owed: dict[str, float], queues: dict[str, list[QueuedGang]]) -> dict[str, int]:
+    """Per team below its share, the GPUs its waiting gangs would take within that share (in its queue's order,
+    each that still fits): a gang that would borrow does not take those from the free GPUs, or the team would
+    take them back from it at once (a reclaim a step later, a checkpoint and a restart for nothing)."""
+    kept: dict[str, int] = {}
+    for team, gangs in queues.items():
+        room = owed.get(team, 0.0) - books.held.get(team, 0)
+        claim = 0
+        for gang in gangs:
+            if claim + gang.gpus <= room + EPSILON and books.over_budget(gang) is None \
+                    and books.over_limit(gang) is None:
+                claim += gang.gpus
+        if claim:
+            kept[team] = claim
+    return kept
 
 
 def _reserve_among_teams(books: Books, owed: dict[str, float], queues: dict[str, list[QueuedGang]],
