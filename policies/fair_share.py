@@ -199,6 +199,7 @@ def weighted_fair_share(request: FairShareRequest) -> FairShareDecision:
     elif oldest is not None and oldest.gpus > books.free + EPSILON:
         books.reservation = reserve(oldest.job_id, oldest.gpus, books.free, books.releases)
     kept = _kept_for_shares(books, owed, queues)
+    kept_total = sum(kept.values())
     while heap:
         _, team = heapq.heappop(heap)
         gang = queues[team].pop(0)
@@ -211,7 +212,7 @@ def weighted_fair_share(request: FairShareRequest) -> FairShareDecision:
         if blocking is not None and (blocking.job_id == gang.job_id or below
                                      or blocking.allows(gang.gpus, gang.runtime_s)):
             blocking = None
-        others = sum(n for t, n in kept.items() if t != gang.team)
+        others = kept_total - kept.get(gang.team, 0)
         if why is not None:
             books.hold(gang, why)
         elif exempt:
@@ -228,7 +229,9 @@ def weighted_fair_share(request: FairShareRequest) -> FairShareDecision:
                 and books.reservation.job_id == gang.job_id:
             books.reservation = None  # it takes borrowed GPUs back instead
         if kept.get(team) and books.admitted[team] > taken_before:
-            kept[team] = max(kept[team] - (books.admitted[team] - taken_before), 0)
+            left = max(kept[team] - (books.admitted[team] - taken_before), 0)
+            kept_total -= kept[team] - left
+            kept[team] = left
         if queues[team]:
             heapq.heappush(heap, (key(team), team))
     return FairShareDecision(tuple(books.admit), tuple(books.reclaims), tuple(books.waits),
