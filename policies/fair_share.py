@@ -25,11 +25,10 @@ Every policy is ``policy(request: FairShareRequest) -> FairShareDecision``, pure
   then by its own estimate (``runtime_s``) or fits in what the reservation leaves spare; a gang within
   its team's share is never held back by it (``policies/backfill.py``). Without it, a large gang
   waits for a moment when enough GPUs happen to be free, which the small ones keep from coming.
-  A gang larger than the fleet is never the one reserved for.
-- **kept for the shares**: a gang that would borrow (a gang larger than its team's whole share
-  included) takes only the free GPUs beyond those the teams below their share would take at once
-  for their waiting gangs within it: given to it, they would be reclaimed a step later, a
-  checkpoint and a restart for nothing, and the owner's share lost for that step.
+  With each end's team known, a gang larger than its team's whole share (it can only borrow) starts
+  only as the gang waiting longest, or when it ends before the reservation: started whenever it
+  happens to fit, it would be taken back as soon as the teams within their share want their GPUs
+  again, and wait anew (a gang larger than the fleet is never the one reserved for).
 - **per GPU type**: a quota per type (``Team.type_quotas``) is guaranteed per type: a gang within it
   counts as within its team's share, and takes back only GPUs of its type (``policies/fair_share_types.py``).
 - **reclaim**: a gang that does not fit, whose team would stay within its share, takes GPUs back
@@ -221,6 +220,9 @@ def weighted_fair_share(request: FairShareRequest) -> FairShareDecision:
             if not below and gang.gpus > books.free - others + EPSILON:
                 owners = ", ".join(sorted(t for t, n in kept.items() if t != gang.team and n > 0))
                 books.hold(gang, f"waiting: the free GPUs go to team {owners}'s gangs within its share first")
+            elif blocking is None and _waits_its_turn(books, owed, gang):
+                books.hold(gang, f"waiting: its {gang.gpus} GPUs are more than team {gang.team}'s share of "
+                                 f"{owed.get(gang.team, 0.0):g}; it borrows them once it is the job waiting longest")
             elif blocking is None:
                 books.take(gang)
             else:
@@ -267,6 +269,16 @@ def _reserve_among_teams(books: Books, owed: dict[str, float], queues: dict[str,
     capacity = float(books.request.capacity_gpus or 0)
     return reserve_among_teams(oldest.job_id, oldest.gpus, capacity, books.held, wanted, queued,
                                books.request.team_releases)
+
+
+def _waits_its_turn(books: Books, owed: dict[str, float], gang: QueuedGang) -> bool:
+    """With each end's team known, a gang larger than its team's whole share (it can only borrow) starts only
+    as the gang waiting longest, through its reservation, or when it ends before that reservation starts:
+    started whenever it happens to fit, it is taken back as soon as the teams within their share want their
+    GPUs again, and waits anew."""
+    reserved = books.reservation
+    return bool(books.request.team_releases) and gang.gpus > owed.get(gang.team, 0.0) + EPSILON \
+        and (reserved is None or (reserved.job_id != gang.job_id and not reserved.ends_first(gang.runtime_s)))
 
 
 def _oldest(books: Books, request: FairShareRequest) -> QueuedGang | None:
