@@ -29,6 +29,10 @@ Every policy is ``policy(request: FairShareRequest) -> FairShareDecision``, pure
   only as the gang waiting longest, or when it ends before the reservation: started whenever it
   happens to fit, it would be taken back as soon as the teams within their share want their GPUs
   again, and wait anew (a gang larger than the fleet is never the one reserved for).
+- **kept for the shares**: a gang that would borrow takes only the free GPUs beyond those the teams
+  below their share would take at once for their waiting gangs within it (a gang that can start now,
+  with the free GPUs and what the borrowers hold past their share): given to it, they would be
+  reclaimed a step later, a checkpoint and a restart for nothing, and the owner short for that step.
 - **per GPU type**: a quota per type (``Team.type_quotas``) is guaranteed per type: a gang within it
   counts as within its team's share, and takes back only GPUs of its type (``policies/fair_share_types.py``).
 - **reclaim**: a gang that does not fit, whose team would stay within its share, takes GPUs back
@@ -241,16 +245,20 @@ def weighted_fair_share(request: FairShareRequest) -> FairShareDecision:
 
 
 def _kept_for_shares(books: Books, owed: dict[str, float], queues: dict[str, list[QueuedGang]]) -> dict[str, int]:
-    """Per team below its share, the GPUs its waiting gangs would take within that share (in its queue's order,
-    each that still fits): a gang that would borrow does not take those from the free GPUs, or the team would
+    """Per team below its share, the GPUs its waiting gangs would take within that share now (in its queue's
+    order, each that still fits): a gang that would borrow does not take those from the free GPUs, or the team would
     take them back from it at once (a reclaim a step later, a checkpoint and a restart for nothing)."""
+    # A gang that could not start now even with what the borrowers hold past their share takes nothing back
+    # at once: its team keeps nothing for it.
+    spare = sum(max(math.ceil(n - owed.get(t, 0.0) - EPSILON), 0) for t, n in books.held.items())
+    reach = books.free + spare
     kept: dict[str, int] = {}
     for team, gangs in queues.items():
         room = owed.get(team, 0.0) - books.held.get(team, 0)
         claim = 0
         for gang in gangs:
-            if claim + gang.gpus <= room + EPSILON and books.over_budget(gang) is None \
-                    and books.over_limit(gang) is None:
+            if claim + gang.gpus <= room + EPSILON and gang.gpus <= reach + EPSILON \
+                    and books.over_budget(gang) is None and books.over_limit(gang) is None:
                 claim += gang.gpus
         if claim:
             kept[team] = claim
