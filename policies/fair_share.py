@@ -260,6 +260,7 @@ def _kept_for_shares(books: Books, owed: dict[str, float], queues: dict[str, lis
             if claim + gang.gpus <= room + EPSILON and gang.gpus <= reach + EPSILON \
                     and books.over_budget(gang) is None and books.over_limit(gang) is None:
                 claim += gang.gpus
+                reach -= gang.gpus  # what one team's gang takes now, another's cannot
         if claim:
             kept[team] = claim
     return kept
