@@ -13,7 +13,9 @@ Every policy is ``policy(request: FairShareRequest) -> FairShareDecision``, pure
   their next gang, then those that would borrow; among each, the team furthest below its share
   first: the lower its standing, the mean of (GPUs held and admitted / GPUs owed) and (its recent usage,
   decayed with a half-life, / the usage its share would have given it), so a team that was idle is
-  not punished for it; within a team, higher priority first, then the earlier submission.
+  not punished for it; within a team, higher priority first, then the earlier submission, except that
+  a gang that keeps its team within its share goes before the team's gangs that would borrow (asked
+  after the borrowers, its GPUs would go to one of them and come back by a reclaim a step later).
 - **admit**: a gang that fits the free GPUs is admitted, even past its team's share (it borrows
   what others leave unused), unless its team (or an ancestor) would pass its limit or its budget.
 - **reserve**: the gang waiting longest (by priority, then submission, as FIFO takes them) gets a
@@ -29,10 +31,6 @@ Every policy is ``policy(request: FairShareRequest) -> FairShareDecision``, pure
   only as the gang waiting longest, or when it ends before the reservation: started whenever it
   happens to fit, it would be taken back as soon as the teams within their share want their GPUs
   again, and wait anew (a gang larger than the fleet is never the one reserved for).
-- **kept for the shares**: a gang that would borrow takes only the free GPUs beyond those the teams
-  below their share would take at once for their waiting gangs within it (a gang that can start now,
-  with the free GPUs and what the borrowers hold past their share): given to it, they would be
-  reclaimed a step later, a checkpoint and a restart for nothing, and the owner short for that step.
 - **per GPU type**: a quota per type (``Team.type_quotas``) is guaranteed per type: a gang within it
   counts as within its team's share, and takes back only GPUs of its type (``policies/fair_share_types.py``).
 - **reclaim**: a gang that does not fit, whose team would stay within its share, takes GPUs back
@@ -188,7 +186,7 @@ def weighted_fair_share(request: FairShareRequest) -> FairShareDecision:
     queues = _queues(request)
 
     def key(team: str) -> tuple[bool, float, int, int, str]:
-        head = queues[team][0]
+        head = _next(books, owed, queues[team])
         return (not _below_share(books, owed, head), _standing(books, owed, usage, totals, team), -head.priority,
                 head.order, team)
 
@@ -201,30 +199,23 @@ def weighted_fair_share(request: FairShareRequest) -> FairShareDecision:
         books.reservation = _reserve_among_teams(books, owed, queues, oldest)
     elif oldest is not None and oldest.gpus > books.free + EPSILON:
         books.reservation = reserve(oldest.job_id, oldest.gpus, books.free, books.releases)
-    kept = _kept_for_shares(books, owed, queues)
-    kept_total = sum(kept.values())
     while heap:
         _, team = heapq.heappop(heap)
-        gang = queues[team].pop(0)
-        below = _below_share(books, owed, gang)
-        taken_before = books.admitted[team]
+        gang = _next(books, owed, queues[team])
+        queues[team].remove(gang)
         why = books.over_budget(gang) or books.over_limit(gang)
         exempt = request.exempt_priority is not None and gang.priority >= request.exempt_priority
         # The reservation stops borrowing only: a gang its team's share covers is never held back by it.
         blocking = books.reservation
-        if blocking is not None and (blocking.job_id == gang.job_id or below
+        if blocking is not None and (blocking.job_id == gang.job_id or _below_share(books, owed, gang)
                                      or blocking.allows(gang.gpus, gang.runtime_s)):
             blocking = None
-        others = kept_total - kept.get(gang.team, 0)
         if why is not None:
             books.hold(gang, why)
         elif exempt:
             books.take(gang)
         elif gang.gpus <= books.free + EPSILON:
-            if not below and gang.gpus > books.free - others + EPSILON:
-                owners = ", ".join(sorted(t for t, n in kept.items() if t != gang.team and n > 0))
-                books.hold(gang, f"waiting: the free GPUs go to team {owners}'s gangs within its share first")
-            elif blocking is None and _waits_its_turn(books, owed, gang):
+            if blocking is None and _waits_its_turn(books, owed, gang):
                 books.hold(gang, f"waiting: its {gang.gpus} GPUs are more than team {gang.team}'s share of "
                                  f"{owed.get(gang.team, 0.0):g}; it borrows them once it is the job waiting longest")
             elif blocking is None:
@@ -234,36 +225,19 @@ def weighted_fair_share(request: FairShareRequest) -> FairShareDecision:
         elif _reclaim_or_wait(books, owed, gang) and books.reservation is not None \
                 and books.reservation.job_id == gang.job_id:
             books.reservation = None  # it takes borrowed GPUs back instead
-        if kept.get(team) and books.admitted[team] > taken_before:
-            left = max(kept[team] - (books.admitted[team] - taken_before), 0)
-            kept_total -= kept[team] - left
-            kept[team] = left
         if queues[team]:
             heapq.heappush(heap, (key(team), team))
     return FairShareDecision(tuple(books.admit), tuple(books.reclaims), tuple(books.waits),
                              tuple(sorted(owed.items())))
 
 
-def _kept_for_shares(books: Books, owed: dict[str, float], queues: dict[str, list[QueuedGang]]) -> dict[str, int]:
-    """Per team below its share, the GPUs its waiting gangs would take within that share now (in its queue's
-    order, each that still fits): a gang that would borrow does not take those from the free GPUs, or the team would
-    take them back from it at once (a reclaim a step later, a checkpoint and a restart for nothing)."""
-    # A gang that could not start now even with what the borrowers hold past their share takes nothing back
-    # at once: its team keeps nothing for it.
-    spare = sum(max(math.ceil(n - owed.get(t, 0.0) - EPSILON), 0) for t, n in books.held.items())
-    reach = books.free + spare
-    kept: dict[str, int] = {}
-    for team, gangs in queues.items():
-        room = owed.get(team, 0.0) - books.held.get(team, 0)
-        claim = 0
-        for gang in gangs:
-            if claim + gang.gpus <= room + EPSILON and gang.gpus <= reach + EPSILON \
-                    and books.over_budget(gang) is None and books.over_limit(gang) is None:
-                claim += gang.gpus
-                reach -= gang.gpus  # what one team's gang takes now, another's cannot
-        if claim:
-            kept[team] = claim
-    return kept
+def _next(books: Books, owed: dict[str, float], queue: list[QueuedGang]) -> QueuedGang:
+    """The team's next gang: its first, or, when that one would borrow, its first that stays within the team's
+    share. Taken after the teams that borrow, the GPUs such a gang needs went to a borrower asked first, and
+    came back by a reclaim a step later (a checkpoint and a restart for nothing, the owner short meanwhile)."""
+    if _below_share(books, owed, queue[0]):
+        return queue[0]
+    return next((g for g in queue if _below_share(books, owed, g)), queue[0])
 
 
 def _reserve_among_teams(books: Books, owed: dict[str, float], queues: dict[str, list[QueuedGang]],
