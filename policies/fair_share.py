@@ -13,9 +13,7 @@ Every policy is ``policy(request: FairShareRequest) -> FairShareDecision``, pure
   their next gang, then those that would borrow; among each, the team furthest below its share
   first: the lower its standing, the mean of (GPUs held and admitted / GPUs owed) and (its recent usage,
   decayed with a half-life, / the usage its share would have given it), so a team that was idle is
-  not punished for it; within a team, higher priority first, then the earlier submission, except that
-  a gang that keeps its team within its share goes before the team's gangs that would borrow (asked
-  after the borrowers, its GPUs would go to one of them and come back by a reclaim a step later).
+  not punished for it; within a team, higher priority first, then the earlier submission.
 - **admit**: a gang that fits the free GPUs is admitted, even past its team's share (it borrows
   what others leave unused), unless its team (or an ancestor) would pass its limit or its budget.
 - **reserve**: the gang waiting longest (by priority, then submission, as FIFO takes them) gets a
@@ -186,7 +184,7 @@ def weighted_fair_share(request: FairShareRequest) -> FairShareDecision:
     queues = _queues(request)
 
     def key(team: str) -> tuple[bool, float, int, int, str]:
-        head = _next(books, owed, queues[team])
+        head = queues[team][0]
         return (not _below_share(books, owed, head), _standing(books, owed, usage, totals, team), -head.priority,
                 head.order, team)
 
@@ -201,8 +199,7 @@ def weighted_fair_share(request: FairShareRequest) -> FairShareDecision:
         books.reservation = reserve(oldest.job_id, oldest.gpus, books.free, books.releases)
     while heap:
         _, team = heapq.heappop(heap)
-        gang = _next(books, owed, queues[team])
-        queues[team].remove(gang)
+        gang = queues[team].pop(0)
         why = books.over_budget(gang) or books.over_limit(gang)
         exempt = request.exempt_priority is not None and gang.priority >= request.exempt_priority
         # The reservation stops borrowing only: a gang its team's share covers is never held back by it.
@@ -229,15 +226,6 @@ def weighted_fair_share(request: FairShareRequest) -> FairShareDecision:
             heapq.heappush(heap, (key(team), team))
     return FairShareDecision(tuple(books.admit), tuple(books.reclaims), tuple(books.waits),
                              tuple(sorted(owed.items())))
-
-
-def _next(books: Books, owed: dict[str, float], queue: list[QueuedGang]) -> QueuedGang:
-    """The team's next gang: its first, or, when that one would borrow, its first that stays within the team's
-    share. Taken after the teams that borrow, the GPUs such a gang needs went to a borrower asked first, and
-    came back by a reclaim a step later (a checkpoint and a restart for nothing, the owner short meanwhile)."""
-    if _below_share(books, owed, queue[0]):
-        return queue[0]
-    return next((g for g in queue if _below_share(books, owed, g)), queue[0])
 
 
 def _reserve_among_teams(books: Books, owed: dict[str, float], queues: dict[str, list[QueuedGang]],

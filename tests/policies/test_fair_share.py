@@ -372,18 +372,3 @@ def test_a_type_quota_takes_back_only_that_type_and_not_from_a_team_within_its_o
 def test_a_negative_type_quota_is_refused() -> None:
     with pytest.raises(ValueError, match=r"quota_gpus\.A100 must be >= 0"):
         Team("a", type_quotas=(("A100", -1),))
-
-
-def test_a_team_below_its_share_takes_its_gang_within_it_before_a_borrower_takes_the_free_gpus() -> None:
-    # 8 GPUs, 4 owed each. a's 2-GPU gang just ended: a holds 2, b its 4, 2 are free. a's next gang (3 GPUs)
-    # would borrow, but its 2-GPU gang after it fits in a's share; b (lower usage, asked first among borrowers)
-    # wants the 2 free GPUs to borrow them. Given to b, a would reclaim them a step later (a checkpoint and a
-    # restart): a's gang within its share goes first.
-    usage = (TeamUsage("a", 2, 100_000.0), TeamUsage("b", 4, 0.0))
-    queued = (QueuedGang("a0", "a", 3, 500, 0), QueuedGang("a1", "a", 2, 500, 1), QueuedGang("b0", "b", 2, 500, 2))
-    decision = weighted_fair_share(FairShareRequest(8, (Team("a"), Team("b")), usage, queued))
-    assert decision.admit == ("a1",) and decision.reclaims == ()
-    assert decision.reason_of("b0") == "waiting: team b over its share (holds 4 of 4 GPUs owed)"
-    # Without a gang of a's that fits in its share, b borrows them.
-    decision = weighted_fair_share(FairShareRequest(8, (Team("a"), Team("b")), usage, queued[:1] + queued[2:]))
-    assert decision.admit == ("b0",)
