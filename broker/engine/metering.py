@@ -21,13 +21,14 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from itertools import pairwise
 
-from sqlalchemy import delete, func, select, update
+from sqlalchemy import delete, func, insert, select, update
 from sqlalchemy.orm import Session
 
 from broker.clock import Clock
 from broker.market.book import Market
 from broker.model import JobState, Usage
 from broker.store import Store
+from broker.store.db import epoch_of
 from broker.store.gpu import GpuMinuteRow
 from broker.store.tables import AllocationRow, ClusterRow, JobRow, LedgerRow
 from providers.base import OfferKey
@@ -148,9 +149,13 @@ class ClusterHistory:
 
 
 def meter_cluster(s: Session, row: ClusterRow, now: datetime, market: Market,
-                  history: ClusterHistory | None = None) -> int:
+                  history: ClusterHistory | None = None, out: list[dict[str, object]] | None = None) -> int:
     """Write the ledger rows of every piece of ``row`` not yet metered; returns rows written.
-    ``history``: the cluster's, read with others' (``ClusterHistory.read_many``); None: read here."""
+    ``history``: the cluster's, read with others' (``ClusterHistory.read_many``); None: read here.
+    ``out``: the rows are appended there as column values, for the caller to insert (``insert_ledger``)
+    in the same transaction; None: inserted here."""
+    rows: list[dict[str, object]] = [] if out is None else out
+    first = len(rows)
     if row.terminated_at is not None and row.metered_until is not None and row.metered_until > row.terminated_at:
         _take_back(s, row, row.terminated_at)
     start = row.metered_until or row.created_at
@@ -158,7 +163,7 @@ def meter_cluster(s: Session, row: ClusterRow, now: datetime, market: Market,
     key = OfferKey(row.cloud, row.region, row.zone, row.instance_type)
     history = history or ClusterHistory.read(s, row)
     total = float(row.num_nodes * row.gpus_per_node) or float(row.num_nodes)
-    minute, written = start, 0
+    minute = start
     while minute < end:
         boundary = minute.replace(second=0, microsecond=0) + timedelta(minutes=1)
         closing = min(boundary, end)
@@ -173,7 +178,7 @@ def meter_cluster(s: Session, row: ClusterRow, now: datetime, market: Market,
                 seconds += minimum_shortfall(row)
             for share in history.shares(piece):
                 fraction = share.gpus / total
-                s.add(LedgerRow(
+                rows.append(dict(
                     cluster_id=row.id, minute=piece, holder=share.holder,
                     job_id=share.job.id if share.job else None, team=share.job.team if share.job else None,
                     usage=share.usage.value, cloud=row.cloud, region=row.region, zone=row.zone,
@@ -183,10 +188,23 @@ def meter_cluster(s: Session, row: ClusterRow, now: datetime, market: Market,
                     cost=price * row.num_nodes * seconds / 3600.0 * fraction,
                     on_demand_cost=on_demand * row.num_nodes * seconds / 3600.0 * fraction,
                 ))
-                written += 1
         minute = closing
     row.metered_until = minute
-    return written
+    if out is None:
+        insert_ledger(s, rows)
+    return len(rows) - first
+
+
+def insert_ledger(s: Session, rows: list[dict[str, object]]) -> None:
+    """Insert ledger rows given as column values, stamped with the fenced transaction's epoch, in one
+    executemany (the driver sends one statement for all, not a multi-row INSERT parsed afresh per
+    batch as the ORM's flush of added rows did). The session is flushed first: statements run in
+    the order the ORM would have run them (a cluster's minutes taken back before they are written again)."""
+    if not rows:
+        return
+    s.flush()
+    epoch = epoch_of(s)
+    s.execute(insert(LedgerRow), [{**row, "epoch": epoch} for row in rows])
 
 
 MINUTE = timedelta(minutes=1)
@@ -231,8 +249,10 @@ def meter(store: Store, clock: Clock, market: Market, limit: int | None = None) 
             rows += s.scalars(select(ClusterRow).where(ClusterRow.id.in_(ids[start:start + CHUNK]))
                               .order_by(ClusterRow.id).with_for_update())
         histories = ClusterHistory.read_many(s, rows)
+        ledger: list[dict[str, object]] = []
         for row in rows:
-            meter_cluster(s, row, now, market, histories[row.id])
+            meter_cluster(s, row, now, market, histories[row.id], ledger)
+        insert_ledger(s, ledger)
         return len(rows)
 
 

@@ -200,7 +200,7 @@ def _releases(holding: list[_Run], now: float) -> tuple[tuple[float, int], ...]:
     ends = []
     for run in holding:
         if run.leaving_at is None:
-            begins = run.waiting_for if run.waiting_for is not None else run.running_since or now
+            begins = _begins(run, now)
             ends.append((max(begins - now, 0.0) + max(run.left_s, 0.0), run.job.gpus))
     return tuple(ends)
 
@@ -210,9 +210,17 @@ def _team_releases(holding: list[_Run], now: float) -> tuple[tuple[str, float, i
     ends = []
     for run in holding:
         if run.leaving_at is None:
-            begins = run.waiting_for if run.waiting_for is not None else run.running_since or now
+            begins = _begins(run, now)
             ends.append((run.job.team, max(begins - now, 0.0) + max(run.left_s, 0.0), run.job.gpus))
     return tuple(ends)
+
+
+def _begins(run: _Run, now: float) -> float:
+    """When the gang's work (re)starts: an owner's gang when its reclaimed GPUs come, a restarting one after its
+    restore, a running one now (a ``running_since`` of 0.0, a trace's first second, is a time like any other)."""
+    if run.waiting_for is not None:
+        return run.waiting_for
+    return run.running_since if run.running_since is not None else now
 
 
 def _start(run: _Run, now: float, restart_s: float) -> None:

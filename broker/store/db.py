@@ -221,6 +221,7 @@ class FencedStore(Store):
             with session.begin():
                 self._check_lease(session)
                 epoch = self.fence.epoch
+                session.info[EPOCH] = epoch  # for rows written without the ORM (``epoch_of``)
                 event.listen(session, "before_flush", lambda s, _ctx, _objs: _stamp(s, epoch))
                 yield session
         finally:
@@ -245,6 +246,16 @@ class FencedStore(Store):
         if not found:
             raise Fenced(f"leader lease {fence.lease!r} epoch {fence.epoch} is no longer held by {fence.holder}:"
                          " the database refused the write")
+
+
+EPOCH = "broker.epoch"
+
+
+def epoch_of(session: Session) -> int | None:
+    """The leader epoch a fenced transaction stamps on the rows it writes (None outside a fenced store):
+    for rows inserted without the ORM, which the flush's stamping does not see."""
+    epoch = session.info.get(EPOCH)
+    return epoch if isinstance(epoch, int) else None
 
 
 def _stamp(session: Session, epoch: int) -> None:

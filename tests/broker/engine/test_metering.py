@@ -23,7 +23,8 @@ from broker.reports.build import Window, build_report
 from broker.runtime import assemble
 from broker.spec.job import parse_job_spec
 from broker.store import Store, open_store
-from broker.store.tables import AllocationRow, ClusterRow, JobRow, LedgerRow
+from broker.store.db import Fence
+from broker.store.tables import AllocationRow, ClusterRow, JobRow, LeaderLeaseRow, LedgerRow
 from providers.local import LocalMarket
 from providers.trace import read_trace
 from tests.broker.engine.one_zone import one_zone_market, run_until
@@ -342,5 +343,27 @@ def test_bounded_metering_takes_the_cluster_metered_least_far_first(tmp_path: Pa
             order.append(next(c.id for c in clusters if c.metered_until is not None and c.id not in order))
         assert order == ["a", "c", "b"]
         assert metering.meter(store, _At(now), market, limit=1) == 0
+    finally:
+        store.dispose()
+
+
+def test_ledger_rows_metered_through_the_leaders_store_carry_its_epoch(tmp_path: Path, db_url: str) -> None:
+    """The ledger's rows are inserted without the ORM (one executemany), so the fenced store's stamping of
+    flushed rows does not see them: they take the transaction's epoch all the same, and outside a fenced
+    store none."""
+    market = _market(tmp_path)
+    store = open_store(db_url)
+    try:
+        _fleet(store)
+        with store.transaction() as s:
+            lease = datetime.now(UTC) + timedelta(hours=1)
+            s.merge(LeaderLeaseRow(name="engine", holder="me", epoch=5, expires_at=lease))
+        now = T0 + timedelta(minutes=3, seconds=10)
+        assert metering.meter(store.fenced(Fence("engine", "me", 5, lambda: True)), _At(now), market, limit=3) == 3
+        assert metering.meter(store, _At(now), market) == 3
+        clusters, ledger = _ledger(store)
+        fenced = {c.id for c in clusters if c.epoch == 5}
+        assert len(fenced) == 3  # the clusters metered under the lease (their metered_until moved by the ORM)
+        assert {(r.cluster_id in fenced, r.epoch) for r in ledger} == {(True, 5), (False, None)}
     finally:
         store.dispose()

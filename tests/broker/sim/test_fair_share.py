@@ -6,7 +6,17 @@ from pathlib import Path
 
 import pytest
 
-from broker.sim.fair_share import BURST_S, MAX_DURATION_S, PHILLY_TEAMS, TeamJob, philly_teams, replay
+from broker.sim.fair_share import (
+    BURST_S,
+    MAX_DURATION_S,
+    PHILLY_TEAMS,
+    TeamJob,
+    _releases,
+    _Run,
+    _team_releases,
+    philly_teams,
+    replay,
+)
 from policies import kinds
 from policies.fair_share import Team, weighted_fair_share
 from policies.fair_share_baselines import fifo, static_quota
@@ -88,3 +98,11 @@ def test_a_reclaim_takes_the_borrowers_smaller_gang_not_the_large_one_just_start
     assert result.unfinished == 0 and result.handovers_s == [60.0]
     assert result.teams["b"].reclaims == 1
     assert result.teams["b"].reclaimed_gpu_s == 2 * (60.0 + 60.0)  # the 2-GPU gang's checkpoint and restart
+
+
+def test_a_gang_whose_work_begins_at_second_0_is_predicted_to_end_from_then() -> None:
+    # A requeued gang resumed a minute before second 0.0 of its trace restores its checkpoint until 0.0, then has
+    # ten minutes of work: it gives its GPUs back in eleven minutes, not ten (0.0 is not 'now').
+    run = _Run(TeamJob("b", "b0", 2, -3600.0, 3600.0), left_s=600.0, started_s=-3600.0, running_since=0.0)
+    assert _releases([run], now=-60.0) == ((660.0, 2),)
+    assert _team_releases([run], now=-60.0) == (("b", 660.0, 2),)
