@@ -69,7 +69,7 @@ def test_a_checkpoint_made_while_no_engine_ran_is_resumed_from(broker_home: Path
 
     # The market takes the first zone's nodes while no engine runs: the agents checkpoint on the
     # notice, find nobody to tell, and the nodes go.
-    _wait(lambda: "acknowledged" in _events(node) and _group_gone(node))
+    _wait(lambda: "acknowledged" in _events(node) and _group_gone(node), timeout=420)  # market time, slower loaded
     assert "report_gave_up" in _events(node) and "checkpoint_complete" in _events(node)
     on_disk = latest_checkpoint(broker_home / "checkpoints" / job_id)  # the notice's, never reported
     assert on_disk is not None
