@@ -66,6 +66,14 @@ def _ledger(store: Store) -> tuple[list[ClusterRow], list[LedgerRow]]:
         s.expunge_all()
     return clusters, ledger
 
+def _whole_ledger(store: Store) -> list[tuple[object, ...]]:
+    """The store's ledger rows, sorted, once each cluster's minutes are checked to tile its life."""
+    clusters, ledger = _ledger(store)
+    assert ledger_outside_cluster_life(clusters, ledger) == []
+    assert ledger_tiles_cluster_life(clusters, ledger) == []
+    return sorted((r.cluster_id, r.minute, r.holder, r.usage, r.gpus, r.seconds, round(r.cost, 9)) for r in ledger)
+
+
 
 def _gpu_seconds(ledger: Sequence[LedgerRow], **match: str) -> float:
     return sum(r.gpus * r.seconds for r in ledger if all(getattr(r, k) == v for k, v in match.items()))
@@ -286,13 +294,7 @@ def test_metering_a_fleet_at_once_writes_what_metering_each_cluster_alone_writes
             metering.meter(together, _At(now), market)
             for cluster_id in ("headed", "idle", "live", "moved", "old", "short"):
                 _meter(alone, market, cluster_id, now)
-        rows = []
-        for store in (together, alone):
-            clusters, ledger = _ledger(store)
-            assert ledger_outside_cluster_life(clusters, ledger) == []
-            assert ledger_tiles_cluster_life(clusters, ledger) == []
-            rows.append(sorted((r.cluster_id, r.minute, r.holder, r.usage, r.gpus, r.seconds, round(r.cost, 9))
-                               for r in ledger))
+        rows = [_whole_ledger(store) for store in (together, alone)]
         assert rows[0] == rows[1]
         assert {r[3] for r in rows[0]} >= {"running", "restarting", "queue_drain", "unallocated"}
     finally:
@@ -315,13 +317,7 @@ def test_metering_a_few_clusters_a_call_writes_every_minute_once(tmp_path: Path,
             # two a call: as many calls as it takes meter each due cluster once (those metered least far first)
             calls = [metering.meter(chunked, _At(now), market, limit=2) for _ in range((due + 1) // 2)]
             assert due > 2 and max(calls) == 2 and sum(calls) == due
-        rows = []
-        for store in (together, chunked):
-            clusters, ledger = _ledger(store)
-            assert ledger_outside_cluster_life(clusters, ledger) == []
-            assert ledger_tiles_cluster_life(clusters, ledger) == []
-            rows.append(sorted((r.cluster_id, r.minute, r.holder, r.usage, r.gpus, r.seconds, round(r.cost, 9))
-                               for r in ledger))
+        rows = [_whole_ledger(store) for store in (together, chunked)]
         assert rows[0] == rows[1]
     finally:
         together.dispose()
