@@ -108,7 +108,7 @@ def main() -> None:
         spec.write_text(text.replace("--minutes 8 --block 120", f"--minutes {args.minutes:g} --block {args.block:g}")
                         .replace("workdir: .", f"workdir: {ROOT}"))
         env = {**os.environ, "BROKER_HOME": str(home), "BROKER_SPEED": "1", "BROKER_LOCAL_PROVISION_SECONDS": "5",
-               "PYTHONPATH": str(ROOT)}
+               "PYTHONPATH": os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])}
         env.pop("BROKER_GPU_SAMPLER", None)
         smi = Smi()
         began = time.time()
