@@ -1,5 +1,9 @@
 """Sampling the job's GPUs every few seconds, kept per minute (mean and peak), sent once per interval.
 
+Each minute also counts its idle samples (the job's utilisation, or the whole GPU's where the driver
+gives no per-process figure, below ``idle_below``): a job that is busy for part of a minute and idle
+for the rest has its idle seconds counted, which a minute's mean alone would hide.
+
 The sampler runs in its own thread beside the job. Each minute of wall time (UTC) becomes one
 aggregate per GPU; the complete minutes go to the broker in one ``POST /v1/gpu`` per interval
 (default a minute), not one request per sample. A report the broker does not take within a few
@@ -24,10 +28,33 @@ SAMPLE_EVERY_S = 5.0
 REPORT_EVERY_S = 60.0
 SEND_WITHIN_S = 10.0
 MAX_PENDING_MINUTES = 64  # per report: the newest kept when the broker was away
+IDLE_BELOW = 0.10  # the broker's default ``gpu_idle_below``; it sends its own as BROKER_GPU_IDLE_BELOW
 
 # The figures summed for a mean and kept at their peak (the report's names, GpuReading's attributes).
 FIGURES = ("utilization", "memory_utilization", "memory_used_mb", "power_w", "job_utilization", "job_memory_mb")
 HIGH = {"utilization": 100.0, "memory_utilization": 100.0, "job_utilization": 100.0}
+
+
+IDLE_BELOW_VARIABLE = "BROKER_GPU_IDLE_BELOW"
+
+
+def idle_below_from(env: dict[str, str], events: Events) -> float:
+    """The broker's idle threshold from ``BROKER_GPU_IDLE_BELOW``; the default, said once, when it is not a share."""
+    text = env.get(IDLE_BELOW_VARIABLE, "").strip()
+    if not text:
+        return IDLE_BELOW
+    value = finite(_float(text[:40]), 0.0, 1.0)
+    if value is None:
+        events.write("gpu_idle_below_refused", variable=IDLE_BELOW_VARIABLE, value=text[:40], used=IDLE_BELOW)
+        return IDLE_BELOW
+    return value
+
+
+def _float(text: str) -> float | None:
+    try:
+        return float(text)
+    except ValueError:
+        return None
 
 
 @dataclass
@@ -37,7 +64,9 @@ class MinuteAggregate:
     gpu: int
     uuid: str
     minute: int  # epoch seconds // 60
+    idle_below: float = IDLE_BELOW  # a share of the GPU's time (0 to 1)
     samples: int = 0
+    idle_samples: int | None = None  # None: no sample had a utilisation figure
     memory_total_mb: float | None = None
 
     def __post_init__(self) -> None:
@@ -57,12 +86,17 @@ class MinuteAggregate:
         total = finite(reading.memory_total_mb, 0.0, 1e9)
         if total is not None:
             self.memory_total_mb = total
+        job = finite(reading.job_utilization, 0.0, 100.0)
+        utilization = job if job is not None else finite(reading.utilization, 0.0, 100.0)
+        if utilization is not None:
+            self.idle_samples = (self.idle_samples or 0) + int(utilization < self.idle_below * 100.0)
 
     def to_report(self) -> dict[str, Any]:
         out: dict[str, Any] = {
             "gpu": self.gpu, "uuid": self.uuid[:96],
             "minute": datetime.fromtimestamp(self.minute * 60, UTC).isoformat(),
             "samples": self.samples,
+            "idle_samples": self.idle_samples,
             "memory_total_mb": self.memory_total_mb,
         }
         for name in FIGURES:
@@ -75,7 +109,8 @@ class MinuteAggregate:
 class MinuteAggregator:
     """Readings in, one aggregate per GPU and minute out once the minute is over."""
 
-    def __init__(self) -> None:
+    def __init__(self, idle_below: float = IDLE_BELOW) -> None:
+        self.idle_below = idle_below
         self.open: dict[tuple[int, int], MinuteAggregate] = {}
 
     def add(self, at: float, readings: Sequence[GpuReading]) -> None:
@@ -84,7 +119,7 @@ class MinuteAggregator:
             key = (reading.gpu, minute)
             agg = self.open.get(key)
             if agg is None:
-                agg = self.open[key] = MinuteAggregate(reading.gpu, reading.uuid, minute)
+                agg = self.open[key] = MinuteAggregate(reading.gpu, reading.uuid, minute, self.idle_below)
             agg.add(reading)
 
     def complete(self, now: float | None) -> list[dict[str, Any]]:
@@ -99,11 +134,12 @@ class GpuSampler:
 
     def __init__(self, open_reader: Callable[[], GpuReader], pids: Callable[[], frozenset[int]],
                  send: Callable[[list[dict[str, Any]]], object] | None, events: Events,
-                 sample_s: float = SAMPLE_EVERY_S, report_s: float = REPORT_EVERY_S) -> None:
+                 sample_s: float = SAMPLE_EVERY_S, report_s: float = REPORT_EVERY_S,
+                 idle_below: float = IDLE_BELOW) -> None:
         self._open_reader, self._pids, self._send = open_reader, pids, send
         self.events = events
         self.sample_s, self.report_s = sample_s, report_s
-        self.aggregator = MinuteAggregator()
+        self.aggregator = MinuteAggregator(idle_below)
         self.pending: list[dict[str, Any]] = []
         self.failed: str | None = None
         self.cpu_s = 0.0  # this thread's CPU time spent sampling (the overhead benchmark reads it)

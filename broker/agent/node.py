@@ -33,7 +33,7 @@ from broker.agent.catching import may_send
 from broker.agent.checkpoint import CheckpointMark, latest_checkpoint
 from broker.agent.events import EventLog
 from broker.agent.gpu import job_pids, open_reader
-from broker.agent.gpu_sampling import REPORT_EVERY_S, SAMPLE_EVERY_S, GpuReporter, GpuSampler
+from broker.agent.gpu_sampling import REPORT_EVERY_S, SAMPLE_EVERY_S, GpuReporter, GpuSampler, idle_below_from
 from broker.agent.jobpath import job_pythonpath, with_pythonpath
 from broker.agent.progress import ProgressReporter, pass_through, read_progress_file
 from broker.agent.reporting import Delivery, LatestOnly, post_until, post_with_retry
@@ -178,7 +178,8 @@ class Agent:
         reporter = GpuReporter(url, self.options.token, job_id, attempt, self.options.cluster_id,
                                self.options.node, self.events)
         self.gpu = GpuSampler(lambda: open_reader(env), lambda: job_pids(session) if shared else frozenset(),
-                              reporter, self.events, self.options.gpu_sample_s, self.options.gpu_report_s)
+                              reporter, self.events, self.options.gpu_sample_s, self.options.gpu_report_s,
+                              idle_below_from(env, self.events))
         self.gpu.start()
 
     def run(self) -> int:

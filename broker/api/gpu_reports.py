@@ -43,6 +43,7 @@ class GpuMinute(BaseModel):
     uuid: str = Field(default="", max_length=96, pattern=r"^[A-Za-z0-9_.:-]*$")
     minute: datetime
     samples: int = Field(ge=1, le=100_000)
+    idle_samples: int | None = Field(default=None, ge=0, le=100_000)  # of them, below the idle threshold
     memory_total_mb: Megabytes = None
     utilization_mean: Percent = None
     utilization_max: Percent = None
@@ -60,6 +61,8 @@ class GpuMinute(BaseModel):
     @model_validator(mode="after")
     def _consistent(self) -> GpuMinute:
         sane_datetime(self.minute)
+        if self.idle_samples is not None and self.idle_samples > self.samples:
+            raise ValueError("idle_samples: more than samples")
         for name in FIGURES:
             mean, peak = getattr(self, f"{name}_mean"), getattr(self, f"{name}_max")
             if mean is not None and peak is not None and mean > peak + 1e-6:

@@ -91,6 +91,7 @@ class JobLaunch:
     # Its ``setup`` already ran on these nodes ahead of the start (``Provisioner.prepare_job``): only ``run`` is left.
     setup_done: bool = False
     gpu_sampler: str | None = None  # the ``gpu_sampler`` setting: the agents' GPU reader instead of NVML
+    gpu_idle_below: float = 0.10  # the ``gpu_idle_below`` setting: the agents count samples below it as idle
 
     def env(self, node_rank: int, node_ips: list[str]) -> dict[str, str]:
         """The variables node ``node_rank`` of the gang sees (its rank in the gang, not the cluster).
@@ -112,6 +113,7 @@ class JobLaunch:
             "SKYPILOT_NUM_NODES": str(len(node_ips)),
             "SKYPILOT_NUM_GPUS_PER_NODE": str(len(gpus.split(",")) if gpus else 0),
             "SKYPILOT_TASK_ID": f"{self.job_id}-{self.attempt}",
+            "BROKER_GPU_IDLE_BELOW": f"{self.gpu_idle_below:g}",  # the broker's accounting, not the job's to set
             **self.share_env(),
         }
 

@@ -66,7 +66,8 @@ class Settings(BaseSettings):
     queue_max_gpus: dict[str, int] = Field(default_factory=dict, description="queue (inference, training, batch "
                                            "or custom) -> GPUs the clusters launched for its jobs may hold")
     gpu_idle_below: float = Field(0.10, ge=0, le=1, description="a GPU a running job holds counts as idle "
-                                  "(held_idle) in a minute its measured mean utilisation is below this fraction")
+                                  "(held_idle) for the share of a minute's samples its measured utilisation is "
+                                  "below this fraction (passed to agents as BROKER_GPU_IDLE_BELOW)")
     gpu_sampler: str | None = Field(None, max_length=200, pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$",
                                     description="module:callable replacing the node agent's NVML reader "
                                                 "(passed to agents as BROKER_GPU_SAMPLER; default: NVML)")

@@ -2,9 +2,10 @@
 
 Metering writes a running job's GPU-minutes as ``running`` from the allocation alone. Once the
 job's agent has reported what those GPUs did in that minute (``gpu_minutes``) and the minute is
-metered, this pass splits the job's row: the share of its GPUs whose mean utilisation was below
-``idle_below`` moves to a row of its own (holder ``held_idle:<job>``), priced by the same share,
-so every piece still adds up to the cluster's GPUs and price. Why they were idle is its usage:
+metered, this pass splits the job's row: the share of its GPU time measured below ``idle_below``
+(each GPU's share of samples below it, as its agent counted them) moves to a row of its own (holder
+``held_idle:<job>``), priced by the same share, so every piece still adds up to the cluster's GPUs
+and price. Why they were idle is its usage:
 
 - ``held_idle_startup``: before the attempt's first progress report (imports, data loading,
   restoring a checkpoint). A job that has not reported progress yet is ``stalled`` until its first
@@ -72,17 +73,28 @@ def attribute_in(s: Session, idle_below: float, now: datetime) -> int:
 
 
 def idle_share(alloc: AllocationRow, minutes: list[GpuMinuteRow], idle_below: float) -> float:
-    """The share of the allocation's GPUs measured idle in these minutes (0 to 1)."""
+    """The share of the allocation's GPU time measured idle in these minutes (0 to 1).
+
+    A GPU-minute whose agent counted its idle samples is idle for that share of its samples (busy
+    for half a minute, idle for the other half: half idle); one without the count (an older agent)
+    is idle whole when its mean is below ``idle_below``, else busy.
+    """
     held = {(str(rank), int(gpu)) for rank, gpus in (alloc.gpus or {}).items() for gpu in gpus}
     if not held:
         return 0.0
-    idle = set()
+    idle: dict[tuple[str, int], float] = {}
     for m in minutes:
-        util = m.job_utilization_mean if m.job_utilization_mean is not None else m.utilization_mean
         key = (m.node, m.gpu)
-        if key in held and util is not None and util < idle_below * 100.0:
-            idle.add(key)
-    return len(idle) / len(held)
+        if key in held:
+            idle[key] = max(idle.get(key, 0.0), _idle_fraction(m, idle_below))
+    return sum(idle.values()) / len(held)
+
+
+def _idle_fraction(m: GpuMinuteRow, idle_below: float) -> float:
+    if m.idle_samples is not None and m.samples > 0:
+        return min(m.idle_samples / m.samples, 1.0)
+    util = m.job_utilization_mean if m.job_utilization_mean is not None else m.utilization_mean
+    return 1.0 if util is not None and util < idle_below * 100.0 else 0.0
 
 
 def _split(s: Session, job_id: str, alloc: AllocationRow, minutes: list[GpuMinuteRow], start: datetime,

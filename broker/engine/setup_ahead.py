@@ -39,7 +39,7 @@ def job_launch(parts: Parts, job: JobRow, target: ClusterRow, placement: GangPla
         checkpoint_dir=job.checkpoint_dir, resume_from=job.checkpoint,
         broker_url=parts.options.broker_url, log_dir=str(parts.options.home / "logs" / job.id),
         gpu_share=job.gpu_share, gpu_memory_mb=shares.memory_mb(target, spec, job.gpu_share),
-        setup_done=setup_done, gpu_sampler=parts.options.gpu_sampler,
+        setup_done=setup_done, gpu_sampler=parts.options.gpu_sampler, gpu_idle_below=parts.options.gpu_idle_below,
     )
 
 

@@ -32,6 +32,8 @@ class GpuMinuteRow(Base):
     started_at: Mapped[datetime] = mapped_column(UtcDateTime)  # market clock
     ended_at: Mapped[datetime] = mapped_column(UtcDateTime)
     samples: Mapped[int] = mapped_column(Integer)
+    # Of them, those below the broker's idle threshold (None: not counted, or no utilisation figure).
+    idle_samples: Mapped[int | None] = mapped_column(Integer, nullable=True)
     # The seconds of the span the job held the GPU (clipped to its allocation and to when it was received).
     seconds: Mapped[float] = mapped_column(Float)
     utilization_mean: Mapped[float | None] = mapped_column(Float, nullable=True)  # percent

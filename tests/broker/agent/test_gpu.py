@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from broker.agent.gpu import GpuReading, NvmlReader, SamplingUnavailable, job_pids, open_reader, visible_devices
-from broker.agent.gpu_sampling import GpuSampler, MinuteAggregator
+from broker.agent.gpu_sampling import IDLE_BELOW, GpuSampler, MinuteAggregator, idle_below_from
 from tests.fakenvml import pynvml as fake
 
 FAKE_DIR = Path(fake.__file__).parent
@@ -164,7 +164,8 @@ def test_minutes_hold_the_mean_and_the_peak_of_their_samples() -> None:
     agg.add(t0 + 10, [GpuReading(0, "GPU-a", 30.0, 4.0, 3000.0, 8000.0, None)])
     agg.add(t0 + 20, [GpuReading(0, "GPU-a", 50.0, float("nan"), 2000.0, 8000.0, 300.0)])  # the next minute
     assert agg.complete(t0 + 20) == [{
-        "gpu": 0, "uuid": "GPU-a", "minute": "2023-11-14T22:13:00+00:00", "samples": 2, "memory_total_mb": 8000.0,
+        "gpu": 0, "uuid": "GPU-a", "minute": "2023-11-14T22:13:00+00:00", "samples": 2, "idle_samples": 0,
+        "memory_total_mb": 8000.0,
         "utilization_mean": 20.0, "utilization_max": 30.0, "memory_utilization_mean": 3.0,
         "memory_utilization_max": 4.0, "memory_used_mb_mean": 2000.0, "memory_used_mb_max": 3000.0,
         "power_w_mean": 100.0, "power_w_max": 100.0, "job_utilization_mean": None, "job_utilization_max": None,
@@ -172,6 +173,42 @@ def test_minutes_hold_the_mean_and_the_peak_of_their_samples() -> None:
     last = agg.complete(None)
     assert [(m["samples"], m["utilization_mean"], m["memory_utilization_mean"]) for m in last] == [(1, 50.0, None)]
     assert agg.complete(None) == []
+
+
+def test_a_minute_counts_its_samples_below_the_idle_threshold_by_the_job_s_own_figure_where_given() -> None:
+    agg = MinuteAggregator(idle_below=0.25)
+    t0 = 1_700_000_040.0  # the start of a minute
+    readings = [
+        GpuReading(0, "GPU-a", utilization=95.0), GpuReading(0, "GPU-a", utilization=24.9),
+        GpuReading(0, "GPU-a", utilization=0.0), GpuReading(0, "GPU-a", utilization=25.0),
+        # A shared GPU: the whole GPU is busy with others, the job's own processes idle: idle for the job.
+        GpuReading(1, "GPU-b", utilization=90.0, job_utilization=2.0),
+        GpuReading(1, "GPU-b", utilization=90.0, job_utilization=60.0),
+        # A GPU that gives no utilisation (or garbage): its samples are not counted either way.
+        GpuReading(2, "GPU-c", utilization=float("nan")), GpuReading(2, "GPU-c", utilization=None),
+    ]
+    for i, reading in enumerate(readings):
+        agg.add(t0 + i, [reading])
+    assert [(m["gpu"], m["samples"], m["idle_samples"]) for m in agg.complete(None)] == [
+        (0, 4, 2), (1, 2, 1), (2, 2, None)]
+
+
+@pytest.mark.parametrize("text", ["abc", "nan", "inf", "-0.1", "1.5", "1e309", "0.1\x00", "\ud800", "9" * 5000])
+def test_an_idle_threshold_that_is_not_a_share_is_refused_for_the_default_and_said_once(text: str) -> None:
+    events = _Events()
+    assert idle_below_from({"BROKER_GPU_IDLE_BELOW": text}, events) == IDLE_BELOW
+    assert len(events.written) == 1
+    event, data = events.written[0]
+    assert event == "gpu_idle_below_refused" and data["variable"] == "BROKER_GPU_IDLE_BELOW"
+    assert len(data["value"]) <= 40
+
+
+def test_the_broker_s_idle_threshold_reaches_the_agent() -> None:
+    events = _Events()
+    assert idle_below_from({"BROKER_GPU_IDLE_BELOW": "0.05"}, events) == 0.05
+    assert idle_below_from({"BROKER_GPU_IDLE_BELOW": "1"}, events) == 1.0
+    assert idle_below_from({}, events) == IDLE_BELOW
+    assert events.written == []
 
 
 class _Events:

@@ -81,15 +81,15 @@ def _count(store: Store) -> int:
 
 def test_a_report_is_stored_once_per_gpu_and_minute(store: Store) -> None:
     client = TestClient(create_app(store, WallClock()))
-    body = _report(_minute(), _minute(gpu=1, utilization_mean=95.0, utilization_max=100.0))
+    body = _report(_minute(idle_samples=12), _minute(gpu=1, utilization_mean=95.0, utilization_max=100.0))
     first = client.post("/v1/gpu", json=body, headers=AUTH)
     assert first.status_code == 202 and first.json() == {"stored": 2, "duplicates": 0}
     again = client.post("/v1/gpu", json=body, headers=AUTH)
     assert again.json() == {"stored": 0, "duplicates": 2}
     with store.transaction() as s:
         rows = list(s.scalars(select(GpuMinuteRow).order_by(GpuMinuteRow.gpu)))
-    assert [(r.gpu, r.utilization_mean, r.memory_used_mb_max, r.power_w_mean) for r in rows] == [
-        (0, 3.0, 1200.0, 60.0), (1, 95.0, 1200.0, 60.0)]
+    assert [(r.gpu, r.idle_samples, r.utilization_mean, r.memory_used_mb_max, r.power_w_mean) for r in rows] == [
+        (0, 12, 3.0, 1200.0, 60.0), (1, None, 95.0, 1200.0, 60.0)]
     assert all((r.ended_at - r.started_at) == timedelta(minutes=1) and r.attributed_at is None for r in rows)
     assert [r.seconds for r in rows] == [60.0, 60.0]  # inside the allocation, over before it was received
 
@@ -115,6 +115,11 @@ def _huge_list() -> list[dict[str, Any]]:
     (json.dumps(_report(_minute(memory_used_mb_max=1e30))).encode(), "memory_used_mb_max"),
     (json.dumps(_report(_minute(memory_used_mb_max=90000.0))).encode(), "memory_used_mb_max"),
     (json.dumps(_report(_minute(samples=0))).encode(), "samples"),
+    (json.dumps(_report(_minute(idle_samples=13))).encode(), "idle_samples"),
+    (json.dumps(_report(_minute(idle_samples=-1))).encode(), "idle_samples"),
+    (json.dumps(_report(_minute(idle_samples=2**70))).encode(), "idle_samples"),
+    (json.dumps(_report(_minute(idle_samples="3\x00"))).encode(), "idle_samples"),
+    (json.dumps(_report(_minute(idle_samples=2.5))).encode(), "idle_samples"),
     (json.dumps(_report(_minute(gpu=2**40))).encode(), "gpu"),
     (json.dumps(_report(_minute(minute="9999-01-01T00:00:00+00:00"))).encode(), "minute"),
     (json.dumps(_report(_minute(minute="2001-01-01T00:00:00+00:00"))).encode(), "minute"),
@@ -181,6 +186,8 @@ def test_an_agent_with_the_stand_in_first_on_its_path_reports_to_the_real_api(tm
     assert (by_gpu[0].utilization_mean, by_gpu[0].memory_used_mb_max, by_gpu[0].uuid) == (3.0, 900.0, "GPU-aaaa")
     assert (by_gpu[1].utilization_max, by_gpu[1].power_w_mean) == (97.0, None)  # "not supported": no figure
     assert sum(r.samples for r in rows) >= 2
+    # The broker's threshold (none sent: the default 10 %): GPU 0 at 3 % idle in every sample, GPU 1 at 97 % in none.
+    assert all(r.idle_samples == (r.samples if r.gpu == 0 else 0) for r in rows)
     assert all(0 < r.seconds <= 60 for r in rows)  # clipped to when each minute came in
 
 
@@ -204,8 +211,8 @@ _values = st.one_of(st.none(), st.booleans(), st.integers(min_value=-(2**70), ma
                     st.floats(allow_nan=False, allow_infinity=False), st.text(max_size=30),
                     st.lists(st.integers(), max_size=3),
                     st.dictionaries(st.text(max_size=5), st.integers(), max_size=2))
-_fields = ("gpu", "uuid", "minute", "samples", "utilization_mean", "utilization_max", "memory_used_mb_max",
-           "memory_total_mb", "power_w_mean", "job_utilization_mean")
+_fields = ("gpu", "uuid", "minute", "samples", "idle_samples", "utilization_mean", "utilization_max",
+           "memory_used_mb_max", "memory_total_mb", "power_w_mean", "job_utilization_mean")
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

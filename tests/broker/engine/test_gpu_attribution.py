@@ -166,6 +166,28 @@ def test_idle_gpus_inside_a_running_job_are_held_idle_by_part(tmp_path: Path, db
     assert build_report(store, Window(T0, _at(8)), team="other").totals.measured_gpu_hours == 0.0
 
 
+def test_a_gpu_busy_for_part_of_a_minute_is_idle_for_its_share_of_samples_below_the_threshold(
+        tmp_path: Path, db_url: str) -> None:
+    # Minute 3, after the first progress report: GPU 0 busy for 4 of its 12 samples and idle for 8 (a mean
+    # of 30 %, above the 10 % threshold: busy by the mean alone); GPU 1 from an agent that did not count
+    # (mean 3 %: idle whole, as before).
+    store, market = _setup(tmp_path, db_url)
+    with store.transaction() as s:
+        s.add(ProgressRow(job_id="j", attempt=1, step=1, total=100, at=_at(2)))
+        s.add_all([GpuMinuteRow(job_id="j", attempt=1, cluster_id="c1", node="0", gpu=gpu, uuid=f"GPU-{gpu}",
+                                started_at=_at(3), ended_at=_at(4), samples=12, idle_samples=idle, seconds=60.0,
+                                utilization_mean=mean, utilization_max=95.0, received_at=_at(4))
+                   for gpu, idle, mean in ((0, 8, 30.0), (1, None, 3.0))])
+        row = s.get(ClusterRow, "c1")
+        assert row is not None
+        meter_cluster(s, row, _at(9), market)
+    assert attribute(store, 0.10, _at(9)) == 2
+    minute = {r.holder: (r.usage, round(r.gpus, 9), round(r.cost, 9)) for r in _ledger(store) if r.minute == _at(3)}
+    idle_gpus = 8 / 12 + 1.0
+    assert minute == {"job:j": ("running", round(2 - idle_gpus, 9), round(PRICE / 60 * (2 - idle_gpus) / 2, 9)),
+                      "held_idle:j": ("held_idle_stalled", round(idle_gpus, 9), round(PRICE / 60 * idle_gpus / 2, 9))}
+
+
 def test_a_late_cluster_end_takes_the_split_back_and_it_is_made_again(tmp_path: Path) -> None:
     store, market = _setup(tmp_path, f"sqlite:///{tmp_path / 'store.db'}")
     with store.transaction() as s:

@@ -88,6 +88,15 @@ def test_the_gpu_sampler_setting_reaches_every_node_of_the_job_unless_its_envs_n
     assert "BROKER_GPU_SAMPLER" not in launch(None, {}).env(0, ips)  # unset: the agents read NVML
 
 
+def test_the_idle_threshold_reaches_every_node_of_the_job_and_its_envs_cannot_change_it() -> None:
+    """The agents count the samples below the broker's ``gpu_idle_below``: the job cannot set its own accounting."""
+    spec = parse_job_spec("name: j\nresources:\n  accelerators: A100:2\nrun: 'true'\n", offline=True)
+    placement = GangPlacement("c", ((0, (0,)), (1, (1,))))
+    launch = JobLaunch("j", 1, dataclasses.replace(spec, envs={"BROKER_GPU_IDLE_BELOW": "0"}), placement, "/c", None,
+                       None, "/l", gpu_idle_below=0.25)
+    assert [launch.env(rank, ["a", "b"])["BROKER_GPU_IDLE_BELOW"] for rank in (0, 1)] == ["0.25", "0.25"]
+
+
 def test_defaults_give_the_registrys_policies_and_no_limits(broker_home: Path) -> None:
     options = engine_parts.engine_options(load_settings(), None)
     assert (options.selection_policy, options.max_gpus, options.queue_max_gpus, options.pool_idle_s,
