@@ -59,6 +59,7 @@ def _group_gone(node: Path) -> bool:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)  # its own waits (420 s for the notice, 600 s for the engine) are the bounds, not the default
 def test_a_checkpoint_made_while_no_engine_ran_is_resumed_from(broker_home: Path) -> None:
     launched = _broker(broker_home, "launch", "quickstart.yaml", "--detach", "--json")
     assert launched.returncode == 0, launched.stderr
