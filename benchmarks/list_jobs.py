@@ -1,7 +1,7 @@
 """`GET /v1/jobs` latency at 100, 1,000, 10,000 and 100,000 stored jobs, 20 concurrent clients, PostgreSQL.
 
     python benchmarks/list_jobs.py [--postgres URL] [--sizes 100,1000,10000,100000] [--clients 20]
-                                   [--requests 400]
+                                   [--requests 400] [--broker CHECKOUT] [--httpx]
 
 Builds a fresh PostgreSQL database (dropped afterwards) and serves the whole service API in this
 process through the project's own serving helpers (``create_app`` behind ``BackgroundServer``:
@@ -11,12 +11,17 @@ cancelled), 8 % wait and 2 % run; every job that got a cluster has its cluster, 
 ledger minutes, two progress reports and two predictions, and jobs share 50 names per team, so
 every summary field (cost, where, progress, prediction errors against earlier jobs) has rows to read.
 
-At each size, ``--clients`` clients in another process (so they do not share this one's interpreter)
-send ``--requests`` requests in all, a third each of: the first page (the default 100 jobs), a page
-after a random job of the team (a cursor deep in the list), and the running jobs (``state=running``).
+At each size, ``--clients`` clients in another process (so they do not share this one's interpreter),
+each one keep-alive HTTP/1.1 connection on asyncio's streams (``--httpx``: an ``httpx.AsyncClient``
+each, as first written, several times the CPU per request), send ``--requests`` requests in all, a
+third each of: the first page (the default 100 jobs), a page after a random job of the team (a cursor
+deep in the list), and the running jobs (``state=running``).
 Printed: p50, p95 and p99 per size, and two baselines measured in the same run at the same
 concurrency: ``GET /v1/health`` (no database), and, in process, one page of 100 summaries read the
-old way (each job's own reads, as ``GET /v1/jobs/{id}`` does) against the page read in bulk.
+old way (each job's own reads, as ``GET /v1/jobs/{id}`` does) against the page read in bulk. CPU per
+request, of the list and of the health requests: this serving process's, the clients' process's, and
+the whole machine's (``/proc/stat``: PostgreSQL, the clients and any other work on the cores).
+``--broker`` serves another checkout's broker (a baseline) with this script's load.
 """
 
 from __future__ import annotations
