@@ -1,7 +1,7 @@
 """`GET /v1/jobs` latency at 100, 1,000, 10,000 and 100,000 stored jobs, 20 concurrent clients, PostgreSQL.
 
     python benchmarks/list_jobs.py [--postgres URL] [--sizes 100,1000,10000,100000] [--clients 20]
-                                   [--requests 400]
+                                   [--requests 400] [--broker CHECKOUT] [--httpx]
 
 Builds a fresh PostgreSQL database (dropped afterwards) and serves the whole service API in this
 process through the project's own serving helpers (``create_app`` behind ``BackgroundServer``:
@@ -11,12 +11,17 @@ cancelled), 8 % wait and 2 % run; every job that got a cluster has its cluster, 
 ledger minutes, two progress reports and two predictions, and jobs share 50 names per team, so
 every summary field (cost, where, progress, prediction errors against earlier jobs) has rows to read.
 
-At each size, ``--clients`` clients in another process (so they do not share this one's interpreter)
-send ``--requests`` requests in all, a third each of: the first page (the default 100 jobs), a page
-after a random job of the team (a cursor deep in the list), and the running jobs (``state=running``).
+At each size, ``--clients`` clients in another process (so they do not share this one's interpreter),
+each one keep-alive HTTP/1.1 connection on asyncio's streams (``--httpx``: an ``httpx.AsyncClient``
+each, as first written, several times the CPU per request), send ``--requests`` requests in all, a
+third each of: the first page (the default 100 jobs), a page after a random job of the team (a cursor
+deep in the list), and the running jobs (``state=running``).
 Printed: p50, p95 and p99 per size, and two baselines measured in the same run at the same
 concurrency: ``GET /v1/health`` (no database), and, in process, one page of 100 summaries read the
-old way (each job's own reads, as ``GET /v1/jobs/{id}`` does) against the page read in bulk.
+old way (each job's own reads, as ``GET /v1/jobs/{id}`` does) against the page read in bulk. CPU per
+request, of the list and of the health requests: this serving process's, the clients' process's, and
+the whole machine's (``/proc/stat``: PostgreSQL, the clients and any other work on the cores).
+``--broker`` serves another checkout's broker (a baseline) with this script's load.
 """
 
 from __future__ import annotations
@@ -45,11 +50,13 @@ EPOCH = datetime(2026, 1, 1, tzinfo=UTC)
 
 
 def drive(url: str, token: str, ids: list[str], clients: int, requests: int, seed: int,
-          health: bool) -> dict[str, Any]:
+          health: bool, use_httpx: bool = False) -> dict[str, Any]:
     """The load: ``requests`` requests from ``clients`` concurrent clients (``health``: the baseline's);
-    latencies in seconds."""
-    import httpx
+    latencies in seconds, and this process's CPU time.
 
+    Each client is one keep-alive HTTP/1.1 connection written and read with asyncio's streams, with
+    no HTTP library: the clients share the server's cores, so what they spend per request is taken
+    from the server (an ``httpx.AsyncClient`` per client cost several times as much)."""
     rng = random.Random(seed)
     kinds = ["first", "after", "running"]
     plan = [kinds[i % 3] for i in range(requests)]
@@ -57,18 +64,32 @@ def drive(url: str, token: str, ids: list[str], clients: int, requests: int, see
     queue: asyncio.Queue[str] = asyncio.Queue()
     latencies: dict[str, list[float]] = {k: [] for k in (*kinds, "health")}
     statuses: dict[int, int] = {}
-    headers = {"Authorization": f"Bearer {token}"}
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    head = f"Host: {host}:{port}\r\nAuthorization: Bearer {token}\r\n\r\n".encode()
+
+    def target(kind: str) -> str:
+        return {"first": "/v1/jobs", "after": f"/v1/jobs?after={rng.choice(ids)}",
+                "running": "/v1/jobs?state=running", "health": "/v1/health"}[kind]
 
     async def client() -> None:
-        async with httpx.AsyncClient(base_url=url, timeout=120, headers=headers) as http:
+        if use_httpx:
+            await httpx_client(url, token, queue, target, latencies, statuses)
+            return
+        reader, writer = await asyncio.open_connection(host, int(port))
+        try:
             while not queue.empty():
                 kind = queue.get_nowait()
-                params = {"first": {}, "after": {"after": rng.choice(ids)}, "running": {"state": "running"},
-                          "health": {}}[kind]
                 began = time.perf_counter()
-                response = await http.get("/v1/health" if kind == "health" else "/v1/jobs", params=params)
+                writer.write(f"GET {target(kind)} HTTP/1.1\r\n".encode() + head)
+                lines = (await reader.readuntil(b"\r\n\r\n")).split(b"\r\n")
+                length = next(int(line.split(b":", 1)[1]) for line in lines
+                              if line[:15].lower() == b"content-length:")
+                await reader.readexactly(length)
                 latencies[kind].append(time.perf_counter() - began)
-                statuses[response.status_code] = statuses.get(response.status_code, 0) + 1
+                code = int(lines[0].split(b" ", 2)[1])
+                statuses[code] = statuses.get(code, 0) + 1
+        finally:
+            writer.close()
 
     async def phase(items: list[str]) -> float:
         for item in items:
@@ -77,8 +98,24 @@ def drive(url: str, token: str, ids: list[str], clients: int, requests: int, see
         await asyncio.gather(*(client() for _ in range(clients)))
         return time.perf_counter() - began
 
+    cpu = time.process_time()
     seconds = asyncio.run(phase(["health"] * requests if health else plan))
-    return {"latencies": latencies, "statuses": statuses, "seconds": seconds}
+    return {"latencies": latencies, "statuses": statuses, "seconds": seconds,
+            "cpu_ms": (time.process_time() - cpu) * 1000 / requests}
+
+
+async def httpx_client(url: str, token: str, queue: asyncio.Queue[str], target: Any, latencies: dict[str, list[float]],
+                       statuses: dict[int, int]) -> None:
+    """One client as the benchmark first had it (``--httpx``): an ``httpx.AsyncClient``, for comparison."""
+    import httpx
+
+    async with httpx.AsyncClient(base_url=url, timeout=120, headers={"Authorization": f"Bearer {token}"}) as http:
+        while not queue.empty():
+            kind = queue.get_nowait()
+            began = time.perf_counter()
+            response = await http.get(target(kind))
+            latencies[kind].append(time.perf_counter() - began)
+            statuses[response.status_code] = statuses.get(response.status_code, 0) + 1
 
 
 def pct(values: list[float], q: float) -> float:
@@ -179,12 +216,16 @@ def main() -> None:
     parser.add_argument("--sizes", default="100,1000,10000,100000")
     parser.add_argument("--clients", type=int, default=20)
     parser.add_argument("--requests", type=int, default=400)
+    parser.add_argument("--broker", type=Path, help="serve the broker of this checkout instead (a baseline)")
+    parser.add_argument("--httpx", action="store_true", help="the clients as first written: httpx.AsyncClient")
     parser.add_argument("--drive", help=argparse.SUPPRESS)  # the client process: a JSON job
     args = parser.parse_args()
     if args.drive:
         job = json.loads(Path(args.drive).read_text())
         print(json.dumps(drive(**job)))
         return
+    if args.broker:
+        sys.path.insert(0, str(args.broker.resolve()))
 
     import psycopg
     from sqlalchemy import select
@@ -213,10 +254,13 @@ def main() -> None:
         rng = random.Random(7)
         stored = 0
         print(f"GET /v1/jobs, in-process uvicorn (create_app + BackgroundServer), PostgreSQL; {args.clients} "
-              f"clients in another process, {args.requests} requests per size; load {_load()}")
+              f"clients ({'httpx' if args.httpx else 'asyncio streams'}) in another process, {args.requests} "
+              f"requests per size; broker of {Path(sys.modules['broker'].__file__ or '').parents[1]}; "
+              f"load {_load()}")
         print(f"{'stored':>8} {'team':>7} {'req/s':>6} {'p50 ms':>7} {'p95 ms':>7} {'p99 ms':>7} "
               f"{'first p99':>9} {'after p99':>9} {'state p99':>9} | {'health p99':>10} | "
-              f"{'page old ms':>11} {'bulk ms':>7} same {'cpu ms/req':>10}  statuses  load")
+              f"{'page old ms':>11} {'bulk ms':>7} same | {'cpu ms/req: serve':>17} {'clients':>7} {'machine':>7} "
+              f"{'health serve':>12} {'clients':>7}  statuses  load")
         for size in sizes:
             began = time.perf_counter()
             grow(store, stored, size, rng)
@@ -229,19 +273,24 @@ def main() -> None:
             for health in (True, False):
                 spec = home / "drive.json"
                 spec.write_text(json.dumps({"url": server.url, "token": token, "ids": ids, "clients": args.clients,
-                                            "requests": args.requests, "seed": size, "health": health}))
-                cpu = time.process_time()  # this process serves: its CPU time per request, whatever the load
+                                            "requests": args.requests, "seed": size, "health": health,
+                                            "use_httpx": args.httpx}))
+                cpu, machine = time.process_time(), _machine_cpu()  # this process serves; the machine: all
                 ran = subprocess.run([sys.executable, __file__, "--drive", str(spec)], capture_output=True,
                                      text=True, check=True)
-                runs[health] = {**json.loads(ran.stdout), "cpu_ms": (time.process_time() - cpu) * 1000 / args.requests}
+                runs[health] = {**json.loads(ran.stdout),
+                                "serve_ms": (time.process_time() - cpu) * 1000 / args.requests,
+                                "machine_ms": (_machine_cpu() - machine) * 1000 / args.requests}
             result, lat = runs[False], {**runs[False]["latencies"], "health": runs[True]["latencies"]["health"]}
             every = lat["first"] + lat["after"] + lat["running"]
-            cpu_ms = result["cpu_ms"]
             old, bulk, same = in_process_pages(store, "nlp")
             print(f"{size:>8} {len(ids):>7} {len(every) / result['seconds']:>6.0f} {pct(every, 0.5):>7.1f} "
                   f"{pct(every, 0.95):>7.1f} {pct(every, 0.99):>7.1f} {pct(lat['first'], 0.99):>9.1f} "
                   f"{pct(lat['after'], 0.99):>9.1f} {pct(lat['running'], 0.99):>9.1f} | "
-                  f"{pct(lat['health'], 0.99):>10.1f} | {old:>11.1f} {bulk:>7.1f} {same!s:<5} {cpu_ms:>10.1f}  "
+                  f"{pct(lat['health'], 0.99):>10.1f} | {old:>11.1f} {bulk:>7.1f} {same!s:<5}| "
+                  f"{result['serve_ms']:>17.1f} "
+                  f"{result['cpu_ms']:>7.1f} {result['machine_ms']:>7.1f} {runs[True]['serve_ms']:>12.1f} "
+                  f"{runs[True]['cpu_ms']:>7.1f}  "
                   f"{result['statuses']}  {_load()} (filled in {filled:.0f} s)", flush=True)
         store.dispose()
     finally:
@@ -249,6 +298,14 @@ def main() -> None:
             server.stop()
         with psycopg.connect(args.postgres, autocommit=True) as conn:
             conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def _machine_cpu() -> float:
+    """Seconds of CPU the whole machine has spent (every process: this one, PostgreSQL, the clients, and
+    any other work on it), from ``/proc/stat``."""
+    fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
+    busy = sum(int(f) for f in fields[:8]) - int(fields[3]) - int(fields[4])  # less idle and iowait
+    return busy / os.sysconf("SC_CLK_TCK")
 
 
 def _load() -> str:

@@ -17,6 +17,7 @@ from fastapi import APIRouter, Depends, HTTPException, Query, Request, Response,
 from fastapi import Path as PathParam
 from fastapi.responses import JSONResponse
 from pydantic import AfterValidator, BaseModel, Field
+from pydantic_core import to_json
 from sqlalchemy import and_, or_, select
 from sqlalchemy.exc import IntegrityError
 
@@ -32,7 +33,7 @@ from broker.spec.job import JobSpec, Pipeline, SpecError
 from broker.spec.yaml_lines import SURROGATE_PROBLEM, lone_surrogate
 from broker.status.joblogs import read_new
 from broker.status.orm_source import job_summary
-from broker.status.page_source import JOB, page_summaries
+from broker.status.page_source import JOB, JOBS, page_summaries
 from broker.store import Store
 from broker.store.tables import JobRow
 
@@ -251,8 +252,8 @@ def jobs_router(store: Store, clock: Clock, intake: Intake, team_of: Any) -> API
         with store.transaction() as s:
             return job_summary(s, owned(s, job_id, team), clock_now=clock.now())
 
-    @router.get("")
-    def list_jobs(response: Response, team: str = Depends(team_of),
+    @router.get("", response_model=list[dict[str, Any]])
+    def list_jobs(team: str = Depends(team_of),
                   state: Annotated[str | None, Query(description="only jobs in this state", max_length=20)] = None,
                   name: Annotated[str | None, Query(description="only jobs of this name", max_length=200)] = None,
                   pipeline: Annotated[str | None, Query(description="only the stages of this pipeline",
@@ -262,37 +263,41 @@ def jobs_router(store: Store, clock: Clock, intake: Intake, team_of: Any) -> API
                                                      description="the last job of the page before")] = None,
                   order: Annotated[str, Query(pattern=r"^(asc|desc)$",
                                               description="asc: oldest first; desc: newest first")] = "asc",
-                  ) -> list[dict[str, Any]]:
+                  ) -> Response:
         """The caller's team's jobs, oldest first (``order=desc``: newest first), a page at a time: the next
         page is ``after`` the last job of this one (its id is also in the ``X-Next-After`` header when there
         are more). Oldest first, jobs added meanwhile come after every job listed, so paging never skips or
         repeats one; newest first, they are ahead of the first page and paging goes on where it was."""
         with store.transaction() as s:
             newest = order == "desc"
-            query = (select(*JOB).where(JobRow.team == team)  # the columns a summary reads, as rows
-                     .order_by(*((JobRow.created_at.desc(), JobRow.id.desc()) if newest
-                                 else (JobRow.created_at, JobRow.id))))
+            query = (select(*JOB).where(JOBS.team == team)  # the columns a summary reads, as rows
+                     .order_by(*((JOBS.created_at.desc(), JOBS.id.desc()) if newest
+                                 else (JOBS.created_at, JOBS.id))))
             if state is not None:
-                query = query.where(JobRow.state == job_state(state))
+                query = query.where(JOBS.state == job_state(state))
             if name is not None:
-                query = query.where(JobRow.name == plain_line_of(name, "name"))
+                query = query.where(JOBS.name == plain_line_of(name, "name"))
             if pipeline is not None:
-                query = query.where(JobRow.pipeline_id == pipeline)
+                query = query.where(JOBS.pipeline_id == pipeline)
             if after is not None:
-                last = s.execute(select(JobRow.team, JobRow.created_at, JobRow.id).where(JobRow.id == after)).first()
+                last = s.execute(select(JOBS.team, JOBS.created_at, JOBS.id).where(JOBS.id == after)).first()
                 if last is None or last.team != team:
                     raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT,
                                         f"after: no job {after!r} of team {team!r} to list from")
                 query = query.where(
-                    or_(JobRow.created_at < last.created_at,
-                        and_(JobRow.created_at == last.created_at, JobRow.id < last.id)) if newest else
-                    or_(JobRow.created_at > last.created_at,
-                        and_(JobRow.created_at == last.created_at, JobRow.id > last.id)))
-            page = list(s.execute(query.limit(limit + 1)))
+                    or_(JOBS.created_at < last.created_at,
+                        and_(JOBS.created_at == last.created_at, JOBS.id < last.id)) if newest else
+                    or_(JOBS.created_at > last.created_at,
+                        and_(JOBS.created_at == last.created_at, JOBS.id > last.id)))
+            page = s.execute(query.limit(limit + 1)).all()
+            headers = {}
             if len(page) > limit:
                 page = page[:limit]
-                response.headers["X-Next-After"] = page[-1].id
-            return page_summaries(s, page, clock_now=clock.now())
+                headers["X-Next-After"] = page[-1].id
+            # Already JSON's types: written as they are, without the pass FastAPI makes to validate and
+            # convert a returned value first (about half a millisecond of a page of 50).
+            return Response(to_json(page_summaries(s, page, clock_now=clock.now())), headers=headers,
+                            media_type="application/json")
 
     @router.get("/{job_id}")
     def get_job(job_id: JobId, team: str = Depends(team_of)) -> dict[str, Any]:

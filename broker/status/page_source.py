@@ -10,13 +10,15 @@ read gives (a test compares them) at a fixed cost per page.
 from __future__ import annotations
 
 import functools
+import json
 import threading
 import weakref
 from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
-from sqlalchemy import ARRAY, Select, String, any_, bindparam, func, select, text, union_all
+from sqlalchemy import JSON, Select, String, any_, bindparam, func, select, text, union_all
+from sqlalchemy import cast as sql_cast
 from sqlalchemy.orm import Session
 
 from broker.status.orm_source import SessionSource
@@ -29,21 +31,29 @@ if TYPE_CHECKING:
     from broker.status.summary import Allocation, Cluster, Job, Prediction, Progress
 
 
+
+def _table(row: type[Any]) -> Any:
+    """A mapped class's table columns. Statements of table columns alone run without the ORM's layer
+    (its compile step and result rows), which cost a page as much as its own rows did."""
+    return row.__table__.c
+
+
+def _columns(row: type[Any], *names: str) -> tuple[Any, ...]:
+    return tuple(_table(row)[name] for name in names)
+
+
 # The columns of each kind of row a summary reads (``broker.status.summary``'s protocols), with what
 # finds the row of a job (job id, row id, times).
-ALLOCATION = (AllocationRow.job_id, AllocationRow.attempt, AllocationRow.cluster_id, AllocationRow.started_at,
-              AllocationRow.running_at, AllocationRow.ended_at)
-CLUSTER = (ClusterRow.id, ClusterRow.job_id, ClusterRow.created_at, ClusterRow.up_at, ClusterRow.cloud,
-           ClusterRow.zone, ClusterRow.instance_type, ClusterRow.spot, ClusterRow.price_per_node_hour,
-           ClusterRow.num_nodes, ClusterRow.teardown_reason)
-PROGRESS = (ProgressRow.id, ProgressRow.job_id, ProgressRow.step, ProgressRow.total)
-PREDICTION = (PredictionRow.id, PredictionRow.job_id, PredictionRow.made_at, PredictionRow.finish_at,
-              PredictionRow.low_at, PredictionRow.high_at, PredictionRow.source)
+ALLOCATION = _columns(AllocationRow, "job_id", "attempt", "cluster_id", "started_at", "running_at", "ended_at")
+CLUSTER = _columns(ClusterRow, "id", "job_id", "created_at", "up_at", "cloud", "zone", "instance_type", "spot",
+                   "price_per_node_hour", "num_nodes", "teardown_reason")
+PROGRESS = _columns(ProgressRow, "id", "job_id", "step", "total")
+PREDICTION = _columns(PredictionRow, "id", "job_id", "made_at", "finish_at", "low_at", "high_at", "source")
 # A job's, for a list's page (``GET /v1/jobs``): what a summary reads and the list's cursor.
-JOB = (JobRow.id, JobRow.name, JobRow.team, JobRow.state, JobRow.pipeline_id, JobRow.stage, JobRow.preemptions,
-       JobRow.migrations, JobRow.zones, JobRow.work_lost_s, JobRow.work_s, JobRow.num_nodes, JobRow.attempt,
-       JobRow.checkpoint, JobRow.deadline, JobRow.created_at, JobRow.finished_at, JobRow.wall_started_at,
-       JobRow.wall_finished_at, JobRow.exit_code, JobRow.reason, JobRow.checkpoint_reason)
+JOBS = _table(JobRow)
+JOB = _columns(JobRow, "id", "name", "team", "state", "pipeline_id", "stage", "preemptions", "migrations", "zones",
+               "work_lost_s", "work_s", "num_nodes", "attempt", "checkpoint", "deadline", "created_at", "finished_at",
+               "wall_started_at", "wall_finished_at", "exit_code", "reason", "checkpoint_reason")
 
 
 class Finished(NamedTuple):
@@ -165,26 +175,28 @@ class PageSource(SessionSource):
 
     def _read(self, ids: list[str]) -> None:
         s = self.s
-        reads = _reads(s.get_bind().dialect.name)
-        params = {"ids": ids}
-        for job_id, cost, on_demand in s.execute(reads.costs, params):
+        postgres = s.get_bind().dialect.name == "postgresql"
+        reads = _reads(postgres)
+        params = {"ids": _listed(ids, postgres)}
+        for job_id, cost, on_demand in s.execute(reads.costs, params).all():
             self._costs[job_id] = (cost, on_demand)
-        for job_id, measured, utilization, peak in s.execute(reads.gpu, params):
+        for job_id, measured, utilization, peak in s.execute(reads.gpu, params).all():
             self._gpu[job_id] = (float(measured), float(utilization), peak)
         # Columns, not mapped objects: a page reads a few hundred rows, and building an ORM object per row
-        # cost more than the rest of the page.
-        for allocation in s.execute(reads.allocations, params):
+        # cost more than the rest of the page. Fetched all at once (``all``): a core result iterated
+        # fetches its rows one at a time from the driver.
+        for allocation in s.execute(reads.allocations, params).all():
             self._allocations[allocation.job_id].append(allocation)
         wanted = sorted({max(rows, key=lambda a: a.attempt).cluster_id
                          for rows in self._allocations.values() if rows})
-        for cluster in s.execute(reads.clusters, {"ids": ids, "wanted": wanted}):
+        for cluster in s.execute(reads.clusters, {**params, "wanted": _listed(wanted, postgres)}).all():
             self._clusters[cluster.id] = cluster
             if cluster.job_id in self.ids and cluster.up_at is not None:
                 newest = self._up.get(cluster.job_id)
                 if newest is None or cluster.created_at > newest.created_at:
                     self._up[cluster.job_id] = cluster
-        self._progress = _newest_per_job(s.execute(reads.progress, params))
-        self._prediction = _newest_per_job(s.execute(reads.prediction, params))
+        self._progress = _newest_per_job(s.execute(reads.progress, params).all())
+        self._prediction = _newest_per_job(s.execute(reads.prediction, params).all())
 
     def _read_earlier(self, jobs: Sequence[Job]) -> None:
         """The latest finished jobs of each name and team on the page (``summary._earlier_error``), and the
@@ -335,39 +347,50 @@ class _Reads(NamedTuple):
 
 
 def _among(column: Any, name: str, postgres: bool) -> Any:
-    """``column`` is one of the list parameter ``name``: on PostgreSQL ``= ANY`` of one array parameter, so
-    that the statement's text is the same for every page (compiled and parsed once, then prepared by the
-    driver), instead of a placeholder per id rendered anew for each page; elsewhere an expanding ``IN``."""
+    """``column`` is one of the list parameter ``name`` (``_listed``): on PostgreSQL ``= ANY`` of one
+    parameter, so that the statement's text is the same for every page (compiled and parsed once, then
+    prepared by the driver), instead of a placeholder per id rendered anew for each page; elsewhere an
+    expanding ``IN``. The parameter is the list as JSON text, not an array: the driver dumps an array
+    element by element in Python, which cost more than the statement it was for."""
     if postgres:
-        return column == any_(bindparam(name, type_=ARRAY(String)))
+        return column == any_(func.array(select(func.json_array_elements_text(
+            sql_cast(bindparam(name, type_=String), JSON))).scalar_subquery()))
     return column.in_(bindparam(name, expanding=True))
 
 
+def _listed(values: list[str], postgres: bool) -> Any:
+    """``values`` as the list parameter of ``_among``."""
+    return json.dumps(values) if postgres else values
+
+
 @functools.cache
-def _reads(dialect: str) -> _Reads:
-    postgres = dialect == "postgresql"
+def _reads(postgres: bool) -> _Reads:
 
     def ids(column: Any) -> Any:
         return _among(column, "ids", postgres)
 
-    def latest(row: Any, at: Any, columns: tuple[Any, ...]) -> Select[*tuple[Any, ...]]:
+    def latest(row: type[Any], at: str, columns: tuple[Any, ...]) -> Select[*tuple[Any, ...]]:
         """Each job's rows with its latest ``at`` (``_newest_per_job`` keeps the latest id among them)."""
-        newest = select(row.job_id, func.max(at).label("at")).where(ids(row.job_id)).group_by(row.job_id).subquery()
-        return select(*columns).join(newest, (newest.c.job_id == row.job_id) & (newest.c.at == at))
+        t = _table(row)
+        newest = (select(t.job_id, func.max(t[at]).label("at")).where(ids(t.job_id)).group_by(t.job_id)
+                  .subquery())
+        return select(*columns).join(newest, (newest.c.job_id == t.job_id) & (newest.c.at == t[at]))
 
+    ledger, rollup, allocation, cluster = (_table(row) for row in (LedgerRow, GpuRollupRow, AllocationRow,
+                                                                    ClusterRow))
     return _Reads(
-        costs=select(LedgerRow.job_id, func.coalesce(func.sum(LedgerRow.cost), 0.0),
-                     func.coalesce(func.sum(LedgerRow.on_demand_cost), 0.0))
-        .where(ids(LedgerRow.job_id)).group_by(LedgerRow.job_id),
-        gpu=select(GpuRollupRow.job_id, func.coalesce(func.sum(GpuRollupRow.measured_seconds), 0.0),
-                   func.coalesce(func.sum(GpuRollupRow.utilization_seconds), 0.0),
-                   func.max(GpuRollupRow.peak_memory_mb))
-        .where(ids(GpuRollupRow.job_id)).group_by(GpuRollupRow.job_id),
-        allocations=select(*ALLOCATION).where(ids(AllocationRow.job_id)),
-        clusters=select(*CLUSTER).where(_among(ClusterRow.id, "wanted", postgres)
-                                        | (ids(ClusterRow.job_id) & ClusterRow.up_at.is_not(None))),
-        progress=latest(ProgressRow, ProgressRow.at, PROGRESS),
-        prediction=latest(PredictionRow, PredictionRow.made_at, PREDICTION),
+        costs=select(ledger.job_id, func.coalesce(func.sum(ledger.cost), 0.0),
+                     func.coalesce(func.sum(ledger.on_demand_cost), 0.0))
+        .where(ids(ledger.job_id)).group_by(ledger.job_id),
+        gpu=select(rollup.job_id, func.coalesce(func.sum(rollup.measured_seconds), 0.0),
+                   func.coalesce(func.sum(rollup.utilization_seconds), 0.0),
+                   func.max(rollup.peak_memory_mb))
+        .where(ids(rollup.job_id)).group_by(rollup.job_id),
+        allocations=select(*ALLOCATION).where(ids(allocation.job_id)),
+        clusters=select(*CLUSTER).where(_among(cluster.id, "wanted", postgres)
+                                        | (ids(cluster.job_id) & cluster.up_at.is_not(None))),
+        progress=latest(ProgressRow, "at", PROGRESS),
+        prediction=latest(PredictionRow, "made_at", PREDICTION),
     )
 
 
