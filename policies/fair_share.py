@@ -16,6 +16,11 @@ Every policy is ``policy(request: FairShareRequest) -> FairShareDecision``, pure
   not punished for it; within a team, higher priority first, then the earlier submission.
 - **admit**: a gang that fits the free GPUs is admitted, even past its team's share (it borrows
   what others leave unused), unless its team (or an ancestor) would pass its limit or its budget.
+- **kept**: a gang that would borrow takes only the free GPUs beyond those the teams' waiting gangs
+  within their share would take (per team, its gangs in order while they fit in what its share leaves).
+  A team whose next gang is past its share is asked among the borrowers, but its gangs behind it
+  that fit its share are still owed those GPUs: without this a borrower asked first takes them, and
+  the team takes them back by a reclaim a step later (a checkpoint and a restart for nothing).
 - **reserve**: the gang waiting longest (by priority, then submission, as FIFO takes them) gets a
   reservation: when the predicted ends of the running gangs free enough for it. With each end's team
   (``team_releases``) the plan counts what every team starts again for its share as its gangs end
@@ -197,20 +202,28 @@ def weighted_fair_share(request: FairShareRequest) -> FairShareDecision:
         books.reservation = _reserve_among_teams(books, owed, queues, oldest)
     elif oldest is not None and oldest.gpus > books.free + EPSILON:
         books.reservation = reserve(oldest.job_id, oldest.gpus, books.free, books.releases)
+    kept = _kept(books, owed, queues)
     while heap:
         _, team = heapq.heappop(heap)
         gang = queues[team].pop(0)
+        within = _below_share(books, owed, gang)
+        if within:
+            kept[team] = max(kept[team] - gang.gpus, 0)
         why = books.over_budget(gang) or books.over_limit(gang)
         exempt = request.exempt_priority is not None and gang.priority >= request.exempt_priority
         # The reservation stops borrowing only: a gang its team's share covers is never held back by it.
         blocking = books.reservation
-        if blocking is not None and (blocking.job_id == gang.job_id or _below_share(books, owed, gang)
+        if blocking is not None and (blocking.job_id == gang.job_id or within
                                      or blocking.allows(gang.gpus, gang.runtime_s)):
             blocking = None
         if why is not None:
             books.hold(gang, why)
         elif exempt:
             books.take(gang)
+        elif gang.gpus <= books.free + EPSILON and not within \
+                and gang.gpus > books.free - sum(kept.values()) + EPSILON:
+            books.hold(gang, f"waiting: {sum(kept.values())} of the free GPUs are kept for the waiting jobs of teams "
+                             "within their share")
         elif gang.gpus <= books.free + EPSILON:
             if blocking is None and _waits_its_turn(books, owed, gang):
                 books.hold(gang, f"waiting: its {gang.gpus} GPUs are more than team {gang.team}'s share of "
@@ -240,6 +253,18 @@ def _reserve_among_teams(books: Books, owed: dict[str, float], queues: dict[str,
     capacity = float(books.request.capacity_gpus or 0)
     return reserve_among_teams(oldest.job_id, oldest.gpus, capacity, books.held, wanted, queued,
                                books.request.team_releases)
+
+
+def _kept(books: Books, owed: dict[str, float], queues: dict[str, list[QueuedGang]]) -> dict[str, int]:
+    """Per team, the GPUs its waiting gangs would take within its share: its gangs in its queue's order, each
+    while it fits in what the share leaves past what the team holds (a gang that does not is passed over)."""
+    kept: dict[str, int] = defaultdict(int)
+    for team, gangs in queues.items():
+        room = owed.get(team, 0.0) - books.held.get(team, 0)
+        for gang in gangs:
+            if kept[team] + gang.gpus <= room + EPSILON:
+                kept[team] += gang.gpus
+    return kept
 
 
 def _waits_its_turn(books: Books, owed: dict[str, float], gang: QueuedGang) -> bool:
