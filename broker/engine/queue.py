@@ -20,8 +20,8 @@ rule out goes through the full decision, which is the one that decides.
 A view is good while nothing moves: the step reads a new one after any job whose advance changed
 something, and for its second pass over the queue unless nothing in the process wrote to the store
 since the first pass's view was read. Reading one costs a few statements whatever the queue's
-length; what is per queued job is kept between views (``Shapes``: shapes, and each job's last word
-on waiting by event id).
+length; what is per queued job is kept between views (``Shapes``: shapes, each job's row while it
+reads the same, its last word on waiting by event id, and each open allocation's GPUs).
 """
 
 from __future__ import annotations
