@@ -20,8 +20,8 @@ rule out goes through the full decision, which is the one that decides.
 A view is good while nothing moves: the step reads a new one after any job whose advance changed
 something, and for its second pass over the queue unless nothing in the process wrote to the store
 since the first pass's view was read. Reading one costs a few statements whatever the queue's
-length; what is per queued job is kept between views (``Shapes``: shapes, and each job's last word
-on waiting by event id).
+length; what is per queued job is kept between views (``Shapes``: shapes, each job's row while it
+reads the same, its last word on waiting by event id, and each open allocation's GPUs).
 """
 
 from __future__ import annotations
@@ -71,7 +71,11 @@ class Shapes:
     def __init__(self, parts: Parts) -> None:
         self.parts = parts
         self._known: dict[str, Shape] = {}
-        self.last_waits: dict[str, tuple[int, str, dict[str, object]]] = {}  # job -> (event id, kind, detail)
+        self._queued: dict[str, Queued] = {}
+        self.wait_ids: dict[str, int] = {}  # job -> the id of its last word on waiting
+        self.wait_words: dict[str, tuple[str, dict[str, object]]] = {}  # job -> that word: (kind, detail)
+        # Open allocations' GPUs, by allocation id: an allocation's GPUs never change once written.
+        self.holds: dict[int, tuple[tuple[int, int], ...]] = {}
 
     def of(self, s: Session, job_ids: Iterable[str]) -> dict[str, Shape]:
         wanted = list(job_ids)
@@ -88,6 +92,23 @@ class Shapes:
                 self._known[job.id] = Shape(per_node, queue_of(job.spec), gang)
         return {j: self._known[j] for j in wanted if j in self._known}
 
+    def queued(self, s: Session) -> dict[str, Queued]:
+        """The queued jobs, by id. Read through the session's connection (rows as they come, not the ORM's
+        buffered result), and each job's ``Queued`` kept while its row reads the same: a view of thousands
+        of queued jobs then makes few new objects that outlive it, which the garbage collector's full
+        collections, each scanning the whole process, are run in proportion to."""
+        kept = self._queued
+        self._queued = found = {}
+        for row in s.connection().execute(select(JobRow.id, JobRow.priority, JobRow.num_nodes, JobRow.after_job_id)
+                                          .where(JobRow.state == JobState.PENDING.value)):
+            job_id, priority, num_nodes, after = row
+            queued = kept.get(job_id)
+            if queued is None or queued.priority != priority or queued.num_nodes != num_nodes \
+                    or queued.after_job_id != after:
+                queued = Queued(job_id, priority, num_nodes, after)
+            found[job_id] = queued
+        return found
+
     def forget(self, keep: set[str]) -> None:
         for job_id in [j for j in self._known if j not in keep]:
             del self._known[job_id]
@@ -100,14 +121,11 @@ class QueueView:
         self.parts = parts
         options = parts.options
         with parts.store.transaction() as s:
-            self.queued = {row.job_id: row for row in (
-                Queued(i, p, n, a) for i, p, n, a in s.execute(
-                    select(JobRow.id, JobRow.priority, JobRow.num_nodes, JobRow.after_job_id)
-                    .where(JobRow.state == JobState.PENDING.value)))}
+            self.queued = shapes.queued(s)
             shapes.forget(set(self.queued))
             self.shapes = shapes.of(s, self.queued)
             self.before = self._stages_before(s)
-            self.free = self._free_gpus(s)
+            self.free = self._free_gpus(s, shapes)
             self.fleet = clusters.fleet_gpus(s)
             self.queues = self._queue_gpus(s) if options.queue_max_gpus else {}
             self.last_wait = self._last_waits(s, shapes)
@@ -130,25 +148,34 @@ class QueueView:
             found.update({job_id: state for job_id, state in rows})
         return found
 
-    def _free_gpus(self, s: Session) -> dict[str, int]:
-        """accelerator, lowercased -> the most GPUs not fully held on one cluster of it that is up."""
+    def _free_gpus(self, s: Session, shapes: Shapes) -> dict[str, int]:
+        """accelerator, lowercased -> the most GPUs not fully held on one cluster of it that is up. The open
+        allocations are read as ids, their GPUs decoded once per allocation (``Shapes.holds``)."""
         up = {cid: (nodes, per_node, accelerator) for cid, nodes, per_node, accelerator in s.execute(
             select(ClusterRow.id, ClusterRow.num_nodes, ClusterRow.gpus_per_node, ClusterRow.accelerator)
             .where(ClusterRow.state == ClusterState.UP.value))}
         use: dict[str, dict[tuple[int, int], float]] = {cid: {} for cid in up}
         held: set[tuple[str, str]] = set()
-        for job_id, cid, gpus, share in s.execute(
-                select(AllocationRow.job_id, AllocationRow.cluster_id, AllocationRow.gpus, AllocationRow.gpu_share)
-                .join(ClusterRow, ClusterRow.id == AllocationRow.cluster_id)
-                .where(AllocationRow.ended_at.is_(None), ClusterRow.state == ClusterState.UP.value)):
+        allocations = s.connection().execute(
+            select(AllocationRow.id, AllocationRow.job_id, AllocationRow.cluster_id, AllocationRow.gpu_share)
+            .join(ClusterRow, ClusterRow.id == AllocationRow.cluster_id)
+            .where(AllocationRow.ended_at.is_(None), ClusterRow.state == ClusterState.UP.value)).all()
+        known = shapes.holds
+        unseen = sorted(alloc_id for alloc_id, *_ in allocations if alloc_id not in known)
+        for chunk in range(0, len(unseen), 500):
+            for alloc_id, gpus in s.execute(select(AllocationRow.id, AllocationRow.gpus)
+                                            .where(AllocationRow.id.in_(unseen[chunk:chunk + 500]))):
+                known[alloc_id] = _slots(gpus)
+        for alloc_id, job_id, cid, share in allocations:
             held.add((cid, job_id))
-            _hold(use[cid], gpus, share)
+            _hold(use[cid], known[alloc_id], share)
+        shapes.holds = {alloc_id: known[alloc_id] for alloc_id, *_ in allocations if alloc_id in known}
         for job_id, target, claim, share in s.execute(
                 select(JobRow.id, JobRow.target_cluster_id, JobRow.target_gpus, JobRow.gpu_share)
                 .join(ClusterRow, ClusterRow.id == JobRow.target_cluster_id)
                 .where(JobRow.state.in_(ACTIVE_STATES), ClusterRow.state == ClusterState.UP.value)):
             if target is not None and claim and (target, job_id) not in held:
-                _hold(use[target], claim, share)
+                _hold(use[target], _slots(claim), share)
         free: dict[str, int] = {}
         for cid, (nodes, per_node, accelerator) in up.items():
             taken = sum(1 for (rank, gpu), part in use[cid].items()
@@ -170,19 +197,21 @@ class QueueView:
         """Queued job -> its last event among those that open or end a spell of waiting on a limit: the
         events' ids read for every queued job, the kind and detail only of those not seen before."""
         kinds = (*clusters.BLOCKED, *clusters.UNBLOCKED)
-        newest = dict(s.execute(select(JobEventRow.job_id, func.max(JobEventRow.id))
-                                .join(JobRow, JobRow.id == JobEventRow.job_id)
-                                .where(JobRow.state == JobState.PENDING.value, JobEventRow.kind.in_(kinds))
-                                .group_by(JobEventRow.job_id)).all())
-        known = shapes.last_waits
-        unseen = sorted(event_id for job_id, event_id in newest.items() if known.get(job_id, (None,))[0] != event_id)
+        newest: dict[str, int] = {job_id: event_id for job_id, event_id in s.connection().execute(
+            select(JobEventRow.job_id, func.max(JobEventRow.id)).join(JobRow, JobRow.id == JobEventRow.job_id)
+            .where(JobRow.state == JobState.PENDING.value, JobEventRow.kind.in_(kinds))
+            .group_by(JobEventRow.job_id))}
+        ids, words = shapes.wait_ids, shapes.wait_words
+        unseen = sorted(event_id for job_id, event_id in newest.items() if ids.get(job_id) != event_id)
         for chunk in range(0, len(unseen), 500):
             for event_id, job_id, kind, detail in s.execute(
                     select(JobEventRow.id, JobEventRow.job_id, JobEventRow.kind, JobEventRow.detail)
                     .where(JobEventRow.id.in_(unseen[chunk:chunk + 500]))):
-                known[job_id] = (event_id, kind, detail)
-        shapes.last_waits = {job_id: known[job_id] for job_id in newest if job_id in known}
-        return {job_id: (kind, detail) for job_id, (_, kind, detail) in shapes.last_waits.items()}
+                ids[job_id], words[job_id] = event_id, (kind, detail)
+        if len(ids) != len(newest) or unseen:  # the jobs that left the queue are dropped
+            for job_id in [j for j in ids if j not in newest]:
+                del ids[job_id], words[job_id]
+        return words
 
     def waits(self, job_id: str) -> bool:
         """True when the job certainly stays PENDING this pass, with nothing to write about it."""
@@ -243,8 +272,12 @@ class QueueView:
         return (queued.priority, queued.num_nodes, shape.gang) if shape is not None else None
 
 
-def _hold(use: dict[tuple[int, int], float], gpus: dict[str, list[int]], share: float | None) -> None:
-    for rank, held in gpus.items():
-        for gpu in held:
-            key = (int(rank), int(gpu))
-            use[key] = use.get(key, 0.0) + (1.0 if share is None else share)
+def _slots(gpus: dict[str, list[int]]) -> tuple[tuple[int, int], ...]:
+    """An allocation's or a claim's GPUs as (node rank, GPU) pairs."""
+    return tuple((int(rank), int(gpu)) for rank, held in gpus.items() for gpu in held)
+
+
+def _hold(use: dict[tuple[int, int], float], slots: tuple[tuple[int, int], ...], share: float | None) -> None:
+    part = 1.0 if share is None else share
+    for key in slots:
+        use[key] = use.get(key, 0.0) + part

@@ -27,7 +27,7 @@ from broker.engine.notices import TERMINATE_KINDS
 from broker.engine.parts import EngineOptions, Parts
 from broker.engine.planning import Planner
 from broker.engine.queue import QueueView, Shapes
-from broker.engine.running import RunningView
+from broker.engine.running import Running, RunningView
 from broker.market.book import Market
 from broker.model import ACTIVE_STATES, JobState
 from broker.spec.job import JobSpec
@@ -49,6 +49,7 @@ class Engine:
         self._lock = threading.Lock()
         self._in_step = False
         self._view: tuple[int, QueueView] | None = None  # the step's last queue view, with the store's writes then
+        self._running: dict[str, Running] = {}  # the running jobs as the last running view read them (a cache)
         self._unpredicted: dict[str, tuple[int, datetime]] = {}  # running jobs nothing could predict yet, and when
         self._notices_read = 0.0  # when the notices' lane last looked (time.monotonic)
         self.fair_share: FairShare | None = None
@@ -178,7 +179,8 @@ class Engine:
                 if view.waits(job_id):
                     continue
                 if running and job_id not in view.queued:
-                    quiet = quiet or RunningView(self.parts, self.jobs.cadence, self.jobs.reviewer, statuses)
+                    quiet = quiet or RunningView(self.parts, self.jobs.cadence, self.jobs.reviewer, statuses,
+                                                 self._running)
                     if quiet.quiet(job_id):
                         continue
             if self.jobs.advance(job_id, view):
@@ -198,7 +200,7 @@ class Engine:
     def active_jobs(self, only: JobState | None = None) -> list[str]:
         states = [only.value] if only else ACTIVE_STATES
         with self.store.transaction() as s:
-            return list(s.scalars(select(JobRow.id).where(JobRow.state.in_(states))
+            return list(s.connection().scalars(select(JobRow.id).where(JobRow.state.in_(states))
                                   .order_by(JobRow.priority.desc(), JobRow.created_at)))
 
     def selection_request(self, s: Session, job: JobRow, current: Location, exclude: set[str]) -> SelectionRequest:

@@ -231,3 +231,35 @@ def _free(store: Store, cluster_id: str) -> int:
         held = sum(len(a.gpus["0"]) for a in s.scalars(select(AllocationRow).where(
             AllocationRow.cluster_id == cluster_id, AllocationRow.ended_at.is_(None))))
     return 4 - held
+
+
+def test_a_view_kept_between_steps_reads_what_changed_since(tmp_path: Path) -> None:
+    """What ``Shapes`` keeps from one view to the next (each queued job's row, open allocations' GPUs,
+    last words on waiting) gives the next view what a fresh ``Shapes`` would read."""
+    home = tmp_path / "home"
+    home.mkdir()
+    store = _seed(home, 40, seed=5)
+    try:
+        engine = _engine(home, store)
+        kept = Shapes(engine.parts)
+        first = QueueView(engine.parts, kept)
+        assert first.queued
+        with store.transaction() as s:  # a queued job's priority and nodes change, another leaves, GPUs free up
+            changed, gone = sorted(first.queued)[:2]
+            job = s.get(JobRow, changed)
+            assert job is not None
+            job.priority, job.num_nodes = job.priority + 1, job.num_nodes + 1
+            job = s.get(JobRow, gone)
+            assert job is not None
+            job.state = JobState.CANCELLED.value
+            alloc = s.scalar(select(AllocationRow).where(AllocationRow.ended_at.is_(None)).order_by(AllocationRow.id))
+            assert alloc is not None
+            alloc.ended_at = alloc.started_at
+        engine.advance_all(engine.active_jobs(JobState.PENDING))  # writes new last words for some
+        again, fresh = QueueView(engine.parts, kept), QueueView(engine.parts, Shapes(engine.parts))
+        assert again.queued == fresh.queued and gone not in again.queued
+        assert again.queued[changed] == fresh.queued[changed] != first.queued[changed]
+        assert again.free == fresh.free and again.last_wait == fresh.last_wait
+        assert [again.waits(j) for j in sorted(again.queued)] == [fresh.waits(j) for j in sorted(fresh.queued)]
+    finally:
+        store.dispose()

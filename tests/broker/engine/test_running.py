@@ -17,7 +17,7 @@ from sqlalchemy import event, select
 
 from broker.backends.local.claims import identity
 from broker.engine.cadence import ASKED
-from broker.engine.running import RunningView
+from broker.engine.running import Running, RunningView
 from broker.model import JobState
 from broker.notices.record import Notice, record_notice
 from broker.store import Store, open_store
@@ -172,3 +172,28 @@ def _copy_rows(source: Store, target: Store) -> None:
                 rows = [dict(r._mapping) for r in s.execute(table.select())]
                 if rows:
                     t.execute(table.insert(), rows)
+
+
+def test_a_view_given_the_last_views_jobs_reads_what_changed_since(tmp_path: Path) -> None:
+    """The running jobs kept from the last view (``kept``) stand for their rows only while those read the same."""
+    home = tmp_path / "home"
+    home.mkdir()
+    store = _seed(home, 0, seed=5)
+    try:
+        engine = _engine(home, store)
+        kept: dict[str, Running] = {}
+        first = RunningView(engine.parts, engine.jobs.cadence, engine.jobs.reviewer, {}, kept)
+        assert first.running and kept == first.running
+        changed = sorted(first.running)[0]
+        with store.transaction() as s:
+            cluster = s.get(ClusterRow, first.running[changed].cluster.id)
+            assert cluster is not None
+            cluster.handle = {**(cluster.handle or {}), "moved": True}
+        again = RunningView(engine.parts, engine.jobs.cadence, engine.jobs.reviewer, {}, kept)
+        fresh = RunningView(engine.parts, engine.jobs.cadence, engine.jobs.reviewer, {})
+        assert again.running == fresh.running
+        assert again.running[changed].cluster.handle.get("moved") is True
+        same = [j for j in again.running if first.running[j].cluster.id != first.running[changed].cluster.id]
+        assert same and all(again.running[j] is first.running[j] for j in same)
+    finally:
+        store.dispose()
