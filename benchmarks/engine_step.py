@@ -70,6 +70,7 @@ from broker.engine import Engine  # noqa: E402
 from broker.engine.machine import submit_jobs  # noqa: E402
 from broker.engine.notices import record_backend_notice  # noqa: E402
 from broker.engine.parts import cluster_info  # noqa: E402
+from broker.engine.step import freeze_long_lived  # noqa: E402
 from broker.model import JobState  # noqa: E402
 from broker.runtime import Runtime, assemble  # noqa: E402
 from broker.spec.job import parse_job_spec  # noqa: E402
@@ -285,6 +286,7 @@ def one_size(queued: int, running: int, steps: int, baseline: bool, server: str 
                 seed_first_look(engine, waiting)
             new = measure(engine.step, count, 1)
             lines.append(new.line("new:first"))
+            freeze_long_lived()  # as the service and the foreground engine do after their first step
             steady = measure(engine.step, count, steps)
             lines.append(steady.line("new:steady"))
             if seeded:  # the first step after a market minute ends: the ledger meters every cluster's minute

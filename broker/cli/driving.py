@@ -41,6 +41,7 @@ def drive(runtime: Runtime, settings: Settings, job_id: str | list[str] | None, 
     from rich.live import Live
 
     from broker.cli.app import console
+    from broker.engine.step import freeze_long_lived
     from broker.model import JobState
     from broker.runtime import EngineLock
     from broker.status.summary import last_log_line
@@ -55,6 +56,7 @@ def drive(runtime: Runtime, settings: Settings, job_id: str | list[str] | None, 
             while True:
                 if engine is not None:
                     engine.step()
+                    freeze_long_lived()
                 if watched:
                     summaries = [job_summary_of(runtime.store, one, runtime.clock.now()) for one in watched]
                     going = [x for x in summaries if not JobState(x["state"]).terminal]

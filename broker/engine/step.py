@@ -9,6 +9,7 @@ crash picks up exactly where the last one stopped.
 from __future__ import annotations
 
 import contextlib
+import gc
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -37,6 +38,26 @@ from policies.selection import Location, SelectionRequest
 
 # How often a step's notices' lane looks again for termination notices while the step goes on.
 NOTICE_EVERY = 0.5  # seconds
+
+
+_frozen = False
+
+
+def freeze_long_lived() -> None:
+    """Once per process, after its engine's first step: keep what lives as long as the process out of
+    the cycle collector's scans.
+
+    The imports, the settings and the views' kept rows of every queued and running job are hundreds of
+    thousands of objects; every full collection scanned them all (0.2-0.9 s at 10,000 queued and 2,000
+    running, in about a third of the steps). Frozen, a full collection scans only what came since
+    (about 0.03 s). Reference counting still frees them when dropped; only a cycle among them would
+    outlive its use, and the views' rows hold none.
+    """
+    global _frozen
+    if not _frozen:
+        gc.collect()
+        gc.freeze()
+        _frozen = True
 
 
 class Engine:

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from broker.config.settings import Settings
 from broker.engine import Engine
+from broker.engine.step import freeze_long_lived
 from broker.store import Store
 from broker.store.db import Fenced
 
@@ -91,6 +92,7 @@ def engine_step() -> None:
             return
         before = gate.read()[-1] if gate is not None else None
         engine.step()
+        freeze_long_lived()
         if gate is not None:
             gate.stepped(before)
         from broker.api.metrics import engine_heartbeat

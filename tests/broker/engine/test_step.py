@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -86,3 +88,23 @@ def test_engine_killed_mid_migration_is_finished_by_the_next(tmp_path: Path, bro
     second.close()
     assert job is not None and job.migrations == 1 and len(job.zones) == 2
     assert_one_cluster_per_zone_and_whole_ledger(job, clusters, ledger)
+
+
+FREEZE = """
+import gc
+from broker.engine.step import freeze_long_lived
+kept = [{"row": i} for i in range(1000)]  # what a view keeps from its first step
+freeze_long_lived()
+frozen = gc.get_freeze_count()
+assert frozen >= 1000, frozen
+freeze_long_lived()  # once per process: later objects stay in the collector's reach
+assert gc.get_freeze_count() == frozen
+print(frozen)
+"""
+
+
+def test_what_lives_from_the_first_step_on_is_frozen_once_per_process() -> None:
+    """In a process of its own: freezing in the test worker would keep its later garbage cycles."""
+    done = subprocess.run([sys.executable, "-c", FREEZE], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert int(done.stdout) >= 1000
