@@ -33,7 +33,8 @@ from broker.spec.job import JobSpec, Pipeline, SpecError
 from broker.spec.yaml_lines import SURROGATE_PROBLEM, lone_surrogate
 from broker.status.joblogs import read_new
 from broker.status.orm_source import job_summary
-from broker.status.page_source import JOB, JOBS, page_summaries
+from broker.status.page_reads import JOB, JOBS
+from broker.status.page_source import page_summaries
 from broker.store import Store
 from broker.store.tables import JobRow
 

@@ -9,51 +9,24 @@ read gives (a test compares them) at a fixed cost per page.
 
 from __future__ import annotations
 
-import functools
-import json
 import threading
 import weakref
 from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
-from sqlalchemy import JSON, Select, String, any_, bindparam, func, select, text, union_all
-from sqlalchemy import cast as sql_cast
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from broker.status.orm_source import SessionSource
-from broker.status.summary import EARLIER_JOBS, errors_of, summarise
-from broker.store.gpu import GpuRollupRow
-from broker.store.tables import AllocationRow, ClusterRow, JobRow, LedgerRow, PredictionRow, ProgressRow
+from broker.status.page_reads import BRANCHES, LATEST_FINISHED_PG, bucket, latest_finished_by_branch, listed, reads
+from broker.status.summary import errors_of, summarise
+from broker.store.tables import JobRow, PredictionRow
 
 if TYPE_CHECKING:
     from broker.status.progress import Span
     from broker.status.summary import Allocation, Cluster, Job, Prediction, Progress
 
-
-
-def _table(row: type[Any]) -> Any:
-    """A mapped class's table columns. Statements of table columns alone run without the ORM's layer
-    (its compile step and result rows), which cost a page as much as its own rows did."""
-    return row.__table__.c
-
-
-def _columns(row: type[Any], *names: str) -> tuple[Any, ...]:
-    return tuple(_table(row)[name] for name in names)
-
-
-# The columns of each kind of row a summary reads (``broker.status.summary``'s protocols), with what
-# finds the row of a job (job id, row id, times).
-ALLOCATION = _columns(AllocationRow, "job_id", "attempt", "cluster_id", "started_at", "running_at", "ended_at")
-CLUSTER = _columns(ClusterRow, "id", "job_id", "created_at", "up_at", "cloud", "zone", "instance_type", "spot",
-                   "price_per_node_hour", "num_nodes", "teardown_reason")
-PROGRESS = _columns(ProgressRow, "id", "job_id", "step", "total")
-PREDICTION = _columns(PredictionRow, "id", "job_id", "made_at", "finish_at", "low_at", "high_at", "source")
-# A job's, for a list's page (``GET /v1/jobs``): what a summary reads and the list's cursor.
-JOBS = _table(JobRow)
-JOB = _columns(JobRow, "id", "name", "team", "state", "pipeline_id", "stage", "preemptions", "migrations", "zones",
-               "work_lost_s", "work_s", "num_nodes", "attempt", "checkpoint", "deadline", "created_at", "finished_at",
-               "wall_started_at", "wall_finished_at", "exit_code", "reason", "checkpoint_reason")
 
 
 class Finished(NamedTuple):
@@ -76,7 +49,6 @@ class Made(NamedTuple):
 # A finished job's predictions stop changing once the transaction that may have been writing one as it
 # finished (``broker.engine.forecast.record``) has ended: this long after its wall-clock finish.
 SETTLED = timedelta(minutes=1)
-BRANCHES = 256  # names and teams per statement reading their latest finished jobs
 KEPT_JOBS = 50_000  # finished jobs whose prediction errors a process keeps, per store (about 25 MB at most)
 
 
@@ -125,34 +97,6 @@ def _kept_of(engine: Any) -> Kept:
         return kept
 
 
-# One row per name and team: the ids of its latest finished jobs, latest first, as one array (a row per
-# job cost more to fetch than the rest of the read).
-LATEST_FINISHED_PG = text(
-    "SELECT p.name, p.team, ARRAY(SELECT jobs.id FROM jobs "
-    "WHERE jobs.name = p.name AND jobs.team = p.team AND jobs.state = 'SUCCEEDED' "
-    f"ORDER BY jobs.finished_at DESC LIMIT {EARLIER_JOBS + 1}) "
-    "FROM unnest(CAST(:names AS VARCHAR[]), CAST(:teams AS VARCHAR[])) AS p(name, team)")
-
-
-@functools.cache
-def _latest_finished(pairs: int) -> Select[str, str, str]:
-    """The ids, names and teams of the ``EARLIER_JOBS + 1`` latest finished jobs of each of ``pairs`` names
-    and teams (parameters ``name0``, ``team0``, ...), latest first: a branch per pair, each through the
-    (name, team, finished_at) index."""
-    latest = union_all(*(
-        select(JobRow.id, JobRow.name, JobRow.team, JobRow.finished_at)
-        .where(JobRow.name == bindparam(f"name{i}"), JobRow.team == bindparam(f"team{i}"),
-               JobRow.state == "SUCCEEDED")
-        .order_by(JobRow.finished_at.desc()).limit(EARLIER_JOBS + 1).subquery().select()
-        for i in range(pairs))).subquery()
-    return select(latest.c.id, latest.c.name, latest.c.team).order_by(latest.c.finished_at.desc())
-
-
-def _bucket(n: int) -> int:
-    """``n`` rounded up to a power of two."""
-    return 1 << max(n - 1, 0).bit_length()
-
-
 class PageSource(SessionSource):
     """``SummarySource`` over the rows of ``jobs`` read in bulk; any other job is asked one at a time."""
 
@@ -176,27 +120,27 @@ class PageSource(SessionSource):
     def _read(self, ids: list[str]) -> None:
         s = self.s
         postgres = s.get_bind().dialect.name == "postgresql"
-        reads = _reads(postgres)
-        params = {"ids": _listed(ids, postgres)}
-        for job_id, cost, on_demand in s.execute(reads.costs, params).all():
+        statements = reads(postgres)
+        params = {"ids": listed(ids, postgres)}
+        for job_id, cost, on_demand in s.execute(statements.costs, params).all():
             self._costs[job_id] = (cost, on_demand)
-        for job_id, measured, utilization, peak in s.execute(reads.gpu, params).all():
+        for job_id, measured, utilization, peak in s.execute(statements.gpu, params).all():
             self._gpu[job_id] = (float(measured), float(utilization), peak)
         # Columns, not mapped objects: a page reads a few hundred rows, and building an ORM object per row
         # cost more than the rest of the page. Fetched all at once (``all``): a core result iterated
         # fetches its rows one at a time from the driver.
-        for allocation in s.execute(reads.allocations, params).all():
+        for allocation in s.execute(statements.allocations, params).all():
             self._allocations[allocation.job_id].append(allocation)
         wanted = sorted({max(rows, key=lambda a: a.attempt).cluster_id
                          for rows in self._allocations.values() if rows})
-        for cluster in s.execute(reads.clusters, {**params, "wanted": _listed(wanted, postgres)}).all():
+        for cluster in s.execute(statements.clusters, {**params, "wanted": listed(wanted, postgres)}).all():
             self._clusters[cluster.id] = cluster
             if cluster.job_id in self.ids and cluster.up_at is not None:
                 newest = self._up.get(cluster.job_id)
                 if newest is None or cluster.created_at > newest.created_at:
                     self._up[cluster.job_id] = cluster
-        self._progress = _newest_per_job(s.execute(reads.progress, params).all())
-        self._prediction = _newest_per_job(s.execute(reads.prediction, params).all())
+        self._progress = _newest_per_job(s.execute(statements.progress, params).all())
+        self._prediction = _newest_per_job(s.execute(statements.prediction, params).all())
 
     def _read_earlier(self, jobs: Sequence[Job]) -> None:
         """The latest finished jobs of each name and team on the page (``summary._earlier_error``), and the
@@ -276,10 +220,10 @@ class PageSource(SessionSource):
         seen: set[str] = set()
         for start in range(0, len(pairs), BRANCHES):
             chunk = pairs[start:start + BRANCHES]
-            padded = chunk + [chunk[-1]] * (_bucket(len(chunk)) - len(chunk))
+            padded = chunk + [chunk[-1]] * (bucket(len(chunk)) - len(chunk))
             params = {f"{key}{i}": value for i, pair in enumerate(padded)
                       for key, value in zip(("name", "team"), pair, strict=True)}
-            for job_id, name, team in self.s.execute(_latest_finished(len(padded)), params):
+            for job_id, name, team in self.s.execute(latest_finished_by_branch(len(padded)), params):
                 if job_id not in seen:
                     seen.add(job_id)
                     found[(name, team)].append(job_id)
@@ -333,65 +277,6 @@ def _newest_per_job(rows: Iterable[Any]) -> dict[str, Any]:
         if candidate.job_id not in found or candidate.id > found[candidate.job_id].id:
             found[candidate.job_id] = candidate
     return found
-
-
-class _Reads(NamedTuple):
-    """A page's statements, built and compiled once per dialect; each takes the page's job ids as ``ids``."""
-
-    costs: Select[*tuple[Any, ...]]
-    gpu: Select[*tuple[Any, ...]]
-    allocations: Select[*tuple[Any, ...]]
-    clusters: Select[*tuple[Any, ...]]  # also ``wanted``: the clusters of the jobs' latest allocations
-    progress: Select[*tuple[Any, ...]]
-    prediction: Select[*tuple[Any, ...]]
-
-
-def _among(column: Any, name: str, postgres: bool) -> Any:
-    """``column`` is one of the list parameter ``name`` (``_listed``): on PostgreSQL ``= ANY`` of one
-    parameter, so that the statement's text is the same for every page (compiled and parsed once, then
-    prepared by the driver), instead of a placeholder per id rendered anew for each page; elsewhere an
-    expanding ``IN``. The parameter is the list as JSON text, not an array: the driver dumps an array
-    element by element in Python, which cost more than the statement it was for."""
-    if postgres:
-        return column == any_(func.array(select(func.json_array_elements_text(
-            sql_cast(bindparam(name, type_=String), JSON))).scalar_subquery()))
-    return column.in_(bindparam(name, expanding=True))
-
-
-def _listed(values: list[str], postgres: bool) -> Any:
-    """``values`` as the list parameter of ``_among``."""
-    return json.dumps(values) if postgres else values
-
-
-@functools.cache
-def _reads(postgres: bool) -> _Reads:
-
-    def ids(column: Any) -> Any:
-        return _among(column, "ids", postgres)
-
-    def latest(row: type[Any], at: str, columns: tuple[Any, ...]) -> Select[*tuple[Any, ...]]:
-        """Each job's rows with its latest ``at`` (``_newest_per_job`` keeps the latest id among them)."""
-        t = _table(row)
-        newest = (select(t.job_id, func.max(t[at]).label("at")).where(ids(t.job_id)).group_by(t.job_id)
-                  .subquery())
-        return select(*columns).join(newest, (newest.c.job_id == t.job_id) & (newest.c.at == t[at]))
-
-    ledger, rollup, allocation, cluster = (_table(row) for row in (LedgerRow, GpuRollupRow, AllocationRow,
-                                                                    ClusterRow))
-    return _Reads(
-        costs=select(ledger.job_id, func.coalesce(func.sum(ledger.cost), 0.0),
-                     func.coalesce(func.sum(ledger.on_demand_cost), 0.0))
-        .where(ids(ledger.job_id)).group_by(ledger.job_id),
-        gpu=select(rollup.job_id, func.coalesce(func.sum(rollup.measured_seconds), 0.0),
-                   func.coalesce(func.sum(rollup.utilization_seconds), 0.0),
-                   func.max(rollup.peak_memory_mb))
-        .where(ids(rollup.job_id)).group_by(rollup.job_id),
-        allocations=select(*ALLOCATION).where(ids(allocation.job_id)),
-        clusters=select(*CLUSTER).where(_among(cluster.id, "wanted", postgres)
-                                        | (ids(cluster.job_id) & cluster.up_at.is_not(None))),
-        progress=latest(ProgressRow, "at", PROGRESS),
-        prediction=latest(PredictionRow, "made_at", PREDICTION),
-    )
 
 
 def page_summaries(s: Session, jobs: Iterable[Job], now: datetime | None = None,
