@@ -28,12 +28,13 @@ num_nodes: 1
 resources:
   accelerators: V100:1
 workdir: {workdir}
-run: python train.py --steps 60 --step-seconds 0.05 --checkpoint-every 20
+run: python train.py --steps 400 --step-seconds 0.05 --checkpoint-every 20
 """
 
 
 def _trace(path: Path) -> Path:
-    """Two zones; the cheap one loses capacity at minute 4."""
+    """Two zones; the cheap one loses capacity at minute 10 (10 s of wall time at speed 60: the job, 20 s
+    of steps, started in it well before on a loaded machine, and still runs)."""
     from datetime import UTC, datetime
 
     start = datetime(2026, 1, 1, tzinfo=UTC)
@@ -41,14 +42,14 @@ def _trace(path: Path) -> Path:
     for tick in range(120):
         when = start + timedelta(minutes=tick)
         quotes.append(SpotQuote("aws", "us-east-1", "us-east-1a", "p3.2xlarge", "V100", 1, 0.9, 3.06, when,
-                                available_nodes=0 if 4 <= tick < 60 else 2))
+                                available_nodes=0 if 10 <= tick < 60 else 2))
         quotes.append(SpotQuote("gcp", "us-central1", "us-central1-a", "n1-highmem-8", "V100", 1, 1.0, 2.95, when,
                                 available_nodes=2))
     write_trace(path, quotes)
     return path
 
 
-def _step_until(engine: Engine, job_id: str, states: set[str], timeout: float = 60) -> str:
+def _step_until(engine: Engine, job_id: str, states: set[str], timeout: float = 180) -> str:
     deadline = time.time() + timeout
     while time.time() < deadline:
         engine.step()
@@ -62,6 +63,7 @@ def _step_until(engine: Engine, job_id: str, states: set[str], timeout: float = 
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(600)
 def test_engine_killed_mid_migration_is_finished_by_the_next(tmp_path: Path, broker_home: Path, db_url: str) -> None:
     settings = load_settings(market=_trace(tmp_path / "market.csv"), speed=60.0, db_url=db_url,
                              local_provision_seconds=60.0)
