@@ -31,14 +31,15 @@ def _broker(home: Path, *args: str, timeout: float = 120) -> subprocess.Complete
                           timeout=timeout)
 
 
-def _wait(what: Callable[[], T], timeout: float = 180) -> T:
+def _wait(what: Callable[[], T], timeout: float = 180, seen: Callable[[], object] = lambda: None) -> T:
+    """``what`` once true; past ``timeout``, an error with ``seen()`` (what the test was waiting on)."""
     deadline = time.time() + timeout
     while time.time() < deadline:
         value = what()
         if value:
             return value
         time.sleep(0.1)
-    raise AssertionError("timed out")
+    raise AssertionError(f"timed out after {timeout:.0f} s; saw {seen()!r}")
 
 
 def _events(node: Path) -> list[str]:
@@ -70,7 +71,8 @@ def test_a_checkpoint_made_while_no_engine_ran_is_resumed_from(broker_home: Path
 
     # The market takes the first zone's nodes while no engine runs: the agents checkpoint on the
     # notice, find nobody to tell, and the nodes go.
-    _wait(lambda: "acknowledged" in _events(node) and _group_gone(node), timeout=420)  # market time, slower loaded
+    _wait(lambda: "acknowledged" in _events(node) and _group_gone(node), timeout=420,  # market time, slower loaded
+          seen=lambda: {"events": _events(node), "group_gone": _group_gone(node)})
     assert "report_gave_up" in _events(node) and "checkpoint_complete" in _events(node)
     on_disk = latest_checkpoint(broker_home / "checkpoints" / job_id)  # the notice's, never reported
     assert on_disk is not None
